@@ -1,0 +1,71 @@
+"""The ``sim`` command. Subcommands live in their own modules and are imported only
+when used, so ``sim run`` starts fast."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+from dtsim import __version__
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("dtsim.cli.run", "Simulate one training configuration."),
+    "schemes": ("dtsim.cli.listing", "List the training schemes."),
+    "models": ("dtsim.cli.listing", "List the built-in models (traces)."),
+    "topologies": ("dtsim.cli.listing", "List the topology presets."),
+}
+"""Subcommand -> (module, one-line help). The module defines a click command ``NAME``
+(``-`` in the name becomes ``_``)."""
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module = importlib.import_module(COMMANDS[cmd_name][0])
+        return getattr(module, cmd_name.replace("-", "_"))
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, help_) for name, (_m, help_) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"],
+                                              "max_content_width": 100})
+@click.version_option(__version__, prog_name="sim")
+def cli() -> None:
+    """dtsim: what happens if I train this model with this scheme on this cluster?
+
+    Simulates data-parallel, parameter-server and pipeline training schemes on modelled
+    GPU clusters from profiled layer traces. Start with:
+
+        sim run --gpus 8 --scheme dp
+    """
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: runs the group and turns every user error into one line on stderr
+    and a non-zero exit (2 for bad input), without a traceback."""
+    from dtsim.cli.errors import exit_code_and_message
+
+    try:
+        rv: Any = cli.main(args=argv, prog_name="sim", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except Exception as exc:
+        code, message = exit_code_and_message(exc)
+        if code is None:
+            raise
+        click.echo(f"Error: {message}", err=True)
+        sys.exit(code)
+    sys.exit(rv if isinstance(rv, int) else 0)

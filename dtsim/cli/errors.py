@@ -1,0 +1,35 @@
+"""Which exceptions are the user's to fix, and how to say so in one line."""
+
+from __future__ import annotations
+
+import click
+
+from dtsim.spec import FIELDS
+from simcore.config import ConfigError
+from simcore.engine import SimulationError
+from simcore.topology import TopologyError
+from simcore.units import UnitError
+from traces.errors import TraceError
+
+USER_ERRORS = (ConfigError, TraceError, TopologyError, UnitError)
+
+
+def flag_name(field: str) -> str:
+    """``batch_size`` -> ``--batch-size`` for spec fields; other names unchanged."""
+    return "--" + field.replace("_", "-") if field in FIELDS else field
+
+
+def exit_code_and_message(exc: BaseException) -> tuple[int | None, str]:
+    """``(exit code, one-line message)`` for a user-facing error; ``(None, "")`` for a bug
+    (which should surface with its traceback)."""
+    if isinstance(exc, click.ClickException):
+        return exc.exit_code, " ".join(exc.format_message().split())
+    if isinstance(exc, ConfigError):
+        return 2, exc.describe(flag_name(exc.field))
+    if isinstance(exc, USER_ERRORS):
+        return 2, " ".join(str(exc).split())
+    if isinstance(exc, SimulationError):
+        return 1, str(exc)
+    if isinstance(exc, OSError):
+        return 1, f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
+    return None, ""

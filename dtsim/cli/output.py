@@ -1,0 +1,68 @@
+"""Human-readable output and safe file writing for the commands."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from simcore.units import format_bytes, format_rate, format_time
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file renamed into place, so a failure
+    never leaves a half-written file."""
+    d = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json(path: str, data: Any) -> None:
+    """Write ``data`` as JSON, atomically."""
+    write_json_text = json.dumps(data, separators=(",", ":"))
+    write_atomic(path, write_json_text + "\n")
+
+
+def table(rows: list[tuple[str, str]], indent: int = 2) -> str:
+    """Two aligned columns."""
+    width = max((len(k) for k, _ in rows), default=0)
+    return "\n".join(f"{' ' * indent}{k:<{width}}  {v}" for k, v in rows)
+
+
+def run_table(r: Any) -> str:
+    """The compact summary of a :class:`~simcore.result.RunResult`."""
+    util = r.per_gpu_utilization
+    comm_kinds = ", ".join(f"{k} {format_bytes(v / (r.iterations + r.warmup_iterations))}"
+                           for k, v in sorted(r.comm_bytes_by_link_kind.items()))
+    fits = "fits" if r.fits_in_memory else "DOES NOT FIT"
+    head = (f"{r.scheme} | {r.model} | {r.gpus} GPU{'s' if r.gpus != 1 else ''} "
+            f"({r.gpu_model}) | {r.topology} | {r.fidelity}")
+    rows = [
+        ("iteration time", f"{format_time(r.iteration_time_s)}  (mean of {r.iterations} after "
+                           f"{r.warmup_iterations} warm-up)"),
+        ("throughput", f"{r.throughput_samples_s:,.1f} samples/s  (batch {r.batch_size} per "
+                       f"replica, {r.global_batch_size} global)"),
+        ("speedup", f"{r.speedup:.2f}x  over 1 GPU at the same global batch "
+                    f"({format_time(r.single_gpu_time_s)})"),
+        ("GPU utilisation", f"{100 * r.gpu_utilization:.1f}%  (min {100 * min(util):.1f}%, "
+                            f"max {100 * max(util):.1f}%)"),
+        ("bubble / idle", f"{100 * r.bubble_fraction:.1f}%"),
+        ("communication", f"{format_bytes(r.comm_bytes_per_iteration)} sent per iteration"
+                          + (f"; on links: {comm_kinds}" if comm_kinds else "")),
+        ("peak memory", f"{format_bytes(r.peak_memory_bytes)} of "
+                        f"{format_bytes(r.memory_capacity_bytes)} per GPU ({fits})"),
+        ("simulation", f"{r.events:,} events in {format_time(r.wall_s)}"),
+    ]
+    for k, v in r.extra.items():
+        if isinstance(v, int | float | str) and not isinstance(v, bool):
+            rows.append((k.replace("_", " "), str(v)))
+    return head + "\n" + table(rows)
+
+
+__all__ = ["format_rate", "run_table", "table", "write_atomic", "write_json"]

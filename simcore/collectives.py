@@ -1,0 +1,351 @@
+"""Collective operations over a group of ranks, in both network fidelities.
+
+Algorithms (``p`` ranks, ``n`` bytes, ``alpha`` per-message latency, ``B`` bandwidth):
+
+* ``ring`` all-reduce: reduce-scatter then all-gather around a ring, ``2(p-1)`` steps of
+  ``n/p`` bytes: ``2(p-1)·alpha + 2(p-1)/p · n/B``.
+* ring reduce-scatter and all-gather: ``(p-1)·alpha + (p-1)/p · n/B``.
+* ``tree`` all-reduce: binomial-tree reduce to the first rank, then binomial broadcast,
+  ``ceil(log2 p)`` steps of ``n`` bytes each: ``2·ceil(log2 p)·(alpha + n/B)``.
+* ``hierarchical`` all-reduce: tree reduce inside each box to its first rank, ring
+  all-reduce among those leaders across boxes, tree broadcast inside each box.
+* ``broadcast``: binomial tree from the first rank, or ``flat`` (the root sends ``p-1``
+  full copies, as gloo does on CPU).
+
+**Detailed** fidelity turns an algorithm into its point-to-point messages on the
+network; a rank sends the message of step ``s`` as soon as it has received everything
+addressed to it in earlier steps, so ranks progress independently and contend for links.
+**Analytic** fidelity gives the closed form above for the group, with ``alpha`` the
+largest route latency among the algorithm's sends and ``B`` the smallest bandwidth share
+a send gets (a link direction used by ``k`` sends of one step gives each ``1/k`` of it).
+It charges the same bytes to every link as the detailed model, in one event.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from simcore.network import AnalyticNetwork, Message, Network
+
+ALLREDUCE_ALGORITHMS = ("ring", "tree", "hierarchical")
+"""All-reduce algorithms a scheme may ask for."""
+
+Step = list[tuple[int, int, int]]
+"""One step of an algorithm: ``(src_position, dst_position, nbytes)`` sends."""
+
+CostModel = tuple[float, float, list[tuple[int, float]], float]
+"""See :meth:`Collectives.cost_model`."""
+
+
+def _split(n: int, parts: int) -> list[int]:
+    q, r = divmod(n, parts)
+    return [q + (1 if i < r else 0) for i in range(parts)]
+
+
+# ---- algorithms as lists of steps, over positions 0..q-1 ------------------------------
+
+def ring_allreduce_steps(q: int, n: int) -> list[Step]:
+    """Ring all-reduce: ``2(q-1)`` steps; position ``i`` sends to ``i+1``."""
+    seg = _split(n, q)
+    steps: list[Step] = []
+    for s in range(2 * (q - 1)):
+        steps.append([(i, (i + 1) % q, seg[(i - s) % q]) for i in range(q)])
+    return steps
+
+
+def ring_half_steps(q: int, n: int) -> list[Step]:
+    """Ring reduce-scatter (or all-gather): ``q-1`` steps of ``n/q`` bytes."""
+    seg = _split(n, q)
+    return [[(i, (i + 1) % q, seg[(i - s) % q]) for i in range(q)] for s in range(q - 1)]
+
+
+def tree_reduce_steps(q: int, n: int) -> list[Step]:
+    """Binomial-tree reduce to position 0: ``ceil(log2 q)`` steps of ``n`` bytes."""
+    steps: list[Step] = []
+    mask = 1
+    while mask < q:
+        steps.append([(i, i - mask, n) for i in range(mask, q, 2 * mask)])
+        mask <<= 1
+    return steps
+
+
+def tree_broadcast_steps(q: int, n: int) -> list[Step]:
+    """Binomial-tree broadcast from position 0 (the reduce's steps, reversed)."""
+    return [[(d, s, b) for s, d, b in step] for step in reversed(tree_reduce_steps(q, n))]
+
+
+def flat_broadcast_steps(q: int, n: int) -> list[Step]:
+    """The root sends ``q-1`` full copies (gloo's broadcast)."""
+    return [[(0, i, n) for i in range(1, q)]] if q > 1 else []
+
+
+def _merge(parallel: list[list[Step]]) -> list[Step]:
+    """Run several step lists side by side (step k of each in step k)."""
+    depth = max((len(p) for p in parallel), default=0)
+    return [[m for p in parallel if k < len(p) for m in p[k]] for k in range(depth)]
+
+
+def _lift(steps: list[Step], positions: Sequence[int]) -> list[Step]:
+    """Re-address steps over local positions to global positions."""
+    return [[(positions[s], positions[d], b) for s, d, b in step] for step in steps]
+
+
+def hierarchical_steps(groups: Sequence[Sequence[int]], n: int) -> list[Step]:
+    """Tree reduce inside each group (positions), ring all-reduce of the groups' first
+    positions, tree broadcast inside each group."""
+    leaders = [g[0] for g in groups]
+    reduce_ = _merge([_lift(tree_reduce_steps(len(g), n), g) for g in groups])
+    across = _lift(ring_allreduce_steps(len(leaders), n), leaders) if len(leaders) > 1 else []
+    bcast = _merge([_lift(tree_broadcast_steps(len(g), n), g) for g in groups])
+    return reduce_ + across + bcast
+
+
+# ---- the collective engine -----------------------------------------------------------
+
+class Collectives:
+    """Runs collectives on a :class:`~simcore.network.Network` for ranks of a topology.
+
+    Every operation takes the ranks of the group (their order is the ring order), the
+    bytes ``n`` each rank contributes, and ``on_done(time)`` called when every rank has
+    finished. ``tag`` labels the messages; ``iteration`` is recorded with them.
+    """
+
+    def __init__(self, net: Network) -> None:
+        self.net = net
+        self.topology = net.topology
+        self.analytic = isinstance(net, AnalyticNetwork)
+        self._costs: dict[tuple[str, tuple[int, ...]], CostModel] = {}
+        self.records: list[tuple[str, tuple[int, ...], int, float, float, int, str]] = []
+        """``(op, ranks, nbytes, start_s, end_s, iteration, tag)`` of each collective."""
+
+    # public operations
+    def allreduce(self, ranks: Sequence[int], n: int, algorithm: str,
+                  on_done: Callable[[float], None], tag: str = "allreduce",
+                  iteration: int = -1) -> None:
+        """All-reduce ``n`` bytes over ``ranks`` with ``algorithm`` (see module docs)."""
+        if algorithm not in ALLREDUCE_ALGORITHMS:
+            raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; choose one of "
+                             f"{', '.join(ALLREDUCE_ALGORITHMS)}")
+        self._run("allreduce-" + algorithm, tuple(ranks), int(n), on_done, tag, iteration)
+
+    def reduce_scatter(self, ranks: Sequence[int], n: int, on_done: Callable[[float], None],
+                       tag: str = "reduce_scatter", iteration: int = -1) -> None:
+        """Ring reduce-scatter of ``n`` bytes (each rank ends with ``n/p`` reduced)."""
+        self._run("ring-half", tuple(ranks), int(n), on_done, tag, iteration)
+
+    def allgather(self, ranks: Sequence[int], n: int, on_done: Callable[[float], None],
+                  tag: str = "allgather", iteration: int = -1) -> None:
+        """Ring all-gather to ``n`` bytes in total (each rank contributes ``n/p``)."""
+        self._run("ring-half", tuple(ranks), int(n), on_done, tag, iteration)
+
+    def broadcast(self, ranks: Sequence[int], n: int, on_done: Callable[[float], None],
+                  flat: bool = False, tag: str = "broadcast", iteration: int = -1) -> None:
+        """Broadcast ``n`` bytes from ``ranks[0]`` (binomial tree, or ``flat``)."""
+        self._run("broadcast-flat" if flat else "broadcast-tree", tuple(ranks), int(n),
+                  on_done, tag, iteration)
+
+    # planning
+    def phases(self, op: str, ranks: tuple[int, ...], n: int) -> list[tuple[Step, int]]:
+        """The steps of ``op`` over positions ``0..len(ranks)-1`` as ``(step, repeat)``
+        pairs (a ring's identical steps appear once, with their count)."""
+        q = len(ranks)
+        if op == "allreduce-ring":
+            return [(ring_allreduce_steps(q, n)[0], 2 * (q - 1))] if q > 1 else []
+        if op == "allreduce-tree":
+            return [(st, 1) for st in tree_reduce_steps(q, n) + tree_broadcast_steps(q, n)]
+        if op == "allreduce-hierarchical":
+            box = self.topology.box_of_rank
+            groups: dict[int, list[int]] = {}
+            for pos, r in enumerate(ranks):
+                groups.setdefault(box(r), []).append(pos)
+            members = list(groups.values())
+            leaders = [g[0] for g in members]
+            reduce_ = _merge([_lift(tree_reduce_steps(len(g), n), g) for g in members])
+            bcast = _merge([_lift(tree_broadcast_steps(len(g), n), g) for g in members])
+            across = ([(_lift([ring_allreduce_steps(len(leaders), n)[0]], leaders)[0],
+                        2 * (len(leaders) - 1))] if len(leaders) > 1 else [])
+            return [(st, 1) for st in reduce_] + across + [(st, 1) for st in bcast]
+        if op == "ring-half":
+            return [(ring_half_steps(q, n)[0], q - 1)] if q > 1 else []
+        if op == "broadcast-tree":
+            return [(st, 1) for st in tree_broadcast_steps(q, n)]
+        if op == "broadcast-flat":
+            return [(st, 1) for st in flat_broadcast_steps(q, n)]
+        raise ValueError(f"unknown collective {op!r}")
+
+    def steps(self, op: str, ranks: tuple[int, ...], n: int) -> list[Step]:
+        """Every step of ``op`` over positions ``0..len(ranks)-1``, in order, with the
+        exact (integer) message sizes for ``n`` bytes."""
+        q = len(ranks)
+        if op == "allreduce-ring":
+            return ring_allreduce_steps(q, n)
+        if op == "ring-half":
+            return ring_half_steps(q, n)
+        if op == "allreduce-hierarchical":
+            box = self.topology.box_of_rank
+            groups: dict[int, list[int]] = {}
+            for pos, r in enumerate(ranks):
+                groups.setdefault(box(r), []).append(pos)
+            return hierarchical_steps(list(groups.values()), n)
+        return [st for st, rep in self.phases(op, ranks, n) for _ in range(rep)]
+
+    def _run(self, op: str, ranks: tuple[int, ...], n: int, on_done: Callable[[float], None],
+             tag: str, iteration: int) -> None:
+        env = self.net.env
+        start = env.now
+        record = self.records
+
+        def finish(t: float) -> None:
+            record.append((op, ranks, n, start, t, iteration, tag))
+            on_done(t)
+
+        if len(ranks) <= 1 or n <= 0:
+            ev = env.timeout(0)
+            ev.callbacks.append(lambda _e: finish(env.now))
+            return
+        if self.analytic:
+            self._run_analytic(op, ranks, n, finish)
+        else:
+            _StepRunner(self.net, self.topology.gpus, ranks, self.steps(op, ranks, n), finish,
+                        tag, iteration).start()
+
+    # analytic fidelity
+    def _run_analytic(self, op: str, ranks: tuple[int, ...], n: int,
+                      finish: Callable[[float], None]) -> None:
+        fixed_s, per_byte_s, link_factors, _payload = self.cost_model(op, ranks)
+        duration = fixed_s + per_byte_s * n
+        states = self.net.state
+        for idx, factor in link_factors:
+            st = states[idx]
+            moved = round(factor * n)
+            st.sent_bytes += moved
+            st.recv_bytes += moved
+            st.busy_s += moved * st.service
+        env = self.net.env
+        ev = env.timeout(duration)
+        ev.callbacks.append(lambda _e: finish(env.now))
+
+    def cost_model(self, op: str, ranks: tuple[int, ...]) -> CostModel:
+        """``(fixed_s, per_byte_s, [(link_index, bytes_per_input_byte)], payload_factor)``
+        of ``op`` on ``ranks``: the closed-form duration is ``fixed_s + per_byte_s * n``;
+        the algorithm's messages carry ``payload_factor * n`` bytes in all. Cached."""
+        key = (op, ranks)
+        hit = self._costs.get(key)
+        if hit is None:
+            hit = self._costs[key] = self._plan_cost(op, ranks)
+        return hit
+
+    def payload_factor(self, op: str, ranks: tuple[int, ...]) -> float:
+        """Bytes the algorithm's messages carry per byte of input."""
+        return self.cost_model(op, ranks)[3]
+
+    def _plan_cost(self, op: str, ranks: tuple[int, ...]) -> CostModel:
+        topo = self.topology
+        gpus = topo.gpus
+        unit = 1 << 20  # plan with n = unit * p bytes, then scale to bytes of input
+        phases = self.phases(op, ranks, unit * len(ranks))
+        scale = 1.0 / (unit * len(ranks))
+        fixed = 0.0
+        per_byte = 0.0
+        payload = 0.0
+        factors: dict[int, float] = {}
+        for step, repeat in phases:
+            use: dict[int, int] = {}
+            routes = []
+            for s, d, b in step:
+                route = topo.route(gpus[ranks[s]], gpus[ranks[d]])
+                routes.append((route, b))
+                for link in route:
+                    use[link.index] = use.get(link.index, 0) + 1
+            step_alpha = 0.0
+            step_time = 0.0
+            for route, b in routes:
+                payload += b * scale * repeat
+                if not route:
+                    continue
+                step_alpha = max(step_alpha, sum(link.latency for link in route))
+                share = min(link.bandwidth / use[link.index] for link in route)
+                step_time = max(step_time, b * scale / share)
+                for link in route:
+                    factors[link.index] = factors.get(link.index, 0.0) + b * scale * repeat
+            fixed += step_alpha * repeat
+            per_byte += step_time * repeat
+        return fixed, per_byte, sorted(factors.items()), payload
+
+
+class _StepRunner:
+    """Executes a step list as messages. A position sends its message of step ``t`` once
+    it has received every message addressed to it in steps before ``t``: each position
+    keeps its sends in step order with that count as threshold, and an arrival releases
+    the sends whose threshold it reaches."""
+
+    __slots__ = (
+        "arrived",
+        "finish",
+        "gpus",
+        "iteration",
+        "left",
+        "net",
+        "next_send",
+        "plan",
+        "ranks",
+        "tag",
+    )
+
+    def __init__(self, net: Network, gpus: list[int], ranks: tuple[int, ...],
+                 steps: list[Step], finish: Callable[[float], None], tag: str,
+                 iteration: int) -> None:
+        self.net, self.gpus, self.ranks, self.finish = net, gpus, ranks, finish
+        self.tag, self.iteration = tag, iteration
+        q = len(ranks)
+        plan: list[list[tuple[int, int, int]]] = [[] for _ in range(q)]
+        expected = [0] * q
+        total = 0
+        for step in steps:
+            for s, d, b in step:
+                plan[s].append((expected[s], d, b))
+            for _s, d, _b in step:
+                expected[d] += 1
+            total += len(step)
+        self.plan = plan
+        self.next_send = [0] * q
+        self.arrived = [0] * q
+        self.left = total
+
+    def start(self) -> None:
+        if self.left == 0:
+            self.finish(self.net.env.now)
+            return
+        for pos in range(len(self.plan)):
+            self._release(pos)
+
+    def _release(self, pos: int) -> None:
+        sends = self.plan[pos]
+        k = self.next_send[pos]
+        have = self.arrived[pos]
+        ranks, gpus, send = self.ranks, self.gpus, self.net.send
+        while k < len(sends) and sends[k][0] <= have:
+            _, d, b = sends[k]
+            rs, rd = ranks[pos], ranks[d]
+            send(gpus[rs], gpus[rd], b, self._arrived, 0.0, self.tag, rs, rd, self.iteration, d)
+            k += 1
+        self.next_send[pos] = k
+
+    def _arrived(self, msg: Message) -> None:
+        d = msg.payload
+        self.arrived[d] += 1
+        self._release(d)
+        self.left -= 1
+        if self.left == 0:
+            self.finish(self.net.env.now)
+
+
+def closed_form_ring_allreduce(p: int, n: float, alpha: float, bandwidth: float) -> float:
+    """``2(p-1)·alpha + 2(p-1)/p · n/B``, seconds."""
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / bandwidth
+
+
+def closed_form_tree_allreduce(p: int, n: float, alpha: float, bandwidth: float) -> float:
+    """``2·ceil(log2 p)·(alpha + n/B)``, seconds."""
+    return 2 * math.ceil(math.log2(p)) * (alpha + n / bandwidth) if p > 1 else 0.0

@@ -1,0 +1,168 @@
+"""``simulate(config) -> RunResult``: the simulator's one entry point."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+from simpy import Environment
+
+from simcore import metrics
+from simcore.collectives import Collectives
+from simcore.config import ConfigError, SimConfig
+from simcore.device import Gpu, JitteryGpu
+from simcore.network import make_network
+from simcore.records import COMM, RECV, SEND
+from simcore.result import RunResult, _frozen
+from simcore.schemes import get_scheme
+from simcore.schemes.base import SimContext
+from simcore.topology import Topology, build_topology
+
+
+class SimulationError(RuntimeError):
+    """The simulation could not complete (a scheme stalled before its last iteration)."""
+
+
+def resolve_topology(config: SimConfig, dedicated_servers: int) -> Topology:
+    """The concrete topology of ``config``, with the parameter-server hosts a scheme asks
+    for added to a preset's fabric."""
+    topo = config.topology
+    if isinstance(topo, Topology):
+        return topo
+    if dedicated_servers != topo.dedicated_servers:
+        topo = replace(topo, dedicated_servers=dedicated_servers)
+    return build_topology(topo)
+
+
+def simulate(config: SimConfig) -> RunResult:
+    """Run one simulation and compute its metrics.
+
+    Deterministic: the same config (seed included) gives the same result, bit for bit.
+    Raises ``ConfigError`` for configurations the scheme rejects and
+    :class:`SimulationError` if the scheme stalls.
+    """
+    wall0 = time.perf_counter()
+    cls = get_scheme(config.scheme)
+    options = config.options if config.options is not None else cls.Options()
+    if not isinstance(options, cls.Options):
+        raise ConfigError("options", type(options).__name__,
+                          f"scheme {cls.name!r} takes {cls.Options.__name__}")
+    topology = resolve_topology(config, cls.dedicated_servers(options, config.gpus))
+    cls.check(config, options, topology)
+
+    trace = config.trace.rescale_batch(config.effective_batch_size)
+    if config.compute_scale != 1.0:
+        trace = trace.rescale_device(config.compute_scale)
+
+    env = Environment()
+    net = make_network(env, topology, config.fidelity, config.chunk_bytes,
+                       priority=cls.priority_network)
+    coll = Collectives(net)
+    spans: list[tuple[Any, ...]] = []
+    rng = None
+    names = [topology.devices[d].name for d in topology.gpus]
+    if config.compute_jitter > 0:
+        import numpy as np  # only runs with randomness pay for the import
+
+        rng = np.random.default_rng(config.seed)
+        gpus: list[Gpu] = [JitteryGpu(env, r, d, names[r], spans, g, config.compute_jitter)
+                           for (r, d), g in zip(enumerate(topology.gpus),
+                                                rng.spawn(topology.num_gpus), strict=True)]
+    else:
+        gpus = [Gpu(env, r, d, names[r], spans) for r, d in enumerate(topology.gpus)]
+    ctx = SimContext(env, config, options, trace, topology, net, coll, gpus, spans, rng)
+    scheme = cls(ctx)
+    scheme.start()
+    env.run()
+    events = _event_count(env)
+
+    for it, row in enumerate(ctx.iteration_end):
+        for r, t in enumerate(row):
+            if t < 0:
+                raise SimulationError(
+                    f"scheme {cls.name!r} stalled: rank {r} never finished iteration {it} "
+                    f"(simulated time {env.now:.6g} s)")
+    return _result(config, cls.name, scheme, ctx, topology, trace, events, wall0)
+
+
+def _event_count(env: Environment) -> int:
+    """Events the environment scheduled (SimPy numbers them; the counter is internal)."""
+    eid = getattr(env, "_eid", None)
+    return next(eid) if eid is not None else -1
+
+
+def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology: Topology,
+            trace: Any, events: int, wall0: float) -> RunResult:
+    ends = metrics.iteration_ends(ctx.iteration_end)
+    t0, t1 = metrics.steady_window(ends, config.warmup_iterations)
+    iter_s = (t1 - t0) / config.iterations
+    names = [g.name for g in ctx.gpus]
+    busy = metrics.busy_seconds(ctx.spans, names, t0, t1)
+    util = metrics.utilization(busy, t0, t1)
+    gpu_util = sum(util) / len(util)
+    replicas = scheme.replicas()
+    batch = config.effective_batch_size
+    global_batch = batch * replicas
+    single = replicas * trace.compute_s + ctx.update_s(trace.param_bytes)
+
+    counters = ctx.net.link_bytes()
+    sim_end = ctx.env.now
+    by_link = {link.name: sent for link, sent, _r, _b in counters if sent}
+    link_util = {link.name: (b / sim_end if sim_end > 0 else 0.0)
+                 for link, sent, _r, b in counters if sent}
+    payload = sum(m.nbytes for m in ctx.net.messages)
+    for op, ranks, n, _s, _e, _it, _tag in ctx.coll.records:
+        if ctx.coll.analytic and len(ranks) > 1:
+            payload += round(ctx.coll.payload_factor(op, ranks) * n)
+    peaks = tuple(g.memory.peak for g in ctx.gpus)
+    worst = max(range(len(peaks)), key=peaks.__getitem__)
+
+    spans: tuple[tuple[Any, ...], ...] = ()
+    if config.record_spans:
+        spans = tuple(ctx.spans) + _message_spans(ctx, topology) + _collective_spans(ctx)
+    extra = dict(scheme.extra_metrics())
+    extra.update(ctx.extra)
+    return RunResult(
+        scheme=name, gpus=topology.num_gpus, model=trace.meta.model, topology=topology.name,
+        fidelity=config.fidelity, batch_size=batch, global_batch_size=global_batch,
+        iterations=config.iterations, warmup_iterations=config.warmup_iterations,
+        iteration_time_s=iter_s,
+        iteration_times_s=tuple(metrics.iteration_durations(ends)),
+        throughput_samples_s=global_batch / iter_s if iter_s > 0 else float("inf"),
+        single_gpu_time_s=single, speedup=single / iter_s if iter_s > 0 else float("inf"),
+        gpu_utilization=gpu_util, per_gpu_utilization=tuple(util),
+        bubble_fraction=max(0.0, 1.0 - gpu_util),
+        comm_bytes_total=payload,
+        comm_bytes_per_iteration=payload / config.total_iterations,
+        comm_bytes_by_link_kind=_frozen(metrics.bytes_by_kind(counters)),
+        comm_bytes_by_link=_frozen(by_link), link_utilization=_frozen(link_util),
+        peak_memory_bytes=peaks[worst], per_gpu_peak_memory_bytes=peaks,
+        memory_breakdown_bytes=_frozen(ctx.gpus[worst].memory.peak_breakdown),
+        memory_capacity_bytes=topology.gpu_spec.memory_bytes,
+        events=events, wall_s=time.perf_counter() - wall0, simulated_s=sim_end,
+        messages=len(ctx.net.messages), gpu_model=topology.gpu_spec.model,
+        trace_device=config.trace.meta.device, device_names=tuple(names), spans=spans,
+        extra=_frozen(extra),
+    )
+
+
+def _message_spans(ctx: SimContext, topology: Topology) -> tuple[tuple[Any, ...], ...]:
+    devs = topology.devices
+    out = []
+    for m in ctx.net.messages:
+        src, dst = devs[m.src].name, devs[m.dst].name
+        out.append((src, SEND, "send", m.tag, m.start_s, m.end_s, m.iteration, -1, -1,
+                    m.nbytes, m.id))
+        out.append((dst, RECV, "recv", m.tag, m.start_s, m.end_s, m.iteration, -1, -1,
+                    m.nbytes, m.id))
+    return tuple(out)
+
+
+def _collective_spans(ctx: SimContext) -> tuple[tuple[Any, ...], ...]:
+    names = [g.name for g in ctx.gpus]
+    out = []
+    for op, ranks, n, start, end, it, tag in ctx.coll.records:
+        for r in ranks:
+            out.append((names[r], COMM, op, tag, start, end, it, -1, -1, n, -1))
+    return tuple(out)

@@ -1,0 +1,323 @@
+"""Moving bytes between devices: the detailed (chunked) and analytic network models.
+
+**Detailed** (:class:`DetailedNetwork`): every link direction is a single server with its
+own queue. A message is cut into chunks of ``chunk_bytes``; a chunk holds one link
+direction for ``chunk_bytes / bandwidth`` seconds and reaches the next device after the
+link's latency, where it queues for the next link. Flows contend exactly where they share
+a link direction, and the two directions of a link are independent. Queues are FIFO, or
+ordered by message priority (lower number first, FIFO among equals) when the network is
+built with ``priority=True``; a chunk on the wire is never pre-empted.
+
+For FIFO links the departure of a chunk is known the moment it arrives
+(``max(now, link_free_at) + service``), so each chunk costs one simulation event per hop;
+a one-hop message costs one event in all. Priority links keep a heap and cost two events
+per chunk and hop.
+
+**Analytic** (:class:`AnalyticNetwork`): a message is one event. It waits until every
+link on its route is free, then holds all of them for ``bytes / bottleneck_bandwidth`` and
+arrives after the route's total latency: contention-free transfers take exactly
+``sum(latency) + bytes / min(bandwidth)``, and messages sharing a link are serialised.
+
+Both keep per-link counters (bytes sent, bytes received, busy seconds) and a record of
+every message, from which the metrics are computed.
+"""
+
+from __future__ import annotations
+
+import heapq
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+from simpy import Environment, Timeout
+
+from simcore.topology import Link, Topology
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+"""Default chunk size of the detailed model (1 MiB)."""
+
+
+class Message:
+    """A transfer of ``nbytes`` from device ``src`` to device ``dst``.
+
+    ``on_arrival(msg)`` is called once the last byte has arrived. ``start_s`` is when the
+    first byte started to move, ``end_s`` when the last byte arrived. ``rank_src`` and
+    ``rank_dst`` are the ranks (or -1) the span is drawn on; ``tag`` is a short label.
+    """
+
+    __slots__ = (
+        "chunks_left",
+        "dst",
+        "end_s",
+        "id",
+        "iteration",
+        "nbytes",
+        "on_arrival",
+        "payload",
+        "priority",
+        "rank_dst",
+        "rank_src",
+        "route",
+        "src",
+        "start_s",
+        "tag",
+    )
+
+    def __init__(self, mid: int, src: int, dst: int, nbytes: int, route: tuple[Link, ...],
+                 on_arrival: Callable[[Message], None] | None, priority: float, tag: str,
+                 rank_src: int, rank_dst: int, iteration: int, payload: Any) -> None:
+        self.id, self.src, self.dst, self.nbytes, self.route = mid, src, dst, nbytes, route
+        self.on_arrival, self.priority, self.tag = on_arrival, priority, tag
+        self.start_s = -1.0
+        self.end_s = -1.0
+        self.chunks_left = 0
+        self.rank_src, self.rank_dst, self.iteration = rank_src, rank_dst, iteration
+        self.payload = payload
+
+
+class LinkState:
+    """Run-time state and counters of one link direction."""
+
+    __slots__ = (
+        "busy",
+        "busy_s",
+        "free_at",
+        "latency",
+        "link",
+        "queue",
+        "recv_bytes",
+        "sent_bytes",
+        "seq",
+        "service",
+    )
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.service = 1.0 / link.bandwidth   # seconds per byte
+        self.latency = link.latency
+        self.free_at = 0.0
+        self.sent_bytes = 0
+        self.recv_bytes = 0
+        self.busy_s = 0.0
+        self.queue: list[tuple[float, int, Message, int, int]] = []
+        self.busy = False
+        self.seq = 0
+
+
+class Network(ABC):
+    """Common part of both models: message bookkeeping and counters."""
+
+    fidelity = "base"
+
+    def __init__(self, env: Environment, topology: Topology) -> None:
+        self.env = env
+        self.topology = topology
+        self.state = [LinkState(link) for link in topology.links]
+        self.messages: list[Message] = []
+        self._record = self.messages.append
+        self._routes: dict[tuple[int, int], tuple[Link, ...]] = {}
+        self._next_id = 0
+
+    def send(self, src: int, dst: int, nbytes: int,
+             on_arrival: Callable[[Message], None] | None = None, priority: float = 0.0,
+             tag: str = "", rank_src: int = -1, rank_dst: int = -1, iteration: int = -1,
+             payload: Any = None) -> Message:
+        """Start moving ``nbytes`` from device ``src`` to device ``dst`` now.
+
+        Returns the :class:`Message`; ``on_arrival(msg)`` runs when it has arrived. A
+        message between a device and itself (or of zero bytes) arrives after no time.
+        """
+        route = self._routes.get((src, dst))
+        if route is None:
+            route = self._routes[(src, dst)] = self.topology.route(src, dst)
+        msg = Message(self._next_id, src, dst, nbytes, route, on_arrival, priority, tag,
+                      rank_src, rank_dst, iteration, payload)
+        self._next_id += 1
+        self._record(msg)
+        if not route or nbytes <= 0:
+            msg.start_s = self.env._now
+            ev = Timeout(self.env, 0, msg)
+            ev.callbacks.append(self._deliver_local)
+            return msg
+        self._inject(msg)
+        return msg
+
+    def _deliver_local(self, ev: Any) -> None:
+        msg: Message = ev._value
+        msg.end_s = self.env.now
+        if msg.on_arrival is not None:
+            msg.on_arrival(msg)
+
+    @abstractmethod
+    def _inject(self, msg: Message) -> None:
+        """Put a routed, non-empty message on its first link."""
+
+    # ---- counters --------------------------------------------------------------------
+    def link_bytes(self) -> list[tuple[Link, int, int, float]]:
+        """``(link, sent_bytes, received_bytes, busy_s)`` for every link direction."""
+        return [(s.link, s.sent_bytes, s.recv_bytes, s.busy_s) for s in self.state]
+
+
+class DetailedNetwork(Network):
+    """Chunked store-and-forward model with per-direction queues (see module docs)."""
+
+    fidelity = "detailed"
+
+    def __init__(self, env: Environment, topology: Topology,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, priority: bool = False) -> None:
+        super().__init__(env, topology)
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be at least 1, got {chunk_bytes}")
+        self.chunk_bytes = int(chunk_bytes)
+        self.priority = priority
+
+    def _inject(self, msg: Message) -> None:
+        n = msg.nbytes
+        route = msg.route
+        if self.priority:
+            c = self.chunk_bytes
+            full, last = divmod(n, c)
+            msg.chunks_left = full + (1 if last else 0)
+            for _ in range(full):
+                self._enqueue(msg, 0, c)
+            if last:
+                self._enqueue(msg, 0, last)
+            return
+        # FIFO: the first hop's departures are known now.
+        env = self.env
+        st = self.state[route[0].index]
+        now = env._now
+        t = st.free_at
+        if t < now:
+            t = now
+        msg.start_s = t
+        svc = st.service
+        st.sent_bytes += n
+        st.busy_s += n * svc
+        if len(route) == 1:
+            # One hop: only the arrival of the last byte matters.
+            msg.chunks_left = 1
+            end = t + n * svc
+            st.free_at = end
+            ev = Timeout(env, end + st.latency - now, (msg, 1, n))
+            ev.callbacks.append(self._arrive_fifo)
+            return
+        c = self.chunk_bytes
+        full, last = divmod(n, c)
+        msg.chunks_left = full + (1 if last else 0)
+        lat = st.latency - now
+        cb = self._arrive_fifo
+        step = c * svc
+        for _ in range(full):
+            t += step
+            ev = Timeout(env, t + lat, (msg, 1, c))
+            ev.callbacks.append(cb)
+        if last:
+            t += last * svc
+            ev = Timeout(env, t + lat, (msg, 1, last))
+            ev.callbacks.append(cb)
+        st.free_at = t
+
+    def _arrive_fifo(self, ev: Any) -> None:
+        msg, hop, size = ev._value
+        route = msg.route
+        state = self.state
+        state[route[hop - 1].index].recv_bytes += size
+        if hop == len(route):
+            msg.chunks_left -= 1
+            if msg.chunks_left == 0:
+                msg.end_s = self.env._now
+                if msg.on_arrival is not None:
+                    msg.on_arrival(msg)
+            return
+        st = state[route[hop].index]
+        env = self.env
+        now = env._now
+        start = st.free_at
+        if start < now:
+            start = now
+        busy = size * st.service
+        end = start + busy
+        st.free_at = end
+        st.sent_bytes += size
+        st.busy_s += busy
+        nxt = Timeout(env, end + st.latency - now, (msg, hop + 1, size))
+        nxt.callbacks.append(self._arrive_fifo)
+
+    # ---- priority queues -------------------------------------------------------------
+    def _enqueue(self, msg: Message, hop: int, size: int) -> None:
+        st = self.state[msg.route[hop].index]
+        if not st.busy:
+            self._serve(st, msg, hop, size)
+        else:
+            st.seq += 1
+            heapq.heappush(st.queue, (msg.priority, st.seq, msg, hop, size))
+
+    def _serve(self, st: LinkState, msg: Message, hop: int, size: int) -> None:
+        st.busy = True
+        if msg.start_s < 0:
+            msg.start_s = self.env.now
+        busy = size * st.service
+        st.sent_bytes += size
+        st.busy_s += busy
+        ev = self.env.timeout(busy, (st, msg, hop, size))
+        ev.callbacks.append(self._served)
+
+    def _served(self, ev: Any) -> None:
+        st, msg, hop, size = ev._value
+        st.busy = False
+        if st.queue:
+            _, _, m2, h2, s2 = heapq.heappop(st.queue)
+            self._serve(st, m2, h2, s2)
+        arr = self.env.timeout(st.latency, (st, msg, hop, size))
+        arr.callbacks.append(self._arrive_prio)
+
+    def _arrive_prio(self, ev: Any) -> None:
+        st, msg, hop, size = ev._value
+        st.recv_bytes += size
+        if hop + 1 == len(msg.route):
+            msg.chunks_left -= 1
+            if msg.chunks_left == 0:
+                msg.end_s = self.env.now
+                if msg.on_arrival is not None:
+                    msg.on_arrival(msg)
+            return
+        self._enqueue(msg, hop + 1, size)
+
+
+class AnalyticNetwork(Network):
+    """One event per message; the route is reserved as a whole (see module docs)."""
+
+    fidelity = "analytic"
+
+    def _inject(self, msg: Message) -> None:
+        now = self.env.now
+        states = [self.state[link.index] for link in msg.route]
+        start = max([now] + [st.free_at for st in states])
+        hold = msg.nbytes / min(link.bandwidth for link in msg.route)
+        for st in states:
+            st.free_at = start + hold
+            st.sent_bytes += msg.nbytes
+            st.busy_s += hold
+        msg.start_s = start
+        latency = sum(link.latency for link in msg.route)
+        ev = self.env.timeout(start + hold + latency - now, msg)
+        ev.callbacks.append(self._arrive)
+
+    def _arrive(self, ev: Any) -> None:
+        msg: Message = ev._value
+        for link in msg.route:
+            self.state[link.index].recv_bytes += msg.nbytes
+        msg.end_s = self.env.now
+        if msg.on_arrival is not None:
+            msg.on_arrival(msg)
+
+
+def make_network(env: Environment, topology: Topology, fidelity: str, chunk_bytes: int,
+                 priority: bool = False) -> Network:
+    """The network model for ``fidelity`` (``detailed`` or ``analytic``)."""
+    if fidelity == "detailed":
+        return DetailedNetwork(env, topology, chunk_bytes=chunk_bytes, priority=priority)
+    if fidelity == "analytic":
+        return AnalyticNetwork(env, topology)
+    raise ValueError(f"unknown fidelity {fidelity!r}; choose detailed or analytic")

@@ -1,0 +1,54 @@
+"""Span records: what happened where and when, as immutable tuples.
+
+A :class:`Span` is one interval on one stream of one device: a layer's forward on a GPU's
+compute stream, a message on a sender's ``send`` and a receiver's ``recv`` stream, a
+collective on a GPU's ``comm`` stream. The simulator appends plain tuples in this field
+order (cheap); :meth:`RunResult.spans` hands them out as :class:`Span` named tuples. The
+real runs record the same schema.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+COMPUTE, SEND, RECV, COMM = "compute", "send", "recv", "comm"
+STREAMS = (COMPUTE, SEND, RECV, COMM)
+"""Stream names, in the order they are drawn (Chrome trace thread ids)."""
+
+FORWARD, BACKWARD, UPDATE = "forward", "backward", "update"
+RECOMPUTE, PREDICT = "recompute", "predict"
+"""Kinds of compute spans."""
+
+
+class Span(NamedTuple):
+    """One interval on one stream.
+
+    Attributes:
+        device: device name (``gpu3``, ``n1.gpu0``, ``ps0``).
+        stream: one of :data:`STREAMS`.
+        kind: ``forward``, ``backward``, ``update``, ``send``, ``recv``, ``allreduce``...
+        name: label (layer name, message tag).
+        start_s, end_s: simulated seconds.
+        iteration: iteration index (``-1`` if none).
+        layer: layer index in the trace (``-1`` if none).
+        microbatch: micro-batch index (``-1`` if none).
+        nbytes: bytes moved (0 for compute).
+        flow: id linking a send to its receive (``-1`` if none).
+    """
+
+    device: str
+    stream: str
+    kind: str
+    name: str
+    start_s: float
+    end_s: float
+    iteration: int = -1
+    layer: int = -1
+    microbatch: int = -1
+    nbytes: int = 0
+    flow: int = -1
+
+    @property
+    def duration_s(self) -> float:
+        """``end_s - start_s``."""
+        return self.end_s - self.start_s

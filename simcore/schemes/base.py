@@ -1,0 +1,117 @@
+"""The scheme interface and the context a scheme builds its processes in."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from simpy import Environment
+
+from simcore.collectives import Collectives
+from simcore.config import OPTIMIZERS, SimConfig
+from simcore.device import Gpu
+from simcore.network import Network
+from simcore.topology import Topology
+from traces.model import Trace
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A scheme without options."""
+
+
+class SimContext:
+    """Everything a scheme needs while it sets up and runs.
+
+    Attributes:
+        env: the SimPy environment.
+        config: the :class:`SimConfig`.
+        options: the scheme's options instance.
+        trace: the trace at ``config.effective_batch_size`` samples on the target GPU
+            (``compute_scale`` applied).
+        topology, net, coll: topology, network model and collectives engine.
+        gpus: one :class:`Gpu` per rank.
+        spans: the shared span list (tuples in :class:`~simcore.records.Span` order).
+        iteration_end: ``iteration_end[i][r]`` is when rank ``r`` finished iteration ``i``
+            (``-1`` until it has).
+        rng: the ``numpy.random.Generator`` seeded from ``config.seed``, or ``None`` when
+            the run needs no randomness.
+    """
+
+    def __init__(self, env: Environment, config: SimConfig, options: Any, trace: Trace,
+                 topology: Topology, net: Network, coll: Collectives, gpus: list[Gpu],
+                 spans: list[tuple[Any, ...]], rng: Any) -> None:
+        self.env, self.config, self.options, self.trace = env, config, options, trace
+        self.topology, self.net, self.coll, self.gpus = topology, net, coll, gpus
+        self.spans, self.rng = spans, rng
+        self.iteration_end = [[-1.0] * len(gpus) for _ in range(config.total_iterations)]
+        self.extra: dict[str, Any] = {}
+
+    @property
+    def num_ranks(self) -> int:
+        """Number of ranks (GPUs)."""
+        return len(self.gpus)
+
+    @property
+    def iterations(self) -> int:
+        """Iterations to simulate, warm-up included."""
+        return self.config.total_iterations
+
+    def mark_iteration(self, rank: int, iteration: int) -> None:
+        """Record that ``rank`` finished ``iteration`` now."""
+        self.iteration_end[iteration][rank] = self.env.now
+
+    def optimizer_state_bytes(self, param_bytes: int) -> int:
+        """Bytes of optimizer state for ``param_bytes`` of weights."""
+        return OPTIMIZERS[self.config.optimizer][0] * param_bytes
+
+    def update_s(self, param_bytes: int) -> float:
+        """Seconds for an optimizer step over ``param_bytes`` of weights on one GPU
+        (memory-bound: weight-sized passes over DRAM, see ``OPTIMIZERS``)."""
+        passes = OPTIMIZERS[self.config.optimizer][1]
+        return passes * param_bytes / self.topology.gpu_spec.memory_bandwidth_bytes_per_s
+
+
+class Scheme(ABC):
+    """A training scheme: turns a trace, a topology and options into SimPy processes.
+
+    Subclasses set ``name`` (registry key = module name = CLI string), ``summary`` (one
+    line for ``sim schemes``) and ``Options`` (a frozen dataclass of
+    :func:`simcore.config.option` fields), and implement :meth:`start`.
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+    priority_network: ClassVar[bool] = False
+    """Whether link queues are priority-ordered (P3) instead of FIFO."""
+
+    def __init__(self, ctx: SimContext) -> None:
+        self.ctx = ctx
+        self.options = ctx.options
+
+    @classmethod
+    def dedicated_servers(cls, options: Any, gpus: int) -> int:
+        """Parameter-server hosts the topology must provide on its fabric (default 0)."""
+        return 0
+
+    @classmethod
+    def check(cls, config: SimConfig, options: Any, topology: Topology) -> None:
+        """Reject configurations the scheme cannot run (raise ``ConfigError``); the base
+        accepts everything."""
+        return None
+
+    def replicas(self) -> int:
+        """Model replicas that each process ``batch_size`` samples per iteration (the
+        global batch is ``batch_size * replicas()``); data parallelism: one per GPU."""
+        return self.ctx.num_ranks
+
+    @abstractmethod
+    def start(self) -> None:
+        """Create the processes for ``ctx.iterations`` iterations. Each rank must call
+        ``ctx.mark_iteration(rank, i)`` when it finishes iteration ``i``."""
+
+    def extra_metrics(self) -> dict[str, Any]:
+        """Scheme-specific results added to the run's JSON (e.g. pipeline stages)."""
+        return {}

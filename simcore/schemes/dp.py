@@ -1,0 +1,152 @@
+"""``dp``: synchronous data parallelism with all-reduce, overlapped like PyTorch DDP.
+
+Every rank holds the whole model and runs forward and backward on its own
+``batch_size`` samples. Gradients are grouped into buckets in reverse layer order (the
+first bucket holds ``first_bucket_bytes``, the others ``bucket_bytes``, as DDP does); a
+bucket's all-reduce starts once every rank has produced its last gradient, and buckets are
+reduced one after another on a single communication stream. After the last bucket each
+rank runs the optimizer step and starts the next iteration.
+
+Memory per GPU: weights, gradients, optimizer state, DDP's bucket buffers (one copy of
+the gradients) and the activations of one batch, held from forward until backward frees
+them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from simpy import Event
+
+from simcore.collectives import ALLREDUCE_ALGORITHMS
+from simcore.config import option
+from simcore.records import BACKWARD, FORWARD, UPDATE
+from simcore.schemes.base import Scheme
+from traces.model import Trace
+
+
+@dataclass(frozen=True)
+class DPOptions:
+    """Options of ``dp``."""
+
+    algorithm: str = option("ring", "all-reduce algorithm", choices=ALLREDUCE_ALGORITHMS)
+    bucket_bytes: int = option(25 * 2**20, "gradient bucket size (DDP's bucket_cap_mb)",
+                               unit="bytes", minimum=1)
+    first_bucket_bytes: int = option(2**20, "size of the first (last layers') bucket",
+                                     unit="bytes", minimum=1)
+    overlap: bool = option(True, "start a bucket's all-reduce as soon as its gradients are "
+                                 "ready (false: after the whole backward)")
+
+
+def ddp_buckets(trace: Trace, bucket_bytes: int, first_bucket_bytes: int) -> list[list[int]]:
+    """Layer indices per bucket, as DDP assigns them: walking the layers with parameters
+    from last to first, a bucket is closed once it holds at least its cap (the first
+    bucket's cap is ``first_bucket_bytes``)."""
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    cap = first_bucket_bytes
+    for i in range(len(trace.layers) - 1, -1, -1):
+        pb = trace.layers[i].param_bytes
+        if pb <= 0:
+            continue
+        current.append(i)
+        size += pb
+        if size >= cap:
+            buckets.append(current)
+            current, size, cap = [], 0, bucket_bytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class DataParallel(Scheme):
+    """All-reduce data parallelism (see module docs)."""
+
+    name = "dp"
+    summary = "data parallelism, all-reduce of DDP-style gradient buckets overlapped with backward"
+    Options = DPOptions
+
+    def start(self) -> None:
+        ctx = self.ctx
+        trace = ctx.trace
+        opts: DPOptions = self.options
+        self.buckets = ddp_buckets(trace, opts.bucket_bytes, opts.first_bucket_bytes)
+        self.bucket_bytes = [sum(trace.layers[i].param_bytes for i in b) for b in self.buckets]
+        last_of_bucket = {min(b): k for k, b in enumerate(self.buckets)}
+        run = [i for i, layer in enumerate(trace.layers) if layer.kind != "input"]
+        self.fwd = [(trace.layers[i].forward_s, trace.layers[i].name, i) for i in run]
+        self.bwd = [(trace.layers[i].backward_s, trace.layers[i].name, i,
+                     last_of_bucket.get(i, -1) if opts.overlap else -1) for i in reversed(run)]
+        # Buckets whose last gradient comes from a layer that does not run (or all, when
+        # not overlapping) become ready when backward ends.
+        ran = set(run)
+        self.at_end = [k for k, b in enumerate(self.buckets)
+                       if not opts.overlap or min(b) not in ran]
+        p = ctx.num_ranks
+        n_it = ctx.iterations
+        nb = len(self.buckets)
+        self.ready = [[0] * nb for _ in range(n_it)]
+        self.next_bucket = [0] * n_it
+        self.inflight = [False] * n_it
+        self.reduced: list[Event] = [ctx.env.event() for _ in range(n_it)]
+        self.ranks = list(ctx.topology.ring_order)
+        self.p = p
+        self.param_bytes = trace.param_bytes
+        self.update_s = ctx.update_s(self.param_bytes)
+        for r in range(p):
+            mem = ctx.gpus[r].memory
+            mem.alloc("weights", self.param_bytes)
+            mem.alloc("gradients", self.param_bytes)
+            mem.alloc("optimizer", ctx.optimizer_state_bytes(self.param_bytes))
+            if p > 1:
+                mem.alloc("buffers", self.param_bytes)
+            ctx.env.process(self._worker(r))
+
+    def _worker(self, rank: int) -> Any:
+        ctx = self.ctx
+        gpu = ctx.gpus[rank]
+        mem = gpu.memory
+        activations = ctx.trace.activation_bytes
+        compute = gpu.compute
+        fwd_kind, bwd_kind = FORWARD, BACKWARD
+        for it in range(ctx.iterations):
+            for dur, name, i in self.fwd:
+                yield compute(dur, fwd_kind, name, it, i)
+            mem.alloc("activations", activations)
+            for dur, name, i, b in self.bwd:
+                yield compute(dur, bwd_kind, name, it, i)
+                if b >= 0:
+                    self._bucket_ready(it, b)
+            mem.free("activations", activations)
+            for b in self.at_end:
+                self._bucket_ready(it, b)
+            if not self.buckets and not self.reduced[it].triggered:
+                self.reduced[it].succeed()  # a model without parameters has nothing to reduce
+            yield self.reduced[it]
+            yield gpu.compute(self.update_s, UPDATE, "optimizer step", it)
+            ctx.mark_iteration(rank, it)
+
+    def _bucket_ready(self, it: int, b: int) -> None:
+        cnt = self.ready[it]
+        cnt[b] += 1
+        if cnt[b] == self.p:
+            self._launch(it)
+
+    def _launch(self, it: int) -> None:
+        b = self.next_bucket[it]
+        if self.inflight[it] or b >= len(self.buckets) or self.ready[it][b] < self.p:
+            return
+        self.inflight[it] = True
+
+        def done(_t: float) -> None:
+            self.inflight[it] = False
+            self.next_bucket[it] += 1
+            if self.next_bucket[it] == len(self.buckets):
+                self.reduced[it].succeed()
+            else:
+                self._launch(it)
+
+        self.ctx.coll.allreduce(self.ranks, self.bucket_bytes[b], self.options.algorithm, done,
+                                tag=f"bucket{b}", iteration=it)

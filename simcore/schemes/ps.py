@@ -1,0 +1,53 @@
+"""``ps``: parameter-server data parallelism, the P3 paper's MXNet baseline.
+
+Per-layer keys: a layer's parameters are one array. Arrays of at least
+``big_array_bytes`` (MXNet's bound of 1,000,000 elements, 4 MB of fp32) are split evenly
+over all servers; smaller arrays go whole to one server chosen by a deterministic hash of
+the key (``key * 9973 mod S``). Messages are sent in the order backward produces them
+(FIFO, last layer first), with MXNet's push / acknowledgement / pull-request / value
+protocol (see :mod:`simcore.schemes._psbase`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simcore.config import option
+from simcore.schemes._psbase import ParameterServerScheme, ServerOptions, Shard
+
+
+@dataclass(frozen=True)
+class PSOptions(ServerOptions):
+    """Options of ``ps``."""
+
+    big_array_bytes: int = option(4_000_000, "arrays at least this big are split over all "
+                                             "servers (MXNet: 1e6 elements)", unit="bytes",
+                                  minimum=1)
+
+
+def mxnet_shards(layer_bytes: list[tuple[int, int]], servers: int,
+                 big_array_bytes: int) -> list[Shard]:
+    """Shards of ``(layer, param_bytes)`` arrays under MXNet's placement rule."""
+    shards: list[Shard] = []
+    for key, (layer, nbytes) in enumerate(layer_bytes):
+        if nbytes >= big_array_bytes and servers > 1:
+            q, rem = divmod(nbytes, servers)
+            for s in range(servers):
+                shards.append(Shard(layer, s, q + (1 if s < rem else 0)))
+        else:
+            shards.append(Shard(layer, (key * 9973) % servers, nbytes))
+    return shards
+
+
+class ParameterServer(ParameterServerScheme):
+    """MXNet-style parameter server (see module docs)."""
+
+    name = "ps"
+    summary = "parameter servers, per-layer push then pull in backward order (MXNet baseline)"
+    Options = PSOptions
+    fused = False
+
+    def make_shards(self, num_servers: int) -> list[Shard]:
+        layers = [(i, layer.param_bytes) for i, layer in enumerate(self.ctx.trace.layers)
+                  if layer.param_bytes > 0]
+        return mxnet_shards(layers, num_servers, self.options.big_array_bytes)

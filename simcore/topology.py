@@ -1,0 +1,468 @@
+"""Cluster topology: devices, full-duplex links, routing, and the builder for presets.
+
+A :class:`Topology` is a graph of :class:`Device` nodes joined by links. Every physical
+link is full duplex and becomes two :class:`Link` objects, one per direction, each with
+its own bandwidth (bytes/s) and latency (s). Routing is shortest path, weighted by the
+time to move :data:`ROUTE_PROBE_BYTES` (so a two-hop NVLink path beats a PCIe detour), and
+cached per (source, destination).
+
+Devices are grouped into *boxes* (servers). Traffic between two boxes leaves through the
+source GPU's NIC, crosses the fabric (the switch devices with ``box == -1``) and enters
+through the destination's NIC; a box never carries traffic between two other boxes, which
+keeps routing cheap for thousands of GPUs.
+
+:func:`build_topology` turns a preset (plain data, as parsed from the YAML files that ship
+with dtsim) into a topology with any number of GPUs: it fills as many boxes as needed and
+joins them by the preset's network (InfiniBand or Ethernet), one NIC per box by default or
+one per GPU.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from simcore.units import UnitError, parse_rate, parse_size, parse_time
+
+LINK_KINDS = ("pcie", "nvlink", "nvswitch", "qpi", "ib", "ethernet")
+"""Link kinds a topology may use (``comm_bytes_by_link_kind`` is keyed by these)."""
+
+DEVICE_KINDS = ("gpu", "cpu", "nic", "pcie_switch", "nvswitch", "switch", "server")
+"""Device kinds. ``server`` is a dedicated parameter-server host on the fabric."""
+
+ROUTE_PROBE_BYTES = 1 << 20
+"""Routing weight of a link is ``latency + ROUTE_PROBE_BYTES / bandwidth``."""
+
+
+class TopologyError(ValueError):
+    """A topology or preset is inconsistent; the message names the offending item."""
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """What the simulator needs to know about a GPU model.
+
+    Attributes:
+        model: short model name (``V100``, ``A100``), matched against a trace's device.
+        memory_bytes: device memory capacity.
+        memory_bandwidth_bytes_per_s: DRAM bandwidth, used for weight-sized vector work
+            (optimizer updates, SpecTrain's weight prediction).
+        peak_flops: peak dense fp32 FLOP/s (for analytic traces and device rescaling).
+    """
+
+    model: str = "V100"
+    memory_bytes: int = 16 * 2**30
+    memory_bandwidth_bytes_per_s: float = 900e9
+    peak_flops: float = 15.7e12
+
+
+@dataclass(frozen=True)
+class Device:
+    """A node of the topology: a GPU, host CPU, NIC, switch or server host.
+
+    ``box`` is the index of the server the device sits in, ``-1`` for fabric switches and
+    dedicated parameter-server hosts.
+    """
+
+    name: str
+    kind: str
+    box: int = -1
+
+
+class Link:
+    """One direction of a full-duplex link.
+
+    Attributes:
+        index: position in :attr:`Topology.links`.
+        src, dst: device indices.
+        kind: one of :data:`LINK_KINDS`.
+        bandwidth: bytes per second.
+        latency: seconds from the end of transmission to arrival at ``dst``.
+        name: ``"srcname->dstname"``.
+    """
+
+    __slots__ = ("bandwidth", "dst", "index", "kind", "latency", "name", "src")
+
+    def __init__(self, index: int, src: int, dst: int, kind: str, bandwidth: float,
+                 latency: float, name: str) -> None:
+        self.index, self.src, self.dst, self.kind = index, src, dst, kind
+        self.bandwidth, self.latency, self.name = bandwidth, latency, name
+
+    def __repr__(self) -> str:
+        return f"Link({self.name}, {self.kind}, {self.bandwidth:.4g} B/s, {self.latency:.3g} s)"
+
+
+@dataclass
+class Topology:
+    """Devices, directed links, the GPUs in rank order and routing between devices.
+
+    Attributes:
+        name: preset or description.
+        devices: all devices.
+        links: all directed links (two per physical link).
+        gpus: device index of each rank's GPU (rank ``r`` is ``gpus[r]``).
+        gpu_spec: the GPU model (all GPUs are alike).
+        hosts: the host-CPU device of each box (where co-located parameter servers run).
+        servers: dedicated parameter-server hosts on the fabric (may be empty).
+        ring_order: ranks in the order a ring collective visits them.
+        gateway: for each device index that has one, the NIC its inter-box traffic uses.
+        summary: one line describing the topology.
+    """
+
+    name: str
+    devices: list[Device]
+    links: list[Link]
+    gpus: list[int]
+    gpu_spec: GpuSpec = field(default_factory=GpuSpec)
+    hosts: list[int] = field(default_factory=list)
+    servers: list[int] = field(default_factory=list)
+    ring_order: list[int] = field(default_factory=list)
+    gateway: dict[int, int] = field(default_factory=dict)
+    summary: str = ""
+
+    def __post_init__(self) -> None:
+        self._adj: list[list[Link]] = [[] for _ in self.devices]
+        for link in self.links:
+            self._adj[link.src].append(link)
+        self._routes: dict[tuple[int, int], tuple[Link, ...]] = {}
+        self._by_name = {d.name: i for i, d in enumerate(self.devices)}
+        if not self.ring_order:
+            self.ring_order = list(range(len(self.gpus)))
+        if sorted(self.ring_order) != list(range(len(self.gpus))):
+            raise TopologyError("ring_order must be a permutation of the ranks")
+
+    # ---- lookups ---------------------------------------------------------------------
+    @property
+    def num_gpus(self) -> int:
+        """Number of GPUs (ranks)."""
+        return len(self.gpus)
+
+    @property
+    def num_boxes(self) -> int:
+        """Number of boxes that hold GPUs."""
+        return 1 + max((self.devices[g].box for g in self.gpus), default=0)
+
+    def device_index(self, name: str) -> int:
+        """Index of the device called ``name``."""
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise TopologyError(f"no device called {name!r}") from None
+
+    def box_of_rank(self, rank: int) -> int:
+        """The box that holds rank ``rank``'s GPU."""
+        return self.devices[self.gpus[rank]].box
+
+    def ranks_by_box(self) -> list[list[int]]:
+        """Ranks grouped by box, boxes in order, ranks ascending."""
+        out: list[list[int]] = [[] for _ in range(self.num_boxes)]
+        for r, g in enumerate(self.gpus):
+            out[self.devices[g].box].append(r)
+        return [b for b in out if b]
+
+    def link_kinds(self) -> list[str]:
+        """The link kinds present, in :data:`LINK_KINDS` order."""
+        present = {link.kind for link in self.links}
+        return [k for k in LINK_KINDS if k in present]
+
+    # ---- routing ---------------------------------------------------------------------
+    def route(self, src: int, dst: int) -> tuple[Link, ...]:
+        """The directed links from device ``src`` to device ``dst`` (empty if equal).
+
+        Cached. Raises :class:`TopologyError` if ``dst`` cannot be reached.
+        """
+        key = (src, dst)
+        r = self._routes.get(key)
+        if r is None:
+            r = self._routes[key] = self._compute_route(src, dst)
+        return r
+
+    def path_latency(self, src: int, dst: int) -> float:
+        """Sum of link latencies on the route, seconds."""
+        return sum(link.latency for link in self.route(src, dst))
+
+    def path_bandwidth(self, src: int, dst: int) -> float:
+        """Bottleneck bandwidth on the route, bytes/s (``inf`` for ``src == dst``)."""
+        return min((link.bandwidth for link in self.route(src, dst)), default=math.inf)
+
+    def _compute_route(self, src: int, dst: int) -> tuple[Link, ...]:
+        if src == dst:
+            return ()
+        bs, bd = self.devices[src].box, self.devices[dst].box
+        if bs >= 0 and bd >= 0 and bs != bd:
+            gs, gd = self.gateway.get(src), self.gateway.get(dst)
+            if gs is not None and gd is not None and gs != src and gd != dst:
+                return self.route(src, gs) + self.route(gs, gd) + self.route(gd, dst)
+        allowed = {bs, bd, -1}
+        return self._dijkstra(src, dst, allowed)
+
+    def _dijkstra(self, src: int, dst: int, boxes: set[int]) -> tuple[Link, ...]:
+        devices = self.devices
+        dist = {src: 0.0}
+        prev: dict[int, Link] = {}
+        heap = [(0.0, src)]
+        while heap:
+            d, u = heapq.heappop(heap)
+            if u == dst:
+                break
+            if d > dist[u]:
+                continue
+            for link in self._adj[u]:
+                v = link.dst
+                if devices[v].box not in boxes:
+                    continue
+                nd = d + link.latency + ROUTE_PROBE_BYTES / link.bandwidth
+                if nd < dist.get(v, math.inf) - 1e-15:
+                    dist[v] = nd
+                    prev[v] = link
+                    heapq.heappush(heap, (nd, v))
+        if dst not in prev:
+            raise TopologyError(f"no route from {devices[src].name} to {devices[dst].name}")
+        path: list[Link] = []
+        v = dst
+        while v != src:
+            link = prev[v]
+            path.append(link)
+            v = link.src
+        return tuple(reversed(path))
+
+
+class TopologyBuilder:
+    """Incremental construction of a :class:`Topology` (used by presets and tests)."""
+
+    def __init__(self, name: str = "custom") -> None:
+        self.name = name
+        self.devices: list[Device] = []
+        self.links: list[Link] = []
+        self._index: dict[str, int] = {}
+
+    def device(self, name: str, kind: str, box: int = -1) -> int:
+        """Add a device and return its index."""
+        if kind not in DEVICE_KINDS:
+            raise TopologyError(f"device {name!r}: unknown kind {kind!r}; "
+                                f"known: {', '.join(DEVICE_KINDS)}")
+        if name in self._index:
+            raise TopologyError(f"device {name!r} defined twice")
+        self._index[name] = len(self.devices)
+        self.devices.append(Device(name, kind, box))
+        return self._index[name]
+
+    def index(self, name: str) -> int:
+        """Index of an added device."""
+        try:
+            return self._index[name]
+        except KeyError:
+            raise TopologyError(f"link refers to unknown device {name!r}") from None
+
+    def link(self, a: str | int, b: str | int, kind: str, bandwidth: float,
+             latency: float, count: int = 1) -> None:
+        """Add a full-duplex link (two directed links) of ``count`` lanes ganged together."""
+        ia = a if isinstance(a, int) else self.index(a)
+        ib = b if isinstance(b, int) else self.index(b)
+        if kind not in LINK_KINDS:
+            raise TopologyError(f"link {self.devices[ia].name}-{self.devices[ib].name}: unknown "
+                                f"kind {kind!r}; known: {', '.join(LINK_KINDS)}")
+        if not bandwidth > 0:
+            raise TopologyError(f"link {self.devices[ia].name}-{self.devices[ib].name}: "
+                                "bandwidth must be positive")
+        bw = bandwidth * count
+        for s, d in ((ia, ib), (ib, ia)):
+            name = f"{self.devices[s].name}->{self.devices[d].name}"
+            self.links.append(Link(len(self.links), s, d, kind, bw, latency, name))
+
+    def build(self, gpus: list[int] | None = None, **kwargs: Any) -> Topology:
+        """The topology; ``gpus`` defaults to every GPU device in order of creation."""
+        if gpus is None:
+            gpus = [i for i, d in enumerate(self.devices) if d.kind == "gpu"]
+        return Topology(self.name, self.devices, self.links, gpus, **kwargs)
+
+
+# ---- presets ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopologySpec:
+    """A preset plus the choices that shape it into a concrete cluster.
+
+    Attributes:
+        preset: the preset's data (see :func:`build_topology`), a read-only mapping.
+        gpus: number of GPUs (ranks).
+        bandwidth_bytes_per_s: inter-box link rate; ``None`` keeps the preset's.
+        nic_per_gpu: one NIC per GPU instead of one per box.
+        dedicated_servers: parameter-server hosts to attach to the fabric.
+    """
+
+    preset: Mapping[str, Any]
+    gpus: int
+    bandwidth_bytes_per_s: float | None = None
+    nic_per_gpu: bool = False
+    dedicated_servers: int = 0
+
+    @property
+    def name(self) -> str:
+        """The preset's name."""
+        return str(self.preset.get("name", "custom"))
+
+
+def build_topology(spec: TopologySpec) -> Topology:
+    """Build a cluster from a preset.
+
+    A preset is a mapping with keys ``name``, ``summary``, ``gpu`` (model, memory,
+    memory_bandwidth, peak_flops), ``box`` (``gpus`` per box, ``devices`` name -> kind,
+    ``links`` as ``[a, b, kind, bandwidth, latency]`` or with a fifth ``count``, ``host``,
+    ``nic_attach``, optional ``ring_order``) and ``network`` (``kind``, ``bandwidth``,
+    ``latency``, ``nic_link`` with kind/bandwidth/latency). GPUs inside a box are the
+    implicit devices ``gpu0 .. gpu{n-1}``. Device names get a ``n{box}.`` prefix when the
+    cluster has more than one box.
+
+    Boxes are filled in order; the last may be partial. A fabric switch joins the boxes'
+    NICs whenever there is more than one box or dedicated servers are asked for.
+    """
+    p = spec.preset
+    name = str(p.get("name", "custom"))
+    if spec.gpus < 1:
+        raise TopologyError(f"gpus must be at least 1, got {spec.gpus}")
+    try:
+        gpu = _gpu_spec(p.get("gpu", {}))
+        box = p["box"]
+        per_box = int(box["gpus"])
+        net = p.get("network", {})
+        net_kind = str(net.get("kind", "ib"))
+        net_bw = spec.bandwidth_bytes_per_s or parse_rate(net.get("bandwidth", "100Gbps"))
+        net_lat = parse_time(net.get("latency", "1us"))
+        nic_link = net.get("nic_link", {"kind": "pcie", "bandwidth": "12GB/s", "latency": "1us"})
+        nic_kind = str(nic_link.get("kind", "pcie"))
+        nic_bw = parse_rate(nic_link.get("bandwidth", "12GB/s"))
+        nic_lat = parse_time(nic_link.get("latency", "1us"))
+        box_devices: Mapping[str, str] = box.get("devices", {})
+        box_links: list[list[Any]] = list(box.get("links", []))
+        host_name = str(box.get("host", ""))
+        nic_attach = str(box.get("nic_attach", host_name))
+        ring_local = list(box.get("ring_order", range(per_box)))
+    except (KeyError, TypeError, ValueError, UnitError) as exc:
+        raise TopologyError(f"preset {name!r} is malformed: {exc}") from None
+    if per_box < 1:
+        raise TopologyError(f"preset {name!r}: box.gpus must be at least 1")
+    if sorted(ring_local) != list(range(per_box)):
+        raise TopologyError(f"preset {name!r}: box.ring_order must list 0..{per_box - 1}")
+
+    nboxes = -(-spec.gpus // per_box)
+    multi = nboxes > 1
+    b = TopologyBuilder(name)
+    gpus: list[int] = []
+    hosts: list[int] = []
+    gateway: dict[int, int] = {}
+    ring: list[int] = []
+    nics: list[int] = []
+    for bi in range(nboxes):
+        pre = f"n{bi}." if multi else ""
+        n_here = min(per_box, spec.gpus - bi * per_box)
+        local_gpus = {f"gpu{i}": i for i in range(n_here)}
+        first_rank = len(gpus)
+        for i in range(n_here):
+            gpus.append(b.device(f"{pre}gpu{i}", "gpu", bi))
+        for dname, kind in box_devices.items():
+            b.device(pre + dname, str(kind), bi)
+        parent: dict[str, str] = {}
+        for spec_link in box_links:
+            a, c, kind, bw, lat, *rest = spec_link
+            dropped = [x for x in (a, c) if str(x).startswith("gpu") and x not in local_gpus]
+            if dropped:
+                continue  # the GPU is beyond this (partial) box
+            try:
+                b.link(pre + a, pre + c, kind, parse_rate(bw), parse_time(lat),
+                       int(rest[0]) if rest else 1)
+            except UnitError as exc:
+                raise TopologyError(f"preset {name!r}: link {a}-{c}: {exc}") from None
+            for x, y in ((a, c), (c, a)):
+                if str(x).startswith("gpu") and kind == "pcie":
+                    parent[x] = y
+        ring.extend(first_rank + i for i in ring_local if i < n_here)
+        if host_name:
+            hosts.append(b.index(pre + host_name))
+        # NICs: one per box, or one per GPU hanging where the GPU hangs off PCIe.
+        if multi or spec.dedicated_servers:
+            if spec.nic_per_gpu:
+                for i in range(n_here):
+                    nic = b.device(f"{pre}nic{i}", "nic", bi)
+                    b.link(nic, pre + parent.get(f"gpu{i}", nic_attach), nic_kind, nic_bw,
+                           nic_lat)
+                    nics.append(nic)
+                    gateway[gpus[first_rank + i]] = nic
+                for dname in box_devices:
+                    gateway[b.index(pre + dname)] = nics[-n_here]
+            else:
+                nic = b.device(f"{pre}nic0", "nic", bi)
+                b.link(nic, pre + nic_attach, nic_kind, nic_bw, nic_lat)
+                nics.append(nic)
+                for i in range(n_here):
+                    gateway[gpus[first_rank + i]] = nic
+                for dname in box_devices:
+                    gateway[b.index(pre + dname)] = nic
+    servers: list[int] = []
+    if nics:
+        fabric = b.device("switch", "switch", -1)
+        for nic in nics:
+            b.link(nic, fabric, net_kind, net_bw, net_lat)
+        for s in range(spec.dedicated_servers):
+            srv = b.device(f"ps{s}", "server", -1)
+            b.link(srv, fabric, net_kind, net_bw, net_lat)
+            servers.append(srv)
+    topo = b.build(gpus, gpu_spec=gpu, hosts=hosts, servers=servers, ring_order=ring,
+                   gateway=gateway, summary=str(p.get("summary", "")))
+    return topo
+
+
+def _gpu_spec(d: Mapping[str, Any]) -> GpuSpec:
+    base = GpuSpec()
+    return GpuSpec(
+        model=str(d.get("model", base.model)),
+        memory_bytes=parse_size(d.get("memory", base.memory_bytes)),
+        memory_bandwidth_bytes_per_s=parse_rate(d.get("memory_bandwidth",
+                                                      base.memory_bandwidth_bytes_per_s)),
+        peak_flops=float(d.get("peak_flops", base.peak_flops)),
+    )
+
+
+def ring_topology(p: int, bandwidth: float, latency: float, kind: str = "nvlink",
+                  gpu: GpuSpec | None = None) -> Topology:
+    """``p`` GPUs in one box joined in a ring by direct links of equal bandwidth and
+    latency (the setting of the ring all-reduce closed form)."""
+    b = TopologyBuilder(f"ring{p}")
+    for r in range(p):
+        b.device(f"gpu{r}", "gpu", 0)
+    host = b.device("cpu0", "cpu", 0)
+    if p == 2:
+        b.link(0, 1, kind, bandwidth, latency)
+    elif p > 2:
+        for r in range(p):
+            b.link(r, (r + 1) % p, kind, bandwidth, latency)
+    b.link(0, host, "pcie", bandwidth, latency)
+    return b.build(list(range(p)), gpu_spec=gpu or GpuSpec(), hosts=[host])
+
+
+def star_topology(hosts: int, bandwidth: float, latency: float, kind: str = "ethernet",
+                  servers: int = 0, gpu: GpuSpec | None = None) -> Topology:
+    """``hosts`` one-GPU hosts and ``servers`` server hosts on one switch, each by a single
+    link of equal bandwidth and latency (GPU and host CPU share the host's device)."""
+    b = TopologyBuilder(f"star{hosts}")
+    gpus = [b.device(f"gpu{h}", "gpu", h) for h in range(hosts)]
+    sw = b.device("switch", "switch", -1)
+    for g in gpus:
+        b.link(g, sw, kind, bandwidth, latency)
+    srv = []
+    for s in range(servers):
+        srv.append(b.device(f"ps{s}", "server", -1))
+        b.link(srv[-1], sw, kind, bandwidth, latency)
+    return b.build(gpus, gpu_spec=gpu or GpuSpec(), hosts=list(gpus), servers=srv)
+
+
+def links_by_kind(links: Iterable[Link]) -> dict[str, list[Link]]:
+    """Group links by kind."""
+    out: dict[str, list[Link]] = {}
+    for link in links:
+        out.setdefault(link.kind, []).append(link)
+    return out

@@ -1,0 +1,121 @@
+"""Quantities with units at the edges: parse once into seconds, bytes and bytes/s.
+
+Inside the simulator every time is in seconds, every size in bytes and every rate in
+bytes per second. These helpers turn what people type (``10Gbps``, ``25GB/s``,
+``512MiB``, ``2us``) into those units and format them back for display.
+
+Conventions: ``b`` is a bit, ``B`` a byte; decimal prefixes (k, M, G, T) are powers of
+1000 and binary ones (Ki, Mi, Gi, Ti) powers of 1024, as in networking and JEDEC/IEC use.
+"""
+
+from __future__ import annotations
+
+import re
+
+_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+           "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
+
+_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
+                   r"(Ki|Mi|Gi|Ti|k|K|M|G|T|)(bps|b/s|bit/s|B/s|Bps)\s*$")
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(Ki|Mi|Gi|Ti|k|K|M|G|T|)(B)?\s*$")
+_TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ns|us|µs|ms|s|)\s*$")
+_TIME_SCALE = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.0}
+
+RATE_EXAMPLES = "a rate such as 10Gbps, 100Gb/s, 25GB/s or 12.5e9 (bytes/s)"
+SIZE_EXAMPLES = "a size such as 25MiB, 4096 or 1.5GB"
+TIME_EXAMPLES = "a duration such as 2us, 0.5ms or 1e-6 (seconds)"
+
+
+class UnitError(ValueError):
+    """A quantity could not be parsed; the message names the value and the accepted forms.
+
+    ``expected`` says what would have been accepted (``a rate such as 10Gbps, ...``).
+    """
+
+    def __init__(self, message: str, expected: str = "") -> None:
+        super().__init__(message)
+        self.expected = expected
+
+
+def parse_rate(value: str | float | int) -> float:
+    """Bytes per second from ``10Gbps``, ``100Gb/s``, ``25GB/s`` or a plain number of
+    bytes per second. Raises :class:`UnitError` for anything else or a non-positive rate."""
+    if isinstance(value, bool):
+        raise UnitError(f"{value!r} is not {RATE_EXAMPLES}", RATE_EXAMPLES)
+    if isinstance(value, int | float):
+        rate = float(value)
+    else:
+        m = _RATE.match(value)
+        if m:
+            num, prefix, unit = m.groups()
+            rate = float(num) * _PREFIX[prefix]
+            if unit in ("bps", "b/s", "bit/s"):
+                rate /= 8.0
+        else:
+            try:
+                rate = float(value)
+            except ValueError:
+                raise UnitError(f"{value!r} is not {RATE_EXAMPLES}", RATE_EXAMPLES) from None
+    if not rate > 0 or rate == float("inf"):
+        raise UnitError(f"bandwidth must be positive and finite, got {value!r}",
+                        "a positive, finite rate")
+    return rate
+
+
+def parse_size(value: str | float | int) -> int:
+    """Bytes from ``25MiB``, ``1.5GB``, ``4096`` (rounded to a whole byte, >= 0)."""
+    if isinstance(value, bool):
+        raise UnitError(f"{value!r} is not {SIZE_EXAMPLES}", SIZE_EXAMPLES)
+    if isinstance(value, int | float):
+        size = float(value)
+    else:
+        m = _SIZE.match(value)
+        if not m:
+            raise UnitError(f"{value!r} is not {SIZE_EXAMPLES}", SIZE_EXAMPLES)
+        size = float(m.group(1)) * _PREFIX[m.group(2)]
+    if size < 0 or size == float("inf"):
+        raise UnitError(f"size must be non-negative and finite, got {value!r}",
+                        "a non-negative, finite size")
+    return round(size)
+
+
+def parse_time(value: str | float | int) -> float:
+    """Seconds from ``2us``, ``0.5ms``, ``1e-6`` (>= 0)."""
+    if isinstance(value, bool):
+        raise UnitError(f"{value!r} is not {TIME_EXAMPLES}", TIME_EXAMPLES)
+    if isinstance(value, int | float):
+        t = float(value)
+    else:
+        m = _TIME.match(value)
+        if not m:
+            raise UnitError(f"{value!r} is not {TIME_EXAMPLES}", TIME_EXAMPLES)
+        t = float(m.group(1)) * _TIME_SCALE[m.group(2)]
+    if t < 0 or t == float("inf"):
+        raise UnitError(f"duration must be non-negative and finite, got {value!r}",
+                        "a non-negative, finite duration")
+    return t
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """``1.25e9`` -> ``10 Gbps`` (bits per second, decimal prefixes)."""
+    bits = bytes_per_s * 8
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if bits >= scale:
+            return f"{bits / scale:.4g} {prefix}bps"
+    return f"{bits:.4g} bps"
+
+
+def format_bytes(n: float) -> str:
+    """``1536`` -> ``1.5 KiB`` (binary prefixes)."""
+    for prefix, scale in (("Ti", 2.0**40), ("Gi", 2.0**30), ("Mi", 2.0**20), ("Ki", 2.0**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {prefix}B"
+    return f"{n:.0f} B"
+
+
+def format_time(seconds: float) -> str:
+    """``0.0123`` -> ``12.3 ms``."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.4g} {unit}"
+    return f"{seconds / 1e-9:.4g} ns"

@@ -1,0 +1,32 @@
+"""Errors raised when a trace file or name cannot be used."""
+
+from __future__ import annotations
+
+
+class TraceError(ValueError):
+    """Base class: a trace could not be found, read or understood."""
+
+
+class TraceFormatError(TraceError):
+    """A trace file is malformed. The message names the file, the field and the problem.
+
+    Attributes:
+        source: the file (or other source) that was read.
+        field: the offending field's path (``layers[3].forward_s``, ``line 12``), or ``""``.
+        problem: what is wrong with it.
+    """
+
+    def __init__(self, source: str, field: str, problem: str) -> None:
+        self.source, self.field, self.problem = source, field, problem
+        where = f"{source}: {field}: " if field else f"{source}: "
+        super().__init__(f"{where}{problem}")
+
+
+class UnknownModelError(TraceError):
+    """A model name is neither a built-in trace nor a trace file."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name, self.known = name, known
+        super().__init__(
+            f"unknown model {name!r}: choose a built-in model ({', '.join(known)}) "
+            "or give the path of a trace file (.json, or PipeDream graph.txt)")
