@@ -18,7 +18,11 @@ addressed to it in earlier steps, so ranks progress independently and contend fo
 **Analytic** fidelity gives the closed form above for the group, with ``alpha`` the
 largest route latency among the algorithm's sends and ``B`` the smallest bandwidth share
 a send gets (a link direction used by ``k`` sends of one step gives each ``1/k`` of it).
-It charges the same bytes to every link as the detailed model, in one event.
+It charges the same bytes to every link as the detailed model, in one event. It is
+step-synchronous: each step lasts as long as its slowest send. On uniform links this is
+exactly the detailed result (up to chunk pipelining); where one step mixes fast and slow
+links (DGX-1's single and double NVLinks) it is a few percent slower than the detailed
+model, in which a rank moves on as soon as its own inputs have arrived.
 """
 
 from __future__ import annotations
@@ -221,7 +225,6 @@ class Collectives:
             moved = round(factor * n)
             st.sent_bytes += moved
             st.recv_bytes += moved
-            st.busy_s += moved * st.service
         env = self.net.env
         ev = env.timeout(duration)
         ev.callbacks.append(lambda _e: finish(env.now))

@@ -1,7 +1,9 @@
 """GPU devices: a compute stream and a memory account.
 
 The compute stream runs one kernel (here: one layer's forward or backward) at a time, in
-the order work is issued. Because work is issued in simulated-time order, the finish time
+the order work is issued. When spans are recorded, each op is logged as a compact tuple
+``(device, kind, name, start_s, end_s, iteration, layer, microbatch)`` in the shared
+compute log (see :data:`simcore.records.COMPUTE_LOG_FIELDS`). Because work is issued in simulated-time order, the finish time
 of each piece is known when it is issued (``max(now, busy_until) + duration``), so a
 compute op costs exactly one simulation event.
 """
@@ -9,11 +11,10 @@ compute op costs exactly one simulation event.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from typing import Any
 
-from simpy import Environment, Timeout
-
-from simcore.records import COMPUTE
+from simpy import Environment
 
 MEMORY_KINDS = ("weights", "gradients", "optimizer", "stash", "activations", "buffers")
 """Categories of the memory account."""
@@ -48,6 +49,21 @@ class MemoryAccount:
         self.total -= nbytes
 
 
+class Done:
+    """A lightweight event that fires at a scheduled time (what :meth:`Gpu.compute`
+    returns). A SimPy process can ``yield`` it like a timeout; it is not a full
+    :class:`simpy.events.Event` and cannot be combined with ``&``/``|`` or ``AllOf``:
+    for that, wait on it from a helper process. Compute ops are the commonest events of a
+    simulation, and this keeps each one cheap."""
+
+    __slots__ = ("callbacks",)
+    _ok = True
+    _value = None
+
+    def __init__(self) -> None:
+        self.callbacks: list[Any] = []
+
+
 class Gpu:
     """One GPU: rank, device index and name, compute stream, memory account.
 
@@ -57,32 +73,60 @@ class Gpu:
         name: device name.
         busy_until: when the compute stream becomes free.
         memory: the :class:`MemoryAccount`.
+
+    Besides the optional compute log (for span records), the GPU keeps the end time and
+    the cumulative busy seconds of every op, so :meth:`busy_between` answers for any
+    window in logarithmic time.
     """
 
-    __slots__ = ("_append", "busy_until", "device", "env", "memory", "name", "rank", "spans")
+    __slots__ = ("_busy", "_cum", "_ends", "_log", "_schedule", "busy_until", "device", "env",
+                 "memory", "name", "rank")
 
     def __init__(self, env: Environment, rank: int, device: int, name: str,
-                 spans: list[tuple[Any, ...]]) -> None:
+                 compute_log: list[tuple[Any, ...]] | None) -> None:
         self.env, self.rank, self.device, self.name = env, rank, device, name
         self.busy_until = 0.0
         self.memory = MemoryAccount()
-        self.spans = spans
-        self._append = spans.append
+        self._log = compute_log.append if compute_log is not None else None
+        self._schedule = env.schedule
+        self._busy = 0.0
+        self._cum: list[float] = []
+        self._ends: list[float] = []
 
     def compute(self, duration: float, kind: str, name: str = "", iteration: int = -1,
-                layer: int = -1, microbatch: int = -1) -> Timeout:
-        """Queue ``duration`` seconds of work on the compute stream; the returned event
-        fires when it is done (a SimPy process yields it)."""
-        env = self.env
-        now = env._now
+                layer: int = -1, microbatch: int = -1) -> Done:
+        """Queue ``duration`` seconds of work on the compute stream; the returned
+        :class:`Done` event fires when it is done (a SimPy process yields it)."""
+        now = self.env._now
         start = self.busy_until
         if start < now:
             start = now
         end = start + duration
         self.busy_until = end
-        self._append((self.name, COMPUTE, kind, name, start, end, iteration, layer, microbatch,
-                      0, -1))
-        return Timeout(env, end - now)
+        self._busy += duration
+        self._cum.append(self._busy)
+        self._ends.append(end)
+        if self._log is not None:
+            self._log((self.name, kind, name, start, end, iteration, layer, microbatch))
+        ev = Done()
+        self._schedule(ev, 1, end - now)
+        return ev
+
+    def busy_before(self, t: float) -> float:
+        """Seconds of compute done before time ``t``."""
+        ends, cum = self._ends, self._cum
+        k = bisect_right(ends, t)
+        busy = cum[k - 1] if k else 0.0
+        if k < len(ends):
+            dur = cum[k] - busy
+            start = ends[k] - dur
+            if start < t:
+                busy += t - start
+        return busy
+
+    def busy_between(self, t0: float, t1: float) -> float:
+        """Seconds of compute within ``[t0, t1]``."""
+        return max(0.0, self.busy_before(t1) - self.busy_before(t0))
 
 
 class JitteryGpu(Gpu):
@@ -93,15 +137,15 @@ class JitteryGpu(Gpu):
     __slots__ = ("_factors", "_next", "_rng", "_sigma")
 
     def __init__(self, env: Environment, rank: int, device: int, name: str,
-                 spans: list[tuple[Any, ...]], rng: Any, cv: float) -> None:
-        super().__init__(env, rank, device, name, spans)
+                 compute_log: list[tuple[Any, ...]] | None, rng: Any, cv: float) -> None:
+        super().__init__(env, rank, device, name, compute_log)
         self._rng = rng
         self._sigma = math.sqrt(math.log1p(cv * cv))
         self._factors: list[float] = []
         self._next = 0
 
     def compute(self, duration: float, kind: str, name: str = "", iteration: int = -1,
-                layer: int = -1, microbatch: int = -1) -> Timeout:
+                layer: int = -1, microbatch: int = -1) -> Done:
         if self._next >= len(self._factors):
             s = self._sigma
             self._factors = self._rng.lognormal(-0.5 * s * s, s, 4096).tolist()

@@ -13,7 +13,7 @@ from simcore.collectives import Collectives
 from simcore.config import ConfigError, SimConfig
 from simcore.device import Gpu, JitteryGpu
 from simcore.network import make_network
-from simcore.records import COMM, RECV, SEND
+from simcore.records import COMM, RECV, SEND, compute_span
 from simcore.result import RunResult, _frozen
 from simcore.schemes import get_scheme
 from simcore.schemes.base import SimContext
@@ -59,19 +59,20 @@ def simulate(config: SimConfig) -> RunResult:
     net = make_network(env, topology, config.fidelity, config.chunk_bytes,
                        priority=cls.priority_network)
     coll = Collectives(net)
-    spans: list[tuple[Any, ...]] = []
+    compute_log: list[tuple[Any, ...]] = []
+    gpu_log = compute_log if config.record_spans else None
     rng = None
     names = [topology.devices[d].name for d in topology.gpus]
     if config.compute_jitter > 0:
         import numpy as np  # only runs with randomness pay for the import
 
         rng = np.random.default_rng(config.seed)
-        gpus: list[Gpu] = [JitteryGpu(env, r, d, names[r], spans, g, config.compute_jitter)
+        gpus: list[Gpu] = [JitteryGpu(env, r, d, names[r], gpu_log, g, config.compute_jitter)
                            for (r, d), g in zip(enumerate(topology.gpus),
                                                 rng.spawn(topology.num_gpus), strict=True)]
     else:
-        gpus = [Gpu(env, r, d, names[r], spans) for r, d in enumerate(topology.gpus)]
-    ctx = SimContext(env, config, options, trace, topology, net, coll, gpus, spans, rng)
+        gpus = [Gpu(env, r, d, names[r], gpu_log) for r, d in enumerate(topology.gpus)]
+    ctx = SimContext(env, config, options, trace, topology, net, coll, gpus, compute_log, rng)
     scheme = cls(ctx)
     scheme.start()
     env.run()
@@ -98,7 +99,7 @@ def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology
     t0, t1 = metrics.steady_window(ends, config.warmup_iterations)
     iter_s = (t1 - t0) / config.iterations
     names = [g.name for g in ctx.gpus]
-    busy = metrics.busy_seconds(ctx.spans, names, t0, t1)
+    busy = [g.busy_between(t0, t1) for g in ctx.gpus]
     util = metrics.utilization(busy, t0, t1)
     gpu_util = sum(util) / len(util)
     replicas = scheme.replicas()
@@ -109,6 +110,7 @@ def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology
     counters = ctx.net.link_bytes()
     sim_end = ctx.env.now
     by_link = {link.name: sent for link, sent, _r, _b in counters if sent}
+    received = {link.name: recv for link, _s, recv, _b in counters if recv}
     link_util = {link.name: (b / sim_end if sim_end > 0 else 0.0)
                  for link, sent, _r, b in counters if sent}
     payload = sum(m.nbytes for m in ctx.net.messages)
@@ -120,7 +122,8 @@ def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology
 
     spans: tuple[tuple[Any, ...], ...] = ()
     if config.record_spans:
-        spans = tuple(ctx.spans) + _message_spans(ctx, topology) + _collective_spans(ctx)
+        spans = (tuple(map(compute_span, ctx.compute_log)) + tuple(ctx.spans)
+                 + _message_spans(ctx, topology) + _collective_spans(ctx))
     extra = dict(scheme.extra_metrics())
     extra.update(ctx.extra)
     return RunResult(
@@ -136,7 +139,8 @@ def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology
         comm_bytes_total=payload,
         comm_bytes_per_iteration=payload / config.total_iterations,
         comm_bytes_by_link_kind=_frozen(metrics.bytes_by_kind(counters)),
-        comm_bytes_by_link=_frozen(by_link), link_utilization=_frozen(link_util),
+        comm_bytes_by_link=_frozen(by_link), comm_bytes_received_by_link=_frozen(received),
+        link_utilization=_frozen(link_util),
         peak_memory_bytes=peaks[worst], per_gpu_peak_memory_bytes=peaks,
         memory_breakdown_bytes=_frozen(ctx.gpus[worst].memory.peak_breakdown),
         memory_capacity_bytes=topology.gpu_spec.memory_bytes,

@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from simcore.records import COMPUTE
-
 
 def iteration_ends(iteration_end: Sequence[Sequence[float]]) -> list[float]:
     """End time of each iteration: the latest rank's."""
@@ -38,19 +36,20 @@ def iteration_durations(ends: Sequence[float]) -> list[float]:
     return out
 
 
-def busy_seconds(spans: Iterable[tuple[Any, ...]], devices: Sequence[str], t0: float,
+def busy_seconds(compute_log: Iterable[tuple[Any, ...]], devices: Sequence[str], t0: float,
                  t1: float) -> list[float]:
-    """Compute-stream busy seconds of each device in ``devices`` within ``[t0, t1]``."""
+    """Compute-stream busy seconds of each device in ``devices`` within ``[t0, t1]``,
+    from compute-log tuples (:data:`~simcore.records.COMPUTE_LOG_FIELDS`)."""
     pos = {d: i for i, d in enumerate(devices)}
     busy = [0.0] * len(devices)
-    for sp in spans:
-        if sp[1] != COMPUTE:
-            continue
-        i = pos.get(sp[0])
+    for dev, _kind, _name, s, e, *_rest in compute_log:
+        i = pos.get(dev)
         if i is None:
             continue
-        s = sp[4] if sp[4] > t0 else t0
-        e = sp[5] if sp[5] < t1 else t1
+        if s < t0:
+            s = t0
+        if e > t1:
+            e = t1
         if e > s:
             busy[i] += e - s
     return busy

@@ -18,8 +18,9 @@ link on its route is free, then holds all of them for ``bytes / bottleneck_bandw
 arrives after the route's total latency: contention-free transfers take exactly
 ``sum(latency) + bytes / min(bandwidth)``, and messages sharing a link are serialised.
 
-Both keep per-link counters (bytes sent, bytes received, busy seconds) and a record of
-every message, from which the metrics are computed.
+Both keep per-link counters (bytes sent, bytes received) and a record of every message,
+from which the metrics are computed. A link direction's busy time is its bytes sent over
+its bandwidth.
 """
 
 from __future__ import annotations
@@ -36,60 +37,15 @@ from simcore.topology import Link, Topology
 DEFAULT_CHUNK_BYTES = 1 << 20
 """Default chunk size of the detailed model (1 MiB)."""
 
-
-class Message:
-    """A transfer of ``nbytes`` from device ``src`` to device ``dst``.
-
-    ``on_arrival(msg)`` is called once the last byte has arrived. ``start_s`` is when the
-    first byte started to move, ``end_s`` when the last byte arrived. ``rank_src`` and
-    ``rank_dst`` are the ranks (or -1) the span is drawn on; ``tag`` is a short label.
-    """
-
-    __slots__ = (
-        "chunks_left",
-        "dst",
-        "end_s",
-        "id",
-        "iteration",
-        "nbytes",
-        "on_arrival",
-        "payload",
-        "priority",
-        "rank_dst",
-        "rank_src",
-        "route",
-        "src",
-        "start_s",
-        "tag",
-    )
-
-    def __init__(self, mid: int, src: int, dst: int, nbytes: int, route: tuple[Link, ...],
-                 on_arrival: Callable[[Message], None] | None, priority: float, tag: str,
-                 rank_src: int, rank_dst: int, iteration: int, payload: Any) -> None:
-        self.id, self.src, self.dst, self.nbytes, self.route = mid, src, dst, nbytes, route
-        self.on_arrival, self.priority, self.tag = on_arrival, priority, tag
-        self.start_s = -1.0
-        self.end_s = -1.0
-        self.chunks_left = 0
-        self.rank_src, self.rank_dst, self.iteration = rank_src, rank_dst, iteration
-        self.payload = payload
+_NORMAL = 1
+"""SimPy's priority for ordinary events (``simpy.core.NORMAL``)."""
 
 
 class LinkState:
     """Run-time state and counters of one link direction."""
 
-    __slots__ = (
-        "busy",
-        "busy_s",
-        "free_at",
-        "latency",
-        "link",
-        "queue",
-        "recv_bytes",
-        "sent_bytes",
-        "seq",
-        "service",
-    )
+    __slots__ = ("busy", "free_at", "latency", "link", "queue", "recv_bytes", "sent_bytes",
+                 "seq", "service")
 
     def __init__(self, link: Link) -> None:
         self.link = link
@@ -98,10 +54,57 @@ class LinkState:
         self.free_at = 0.0
         self.sent_bytes = 0
         self.recv_bytes = 0
-        self.busy_s = 0.0
         self.queue: list[tuple[float, int, Message, int, int]] = []
         self.busy = False
         self.seq = 0
+
+
+class Message:
+    """A transfer of ``nbytes`` from device ``src`` to device ``dst``.
+
+    ``on_arrival(msg)`` is called once the last byte has arrived. ``start_s`` is when the
+    first byte started to move, ``end_s`` when the last byte arrived. ``rank_src`` and
+    ``rank_dst`` are the ranks (or -1) the span is drawn on; ``tag`` is a short label;
+    ``payload`` is the sender's own data. ``hops`` are the link directions of the route.
+    """
+
+    __slots__ = ("chunks_left", "dst", "end_s", "hops", "id", "iteration", "nbytes",
+                 "on_arrival", "payload", "priority", "rank_dst", "rank_src", "src",
+                 "start_s", "tag")
+
+    def __init__(self, mid: int, src: int, dst: int, nbytes: int, hops: tuple[LinkState, ...],
+                 on_arrival: Callable[[Message], None] | None, priority: float, tag: str,
+                 rank_src: int, rank_dst: int, iteration: int, payload: Any) -> None:
+        self.id, self.src, self.dst, self.nbytes, self.hops = mid, src, dst, nbytes, hops
+        self.on_arrival, self.priority, self.tag = on_arrival, priority, tag
+        self.start_s = -1.0
+        self.end_s = -1.0
+        self.chunks_left = 0
+        self.rank_src, self.rank_dst, self.iteration = rank_src, rank_dst, iteration
+        self.payload = payload
+
+    @property
+    def route(self) -> tuple[Link, ...]:
+        """The links of the route, in order."""
+        return tuple(st.link for st in self.hops)
+
+
+class _ChunkArrival:
+    """A chunk reaching the end of hop ``hop - 1`` of its message's route.
+
+    A minimal event for SimPy's scheduler (``env.schedule`` needs ``callbacks`` and
+    ``_ok``): chunk hops are the most frequent events of the detailed model, and nothing
+    ever yields them, so they skip the general :class:`simpy.events.Event` machinery.
+    """
+
+    __slots__ = ("callbacks", "hop", "msg", "size")
+    _ok = True
+    _value = None
+
+    def __init__(self, callback: Callable[[_ChunkArrival], None], msg: Message, hop: int,
+                 size: int) -> None:
+        self.callbacks = [callback]
+        self.msg, self.hop, self.size = msg, hop, size
 
 
 class Network(ABC):
@@ -115,8 +118,18 @@ class Network(ABC):
         self.state = [LinkState(link) for link in topology.links]
         self.messages: list[Message] = []
         self._record = self.messages.append
-        self._routes: dict[tuple[int, int], tuple[Link, ...]] = {}
+        self._hops: dict[tuple[int, int], tuple[LinkState, ...]] = {}
         self._next_id = 0
+
+    def hops(self, src: int, dst: int) -> tuple[LinkState, ...]:
+        """The link directions from device ``src`` to ``dst`` (cached)."""
+        key = (src, dst)
+        h = self._hops.get(key)
+        if h is None:
+            state = self.state
+            h = self._hops[key] = tuple(state[link.index] for link in
+                                        self.topology.route(src, dst))
+        return h
 
     def send(self, src: int, dst: int, nbytes: int,
              on_arrival: Callable[[Message], None] | None = None, priority: float = 0.0,
@@ -127,14 +140,14 @@ class Network(ABC):
         Returns the :class:`Message`; ``on_arrival(msg)`` runs when it has arrived. A
         message between a device and itself (or of zero bytes) arrives after no time.
         """
-        route = self._routes.get((src, dst))
-        if route is None:
-            route = self._routes[(src, dst)] = self.topology.route(src, dst)
-        msg = Message(self._next_id, src, dst, nbytes, route, on_arrival, priority, tag,
+        hops = self._hops.get((src, dst))
+        if hops is None:
+            hops = self.hops(src, dst)
+        msg = Message(self._next_id, src, dst, nbytes, hops, on_arrival, priority, tag,
                       rank_src, rank_dst, iteration, payload)
         self._next_id += 1
         self._record(msg)
-        if not route or nbytes <= 0:
+        if not hops or nbytes <= 0:
             msg.start_s = self.env._now
             ev = Timeout(self.env, 0, msg)
             ev.callbacks.append(self._deliver_local)
@@ -144,7 +157,12 @@ class Network(ABC):
 
     def _deliver_local(self, ev: Any) -> None:
         msg: Message = ev._value
-        msg.end_s = self.env.now
+        msg.end_s = self.env._now
+        if msg.on_arrival is not None:
+            msg.on_arrival(msg)
+
+    def _complete(self, msg: Message) -> None:
+        msg.end_s = self.env._now
         if msg.on_arrival is not None:
             msg.on_arrival(msg)
 
@@ -155,7 +173,8 @@ class Network(ABC):
     # ---- counters --------------------------------------------------------------------
     def link_bytes(self) -> list[tuple[Link, int, int, float]]:
         """``(link, sent_bytes, received_bytes, busy_s)`` for every link direction."""
-        return [(s.link, s.sent_bytes, s.recv_bytes, s.busy_s) for s in self.state]
+        return [(s.link, s.sent_bytes, s.recv_bytes, s.sent_bytes * s.service)
+                for s in self.state]
 
 
 class DetailedNetwork(Network):
@@ -170,12 +189,15 @@ class DetailedNetwork(Network):
             raise ValueError(f"chunk_bytes must be at least 1, got {chunk_bytes}")
         self.chunk_bytes = int(chunk_bytes)
         self.priority = priority
+        self._schedule = env.schedule
+        self._on_fifo_arrival = self._arrive_fifo
+        self._on_served = self._served
+        self._on_prio_arrival = self._arrive_prio
 
     def _inject(self, msg: Message) -> None:
         n = msg.nbytes
-        route = msg.route
+        c = self.chunk_bytes
         if self.priority:
-            c = self.chunk_bytes
             full, last = divmod(n, c)
             msg.chunks_left = full + (1 if last else 0)
             for _ in range(full):
@@ -184,69 +206,60 @@ class DetailedNetwork(Network):
                 self._enqueue(msg, 0, last)
             return
         # FIFO: the first hop's departures are known now.
-        env = self.env
-        st = self.state[route[0].index]
-        now = env._now
+        st = msg.hops[0]
+        now = self.env._now
         t = st.free_at
         if t < now:
             t = now
         msg.start_s = t
         svc = st.service
         st.sent_bytes += n
-        st.busy_s += n * svc
-        if len(route) == 1:
+        schedule = self._schedule
+        cb = self._on_fifo_arrival
+        if len(msg.hops) == 1:
             # One hop: only the arrival of the last byte matters.
             msg.chunks_left = 1
             end = t + n * svc
             st.free_at = end
-            ev = Timeout(env, end + st.latency - now, (msg, 1, n))
-            ev.callbacks.append(self._arrive_fifo)
+            schedule(_ChunkArrival(cb, msg, 1, n), _NORMAL, end + st.latency - now)
             return
-        c = self.chunk_bytes
         full, last = divmod(n, c)
         msg.chunks_left = full + (1 if last else 0)
         lat = st.latency - now
-        cb = self._arrive_fifo
         step = c * svc
         for _ in range(full):
             t += step
-            ev = Timeout(env, t + lat, (msg, 1, c))
-            ev.callbacks.append(cb)
+            schedule(_ChunkArrival(cb, msg, 1, c), _NORMAL, t + lat)
         if last:
             t += last * svc
-            ev = Timeout(env, t + lat, (msg, 1, last))
-            ev.callbacks.append(cb)
+            schedule(_ChunkArrival(cb, msg, 1, last), _NORMAL, t + lat)
         st.free_at = t
 
-    def _arrive_fifo(self, ev: Any) -> None:
-        msg, hop, size = ev._value
-        route = msg.route
-        state = self.state
-        state[route[hop - 1].index].recv_bytes += size
-        if hop == len(route):
+    def _arrive_fifo(self, ev: _ChunkArrival) -> None:
+        msg = ev.msg
+        hop = ev.hop
+        size = ev.size
+        hops = msg.hops
+        hops[hop - 1].recv_bytes += size
+        if hop == len(hops):
             msg.chunks_left -= 1
             if msg.chunks_left == 0:
-                msg.end_s = self.env._now
-                if msg.on_arrival is not None:
-                    msg.on_arrival(msg)
+                self._complete(msg)
             return
-        st = state[route[hop].index]
-        env = self.env
-        now = env._now
+        st = hops[hop]
+        now = self.env._now
         start = st.free_at
         if start < now:
             start = now
-        busy = size * st.service
-        end = start + busy
+        end = start + size * st.service
         st.free_at = end
         st.sent_bytes += size
-        st.busy_s += busy
-        nxt = Timeout(env, end + st.latency - now, (msg, hop + 1, size))
-        nxt.callbacks.append(self._arrive_fifo)
+        self._schedule(_ChunkArrival(self._on_fifo_arrival, msg, hop + 1, size), _NORMAL,
+                       end + st.latency - now)
 
     # ---- priority queues -------------------------------------------------------------
     def _enqueue(self, msg: Message, hop: int, size: int) -> None:
-        st = self.state[msg.route[hop].index]
+        st = msg.hops[hop]
         if not st.busy:
             self._serve(st, msg, hop, size)
         else:
@@ -256,12 +269,10 @@ class DetailedNetwork(Network):
     def _serve(self, st: LinkState, msg: Message, hop: int, size: int) -> None:
         st.busy = True
         if msg.start_s < 0:
-            msg.start_s = self.env.now
-        busy = size * st.service
+            msg.start_s = self.env._now
         st.sent_bytes += size
-        st.busy_s += busy
-        ev = self.env.timeout(busy, (st, msg, hop, size))
-        ev.callbacks.append(self._served)
+        ev = Timeout(self.env, size * st.service, (st, msg, hop, size))
+        ev.callbacks.append(self._on_served)
 
     def _served(self, ev: Any) -> None:
         st, msg, hop, size = ev._value
@@ -269,18 +280,16 @@ class DetailedNetwork(Network):
         if st.queue:
             _, _, m2, h2, s2 = heapq.heappop(st.queue)
             self._serve(st, m2, h2, s2)
-        arr = self.env.timeout(st.latency, (st, msg, hop, size))
-        arr.callbacks.append(self._arrive_prio)
+        arr = Timeout(self.env, st.latency, (st, msg, hop, size))
+        arr.callbacks.append(self._on_prio_arrival)
 
     def _arrive_prio(self, ev: Any) -> None:
         st, msg, hop, size = ev._value
         st.recv_bytes += size
-        if hop + 1 == len(msg.route):
+        if hop + 1 == len(msg.hops):
             msg.chunks_left -= 1
             if msg.chunks_left == 0:
-                msg.end_s = self.env.now
-                if msg.on_arrival is not None:
-                    msg.on_arrival(msg)
+                self._complete(msg)
             return
         self._enqueue(msg, hop + 1, size)
 
@@ -291,26 +300,23 @@ class AnalyticNetwork(Network):
     fidelity = "analytic"
 
     def _inject(self, msg: Message) -> None:
-        now = self.env.now
-        states = [self.state[link.index] for link in msg.route]
-        start = max([now] + [st.free_at for st in states])
-        hold = msg.nbytes / min(link.bandwidth for link in msg.route)
-        for st in states:
+        now = self.env._now
+        hops = msg.hops
+        start = max([now] + [st.free_at for st in hops])
+        hold = msg.nbytes * max(st.service for st in hops)
+        for st in hops:
             st.free_at = start + hold
             st.sent_bytes += msg.nbytes
-            st.busy_s += hold
         msg.start_s = start
-        latency = sum(link.latency for link in msg.route)
-        ev = self.env.timeout(start + hold + latency - now, msg)
+        latency = sum(st.latency for st in hops)
+        ev = Timeout(self.env, start + hold + latency - now, msg)
         ev.callbacks.append(self._arrive)
 
     def _arrive(self, ev: Any) -> None:
         msg: Message = ev._value
-        for link in msg.route:
-            self.state[link.index].recv_bytes += msg.nbytes
-        msg.end_s = self.env.now
-        if msg.on_arrival is not None:
-            msg.on_arrival(msg)
+        for st in msg.hops:
+            st.recv_bytes += msg.nbytes
+        self._complete(msg)
 
 
 def make_network(env: Environment, topology: Topology, fidelity: str, chunk_bytes: int,

@@ -2,14 +2,15 @@
 
 A :class:`Span` is one interval on one stream of one device: a layer's forward on a GPU's
 compute stream, a message on a sender's ``send`` and a receiver's ``recv`` stream, a
-collective on a GPU's ``comm`` stream. The simulator appends plain tuples in this field
-order (cheap); :meth:`RunResult.spans` hands them out as :class:`Span` named tuples. The
-real runs record the same schema.
+collective on a GPU's ``comm`` stream. While it runs the simulator appends compact
+compute-log tuples (cheap); the result holds plain tuples in :class:`Span` field order and
+:meth:`RunResult.span_records` hands them out as named tuples. The real runs record the
+same schema.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 COMPUTE, SEND, RECV, COMM = "compute", "send", "recv", "comm"
 STREAMS = (COMPUTE, SEND, RECV, COMM)
@@ -18,6 +19,18 @@ STREAMS = (COMPUTE, SEND, RECV, COMM)
 FORWARD, BACKWARD, UPDATE = "forward", "backward", "update"
 RECOMPUTE, PREDICT = "recompute", "predict"
 """Kinds of compute spans."""
+
+
+COMPUTE_LOG_FIELDS = ("device", "kind", "name", "start_s", "end_s", "iteration", "layer",
+                      "microbatch")
+"""Field order of the compact compute-log tuples the simulator appends while it runs
+(a :class:`Span` on the ``compute`` stream without its constant fields)."""
+
+
+def compute_span(entry: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A compute-log tuple expanded to :class:`Span` field order."""
+    dev, kind, name, start, end, it, layer, mb = entry
+    return (dev, COMPUTE, kind, name, start, end, it, layer, mb, 0, -1)
 
 
 class Span(NamedTuple):

@@ -51,6 +51,7 @@ class RunResult:
     comm_bytes_per_iteration: float
     comm_bytes_by_link_kind: Mapping[str, int]
     comm_bytes_by_link: Mapping[str, int]
+    comm_bytes_received_by_link: Mapping[str, int]
     link_utilization: Mapping[str, float]
     peak_memory_bytes: int
     per_gpu_peak_memory_bytes: tuple[int, ...]

@@ -28,7 +28,7 @@ from simpy import Event
 
 from simcore.config import ConfigError, SimConfig, option
 from simcore.network import Message
-from simcore.records import BACKWARD, COMPUTE, FORWARD
+from simcore.records import BACKWARD, FORWARD
 from simcore.schemes.base import Scheme
 from simcore.topology import Topology
 
@@ -198,8 +198,7 @@ class ParameterServerScheme(Scheme):
         start = max(now, self.server_busy[s])
         end = start + seconds
         self.server_busy[s] = end
-        self.ctx.spans.append((self.server_name[s], COMPUTE, kind, kind, start, end, it, -1,
-                               -1, 0, -1))
+        self.ctx.compute_log.append((self.server_name[s], kind, kind, start, end, it, -1, -1))
         ev = env.timeout(end - now, arg)
         ev.callbacks.append(then)
 

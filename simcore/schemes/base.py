@@ -32,7 +32,11 @@ class SimContext:
             (``compute_scale`` applied).
         topology, net, coll: topology, network model and collectives engine.
         gpus: one :class:`Gpu` per rank.
-        spans: the shared span list (tuples in :class:`~simcore.records.Span` order).
+        compute_log: the shared compute log (tuples in
+            :data:`~simcore.records.COMPUTE_LOG_FIELDS` order); work on non-GPU devices
+            (parameter servers) is logged here too.
+        spans: other spans a scheme wants drawn (tuples in :class:`~simcore.records.Span`
+            order); messages and collectives are added automatically.
         iteration_end: ``iteration_end[i][r]`` is when rank ``r`` finished iteration ``i``
             (``-1`` until it has).
         rng: the ``numpy.random.Generator`` seeded from ``config.seed``, or ``None`` when
@@ -41,10 +45,11 @@ class SimContext:
 
     def __init__(self, env: Environment, config: SimConfig, options: Any, trace: Trace,
                  topology: Topology, net: Network, coll: Collectives, gpus: list[Gpu],
-                 spans: list[tuple[Any, ...]], rng: Any) -> None:
+                 compute_log: list[tuple[Any, ...]], rng: Any) -> None:
         self.env, self.config, self.options, self.trace = env, config, options, trace
         self.topology, self.net, self.coll, self.gpus = topology, net, coll, gpus
-        self.spans, self.rng = spans, rng
+        self.compute_log, self.rng = compute_log, rng
+        self.spans: list[tuple[Any, ...]] = []
         self.iteration_end = [[-1.0] * len(gpus) for _ in range(config.total_iterations)]
         self.extra: dict[str, Any] = {}
 

@@ -1,0 +1,108 @@
+"""Benchmark ``sim run --gpus 8 --scheme dp``: wall time and simulated event rate.
+
+1. End to end: runs the command as a user would (a fresh process each time, start-up
+   included) and reports the median and best wall time.
+2. Event rate: calls ``simulate()`` in-process on the same configuration and reports
+   simulated SimPy events per second of ``simulate()`` wall time (set-up, run and metrics
+   included).
+3. Raw SimPy: a single process yielding plain timeouts, events per second, measured in
+   the same process right after each run of (2), so that both see the same machine state.
+
+Prints the ratio of (2) to (3): the median over the back-to-back pairs (robust to a
+machine whose speed drifts) and best over best. Usage::
+
+    python bench/bench_run.py [--repeats 7] [--args "--gpus 8 --scheme dp"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+import simpy
+
+from dtsim.resolve import build_config
+from dtsim.spec import RunSpec, apply_settings
+from simcore import simulate
+
+
+def sim_executable() -> list[str]:
+    """The ``sim`` console script next to this Python, or ``python -m``-style fallback."""
+    exe = os.path.join(os.path.dirname(sys.executable), "sim")
+    return [exe] if os.path.exists(exe) else [sys.executable, "-c",
+                                              "from dtsim.cli import main; main()"]
+
+
+def end_to_end(args: list[str], repeats: int) -> list[float]:
+    """Wall seconds of ``sim run ARGS`` in fresh processes."""
+    cmd = sim_executable() + ["run", *args]
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def raw_simpy_rate(n: int = 200_000) -> float:
+    """Timeout events per second of one SimPy process doing nothing else."""
+    env = simpy.Environment()
+
+    def proc(env: simpy.Environment):
+        timeout = env.timeout
+        for _ in range(n):
+            yield timeout(1)
+
+    env.process(proc(env))
+    t = time.perf_counter()
+    env.run()
+    return n / (time.perf_counter() - t)
+
+
+def spec_from_args(args: list[str]) -> RunSpec:
+    """The RunSpec for simple ``--flag value`` arguments."""
+    settings = {}
+    it = iter(args)
+    for flag in it:
+        settings[flag.lstrip("-").replace("-", "_")] = next(it)
+    return apply_settings(RunSpec(), settings)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--args", default="--gpus 8 --scheme dp",
+                    help="arguments of 'sim run' (simple --flag value pairs)")
+    opts = ap.parse_args()
+    args = shlex.split(opts.args)
+
+    e2e = end_to_end(args, opts.repeats)
+    config = build_config(spec_from_args(args), record_spans=False)
+    simulate(config)  # warm caches (trace, routes are per run anyway)
+    sim_rates, raw_rates, events = [], [], 0
+    for _ in range(opts.repeats):
+        r = simulate(config)
+        events = r.events
+        sim_rates.append(r.events / r.wall_s)
+        raw_rates.append(raw_simpy_rate())
+    best_sim, best_raw = max(sim_rates), max(raw_rates)
+    paired = statistics.median(s / r for s, r in zip(sim_rates, raw_rates, strict=True))
+    print(f"command            sim run {' '.join(args)}")
+    print(f"end to end         median {statistics.median(e2e):.3f} s, best {min(e2e):.3f} s "
+          f"over {opts.repeats} fresh processes")
+    print(f"simulated events   {events:,} per run")
+    print(f"event rate         {best_sim:,.0f} events/s (best; median "
+          f"{statistics.median(sim_rates):,.0f}) of simulate() wall time")
+    print(f"raw SimPy rate     {best_raw:,.0f} timeouts/s (best; median "
+          f"{statistics.median(raw_rates):,.0f})")
+    print(f"ratio              {paired:.2f} (median of {opts.repeats} back-to-back pairs); "
+          f"best/best {best_sim / best_raw:.2f}")
+
+
+if __name__ == "__main__":
+    main()

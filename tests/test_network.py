@@ -1,0 +1,99 @@
+"""The network models, as stories with exact simulated times."""
+
+import pytest
+import simpy
+
+from simcore.network import AnalyticNetwork, DetailedNetwork
+from simcore.topology import TopologyBuilder
+
+B = 1e9          # bytes/s
+LAT = 1e-5       # s
+
+
+def line(n_hops=1, bw=B, lat=LAT):
+    """gpu0 - sw1 - ... - gpu1 with equal links."""
+    b = TopologyBuilder("line")
+    names = ["a"] + [f"s{i}" for i in range(n_hops - 1)] + ["z"]
+    for i, n in enumerate(names):
+        b.device(n, "gpu" if i in (0, len(names) - 1) else "switch", 0)
+    for x, y in zip(names, names[1:]):
+        b.link(x, y, "pcie", bw, lat)
+    return b.build([0, len(names) - 1])
+
+
+def run_messages(net_cls, topo, sends, **kw):
+    """Send ``(at_s, src_rank, dst_rank, nbytes, priority, tag)`` messages; log arrivals."""
+    env = simpy.Environment()
+    net = net_cls(env, topo, **kw)
+    log = []
+    for at, src, dst, n, prio, tag in sends:
+        def go(_e, src=topo.gpus[src], dst=topo.gpus[dst], n=n, prio=prio, tag=tag):
+            net.send(src, dst, n, lambda m: log.append((m.tag, env.now)), priority=prio, tag=tag)
+        ev = env.timeout(at)
+        ev.callbacks.append(go)
+    env.run()
+    return log, net
+
+
+@pytest.mark.parametrize("net_cls", [DetailedNetwork, AnalyticNetwork])
+@pytest.mark.parametrize("n", [1, 1000, 3_000_000])
+def test_one_transfer_takes_latency_plus_bytes_over_bandwidth(net_cls, n):
+    topo = line(1)
+    log, _ = run_messages(net_cls, topo, [(0, 0, 1, n, 0, "m")])
+    assert log == [("m", pytest.approx(LAT + n / B, rel=1e-12))]
+
+
+def test_chunks_pipeline_across_hops():
+    # 3 chunks over 2 hops: the last chunk leaves hop 1 at 3c/B, hop 2 at 4c/B.
+    c = 1000
+    log, _ = run_messages(DetailedNetwork, line(2), [(0, 0, 1, 3 * c, 0, "m")], chunk_bytes=c)
+    assert log == [("m", pytest.approx(4 * c / B + 2 * LAT))]
+
+
+def test_analytic_multi_hop_is_store_free_closed_form():
+    log, _ = run_messages(AnalyticNetwork, line(3), [(0, 0, 1, 10_000, 0, "m")])
+    assert log == [("m", pytest.approx(3 * LAT + 10_000 / B))]
+
+
+def test_fifo_contention_serialises_messages_on_a_shared_link():
+    n = 1_000_000
+    log, _ = run_messages(DetailedNetwork, line(1), [(0, 0, 1, n, 0, "first"),
+                                                     (0, 0, 1, n, 0, "second")], chunk_bytes=n)
+    assert log == [("first", pytest.approx(n / B + LAT)), ("second", pytest.approx(2 * n / B + LAT))]
+
+
+def test_opposite_directions_do_not_contend():
+    n = 1_000_000
+    log, _ = run_messages(DetailedNetwork, line(1), [(0, 0, 1, n, 0, "ab"), (0, 1, 0, n, 0, "ba")])
+    assert sorted(t for _, t in log) == [pytest.approx(n / B + LAT)] * 2
+
+
+def test_priority_queue_lets_urgent_chunks_jump_ahead_but_never_preempts():
+    c = 1000
+    # "bulk" (priority 5) starts first and holds the link for one chunk; "urgent"
+    # (priority 0) arrives while the first bulk chunk is on the wire and goes next.
+    sends = [(0, 0, 1, 4 * c, 5, "bulk"), (0.5 * c / B, 0, 1, c, 0, "urgent")]
+    log, _ = run_messages(DetailedNetwork, line(1), sends, chunk_bytes=c, priority=True)
+    assert log[0] == ("urgent", pytest.approx(2 * c / B + LAT))
+    assert log[1] == ("bulk", pytest.approx(5 * c / B + LAT))
+    fifo, _ = run_messages(DetailedNetwork, line(1), sends, chunk_bytes=c, priority=False)
+    assert [tag for tag, _ in fifo] == ["bulk", "urgent"]
+
+
+@pytest.mark.parametrize("net_cls, kw", [(DetailedNetwork, {"chunk_bytes": 777}),
+                                         (DetailedNetwork, {"priority": True, "chunk_bytes": 500}),
+                                         (AnalyticNetwork, {})])
+def test_bytes_sent_equal_bytes_received_on_every_link(net_cls, kw):
+    topo = line(3)
+    sends = [(i * 1e-6, i % 2, 1 - i % 2, 1000 + 37 * i, i % 3, str(i)) for i in range(20)]
+    log, net = run_messages(net_cls, topo, sends, **kw)
+    assert len(log) == 20
+    for _link, sent, recv, busy in net.link_bytes():
+        assert sent == recv
+        assert busy >= 0
+
+
+def test_local_and_empty_messages_arrive_at_once():
+    log, _ = run_messages(DetailedNetwork, line(1), [(0.5, 0, 0, 100, 0, "self"),
+                                                     (0.5, 0, 1, 0, 0, "empty")])
+    assert log == [("self", 0.5), ("empty", 0.5)]
