@@ -40,7 +40,7 @@ def sim_executable() -> list[str]:
 
 def end_to_end(args: list[str], repeats: int) -> list[float]:
     """Wall seconds of ``sim run ARGS`` in fresh processes."""
-    cmd = sim_executable() + ["run", *args]
+    cmd = [*sim_executable(), "run", *args]
     times = []
     for _ in range(repeats):
         t = time.perf_counter()

@@ -3,9 +3,9 @@
 The compute stream runs one kernel (here: one layer's forward or backward) at a time, in
 the order work is issued. When spans are recorded, each op is logged as a compact tuple
 ``(device, kind, name, start_s, end_s, iteration, layer, microbatch)`` in the shared
-compute log (see :data:`simcore.records.COMPUTE_LOG_FIELDS`). Because work is issued in simulated-time order, the finish time
-of each piece is known when it is issued (``max(now, busy_until) + duration``), so a
-compute op costs exactly one simulation event.
+compute log (see :data:`simcore.records.COMPUTE_LOG_FIELDS`). Because work is issued in
+simulated-time order, the finish time of each piece is known when it is issued
+(``max(now, busy_until) + duration``), so a compute op costs exactly one simulation event.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 
 import pytest
 from click.testing import CliRunner
@@ -68,7 +69,7 @@ def test_trace_out_is_a_valid_chrome_trace_with_flows(tmp_path, capsys):
             by_thread.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
     for spans in by_thread.values():
         spans.sort()
-        for (s1, e1), (s2, _e2) in zip(spans, spans[1:]):
+        for (_s1, e1), (s2, _e2) in pairwise(spans):
             assert s2 >= e1 - 1e-6
 
 

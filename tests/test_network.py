@@ -1,5 +1,7 @@
 """The network models, as stories with exact simulated times."""
 
+from itertools import pairwise
+
 import pytest
 import simpy
 
@@ -16,7 +18,7 @@ def line(n_hops=1, bw=B, lat=LAT):
     names = ["a"] + [f"s{i}" for i in range(n_hops - 1)] + ["z"]
     for i, n in enumerate(names):
         b.device(n, "gpu" if i in (0, len(names) - 1) else "switch", 0)
-    for x, y in zip(names, names[1:]):
+    for x, y in pairwise(names):
         b.link(x, y, "pcie", bw, lat)
     return b.build([0, len(names) - 1])
 
@@ -59,7 +61,8 @@ def test_fifo_contention_serialises_messages_on_a_shared_link():
     n = 1_000_000
     log, _ = run_messages(DetailedNetwork, line(1), [(0, 0, 1, n, 0, "first"),
                                                      (0, 0, 1, n, 0, "second")], chunk_bytes=n)
-    assert log == [("first", pytest.approx(n / B + LAT)), ("second", pytest.approx(2 * n / B + LAT))]
+    assert log == [("first", pytest.approx(n / B + LAT)),
+                   ("second", pytest.approx(2 * n / B + LAT))]
 
 
 def test_opposite_directions_do_not_contend():

@@ -1,5 +1,7 @@
 """Presets, multi-box clusters and routing."""
 
+from itertools import pairwise
+
 import pytest
 
 from dtsim.resolve import load_preset, topology_presets
@@ -31,7 +33,7 @@ def test_every_gpu_reaches_every_other(name, gpus):
             route = topo.route(a, b)
             if a != b:
                 assert route[0].src == a and route[-1].dst == b
-                assert all(x.dst == y.src for x, y in zip(route, route[1:]))
+                assert all(x.dst == y.src for x, y in pairwise(route))
 
 
 def test_boxes_are_filled_as_needed():
