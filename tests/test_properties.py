@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -54,13 +56,40 @@ def with_bandwidth(cfg: SimConfig, factor: float) -> SimConfig:
         topo.preset, topo.gpus, topo.bandwidth_bytes_per_s * factor)})
 
 
+def iteration_ends(r) -> list[float]:
+    """When each iteration ended (cumulative iteration times)."""
+    return list(accumulate(r.iteration_times_s))
+
+
 @SETTINGS
-@given(configs(), st.floats(1.0, 8.0))
+@given(configs(schemes=("dp",)), st.floats(1.0, 8.0))
 def test_more_bandwidth_is_never_slower(cfg, factor):
+    """Every iteration of all-reduce data parallelism ends no later on a faster network.
+
+    (Compared on iteration end times: the steady-state ``iteration_time_s`` is a difference
+    of two end times and may grow slightly when the warm-up iteration gains more.)"""
     slow = simulate(cfg)
     fast = simulate(with_bandwidth(cfg, factor))
-    assert fast.iteration_time_s <= slow.iteration_time_s * (1 + 1e-9)
+    for t_fast, t_slow in zip(iteration_ends(fast), iteration_ends(slow), strict=True):
+        assert t_fast <= t_slow * (1 + 1e-9)
     assert fast.simulated_s <= slow.simulated_s * (1 + 1e-9)
+
+
+@SETTINGS
+@given(configs(schemes=("ps",)), st.floats(1.0, 8.0))
+def test_more_bandwidth_never_costs_more_than_fifo_reordering(cfg, factor):
+    """Parameter servers on a faster network: no iteration ends more than 1% later.
+
+    FIFO queueing networks with many competing flows are not monotone in general: a
+    faster link changes the order in which flows reach a shared queue further on, and a
+    small message can end up behind bulk data (head-of-line blocking). Our model has this
+    too, e.g. 8 workers pushing 8 x 8 shards to dedicated servers through one box NIC
+    ran 0.14% slower at twice the InfiniBand rate; the analytic model, which reserves a
+    whole route per message, shows up to about 0.75%. This bounds such effects."""
+    slow = simulate(cfg)
+    fast = simulate(with_bandwidth(cfg, factor))
+    for t_fast, t_slow in zip(iteration_ends(fast), iteration_ends(slow), strict=True):
+        assert t_fast <= t_slow * 1.01
 
 
 @SETTINGS
