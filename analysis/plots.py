@@ -90,13 +90,14 @@ def _to_numeric(series: Any) -> Any:
     return pd.to_numeric(series, errors="coerce")
 
 
-def require(df: Any, *cols: str | None) -> None:
-    """``ConfigError`` naming the first of ``cols`` that ``df`` lacks."""
-    for c in cols:
+def require(df: Any, **cols: str | None) -> None:
+    """``ConfigError`` naming the first option (``x="bandwidth"`` is ``--x``) whose
+    column ``df`` lacks."""
+    for opt, c in cols.items():
         if c and c not in df.columns and not (c == "bandwidth"
                                               and "bandwidth_bytes_per_s" in df.columns):
-            raise ConfigError(c, c, f"is not a column of the results; columns: "
-                                    f"{', '.join(map(str, df.columns))}", unknown=True)
+            raise ConfigError(f"--{opt}", c, "not a column of the results; columns: "
+                                             f"{', '.join(map(str, df.columns))}")
 
 
 def bandwidth_gbps(df: Any) -> Any:
@@ -167,7 +168,7 @@ def xy_plot(df: Any, x: str, y: str, *, hue: str | None = None, col: str | None 
     """``y`` against ``x`` coloured by ``hue``, one panel per value of ``col``. Lines for a
     numeric ``x`` (or ``bandwidth``), bars for a categorical one (``kind`` forces either).
     Several rows at one (x, hue, col) are averaged."""
-    require(df, x, y, hue, col)
+    require(df, x=x, y=y, hue=hue, col=col)
     df = select_rows(df, where)
     sns = _theme()
     data = df.copy()
@@ -191,10 +192,11 @@ def xy_plot(df: Any, x: str, y: str, *, hue: str | None = None, col: str | None 
                         errorbar=None, facet_kws={"sharey": False}, **facet)
         span = data[xcol].max() / max(data[xcol].min(), 1e-300)
         if logx if logx is not None else (data[xcol].min() > 0 and span >= 16):
-            g.set(xscale="log")
-            if x == "gpus":
-                for ax in g.axes.flat:
-                    ax.set_xscale("log", base=2)
+            for ax in g.axes.flat:
+                ax.set_xscale("log", base=2 if x == "gpus" else 10)
+        ticks = sorted(data[xcol].dropna().unique())
+        if len(ticks) <= 12:
+            _set_xticks(g.axes.flat, ticks)
     elif kind == "bar":
         data = _as_category(data, xcol)
         g = sns.catplot(data=data, x=xcol, y=y, hue=hue, kind="bar", errorbar=None,
@@ -209,6 +211,16 @@ def xy_plot(df: Any, x: str, y: str, *, hue: str | None = None, col: str | None 
     return g.figure
 
 
+def _set_xticks(axes: Any, values: Sequence[float]) -> None:
+    """Ticks exactly at ``values``, labelled as plain numbers (no 10^k, no minor ticks)."""
+    from matplotlib.ticker import NullLocator
+
+    for ax in axes:
+        ax.set_xticks(list(values))
+        ax.set_xticklabels([_fmt(float(f"{v:.4g}")) for v in values])
+        ax.xaxis.set_minor_locator(NullLocator())
+
+
 def speedup_plot(df: Any, *, hue: str | None = "scheme", col: str | None = None,
                  where: Mapping[str, str] | None = None, title: str | None = None) -> Any:
     """Speedup over one GPU against the number of GPUs, with the linear ideal dashed."""
@@ -216,18 +228,23 @@ def speedup_plot(df: Any, *, hue: str | None = "scheme", col: str | None = None,
     col = col or _auto_col(df, ("model", "topology"))
     hue = hue if hue in df.columns else None
     fig = xy_plot(df, "gpus", "speedup", hue=hue, col=col, kind="line", title=title)
+    from matplotlib.ticker import ScalarFormatter
+
     gpus = sorted(_to_numeric(df["gpus"]).dropna().unique())
     for ax in fig.axes:
-        if ax.get_xlabel() or ax.get_ylabel() or ax.lines:
+        if ax.lines:
             ax.plot(gpus, gpus, linestyle="--", color="grey", linewidth=1, label="linear")
             ax.set_yscale("log", base=2)
+            ax.yaxis.set_major_formatter(ScalarFormatter())
+            if ax.get_ylabel():
+                ax.set_ylabel(label("speedup") + " (dashed: linear)")
     return fig
 
 
 def throughput_plot(df: Any, *, hue: str | None = "scheme", col: str | None = None,
                     where: Mapping[str, str] | None = None, title: str | None = None) -> Any:
     """Throughput against inter-node bandwidth (Gbit/s, log axis)."""
-    require(df, "bandwidth")
+    require(df, x="bandwidth")
     df = select_rows(df, where)
     col = col or _auto_col(df, ("model", "gpus", "topology"))
     hue = hue if hue in df.columns else None
@@ -249,7 +266,7 @@ def utilization_plot(df: Any, *, hue: str | None = None, col: str | None = None,
     settings that differ between the selected rows unless ``hue`` is given."""
     import pandas as pd
 
-    require(df, "per_gpu_utilization", hue, col)
+    require(df, y="per_gpu_utilization", hue=hue, col=col)
     df = select_rows(df, where)
     varying = [c for c in swept_columns(df) if c not in (col,) and df[c].nunique() > 1]
     records = []
@@ -319,6 +336,7 @@ def gantt_plot(trace: Mapping[str, Any], *, where: Mapping[str, str] | None = No
         if k not in allowed:
             raise ConfigError("--where", k, f"a timeline filters by {', '.join(sorted(allowed))}")
     rows: dict[tuple[Any, str], dict[str, list[tuple[float, float]]]] = {}
+    first_tid: dict[tuple[Any, str], Any] = {}
     for e in events:
         if e.get("ph") != "X":
             continue
@@ -330,6 +348,8 @@ def gantt_plot(trace: Mapping[str, Any], *, where: Mapping[str, str] | None = No
         attrs = {"device": dev, "stream": stream, "kind": kind, "iteration": str(it)}
         if any(attrs[k] != str(v) for k, v in (where or {}).items()):
             continue
+        first_tid[pid, stream] = min(first_tid.get((pid, stream), e.get("tid", 0)),
+                                     e.get("tid", 0))
         rows.setdefault((pid, stream), {}).setdefault(kind, []).append(
             (float(e["ts"]) / 1e3, float(e.get("dur", 0)) / 1e3))
     if not rows:
@@ -339,7 +359,7 @@ def gantt_plot(trace: Mapping[str, Any], *, where: Mapping[str, str] | None = No
 
     sns = _theme()
     plt = _pyplot()
-    order = sorted(rows, key=lambda r: (r[0], r[1]))
+    order = sorted(rows, key=lambda r: (r[0], first_tid[r]))
     kinds = list(dict.fromkeys(k for r in order for k in rows[r]))
     palette = dict(zip(kinds, sns.color_palette("tab10" if len(kinds) <= 10 else "husl",
                                                 len(kinds)), strict=True))

@@ -301,6 +301,7 @@ def partition_section(out_dir: str, quick: bool) -> str:
                        "does not exist in this build.\n")
     import pandas as pd
 
+    _make_dirs(out_dir)
     models = PAPER_MODELS[:2] if quick else PAPER_MODELS
     try:
         rows = [run_partitioner(m, g) for m in models for g in (4, 8)]
@@ -334,6 +335,11 @@ class ReportSummary:
     wall_s: float
 
 
+def _make_dirs(out_dir: str) -> None:
+    for sub in ("figures", "data"):
+        os.makedirs(os.path.join(out_dir, sub), exist_ok=True)
+
+
 def run_section(sec: Section, out_dir: str, quick: bool, jobs: int,
                 progress: bool) -> tuple[str, str, int]:
     """Run one section's sweep; returns ``(markdown, what is missing, points computed)``."""
@@ -349,6 +355,7 @@ def run_section(sec: Section, out_dir: str, quick: bool, jobs: int,
         return "\n".join(text), missing or "all", 0
     from dtsim.spec import RunSpec, apply_settings
 
+    _make_dirs(out_dir)
     axes = {"scheme": present, **sec.axes(quick)}
     data = os.path.join(out_dir, "data", f"{sec.key}.csv")
     plan = plan_sweep(apply_settings(RunSpec(), sec.base), axes)
@@ -386,8 +393,7 @@ def build_report(out_dir: str, *, quick: bool = False, jobs: int = 1,
     from simcore.schemes import ORDER, registry
 
     t0 = time.perf_counter()
-    for sub in ("figures", "data"):
-        os.makedirs(os.path.join(out_dir, sub), exist_ok=True)
+    _make_dirs(out_dir)
     parts: list[str] = []
     missing: dict[str, str] = {}
     computed = 0

@@ -89,7 +89,7 @@ def read_table(path: str) -> Any:
         if FORMATS.get(suffix) == "parquet":
             return pd.read_parquet(path)
         if suffix == ".csv":
-            df = pd.read_csv(path)
+            df = pd.read_csv(path, dtype={"error": str})
             if "error" in df.columns:
                 df["error"] = df["error"].fillna("")
             return df

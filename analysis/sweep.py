@@ -49,6 +49,9 @@ FLAG_FIELDS = ("scheme", "gpus", "model", "topology", "bandwidth", "batch_size",
 """Fields that ``sim run`` and ``sim sweep`` take as flags (``--batch-size``...); the
 others are given with ``--set``."""
 
+CONNECT_TIMEOUT_S = 10.0
+"""How long :func:`run_dask` waits for the scheduler to answer."""
+
 _VALIDATED = ("scheme", "model", "topology", "bandwidth")
 """Fields whose values name things (checked against registries and files up front)."""
 
@@ -346,14 +349,14 @@ def run_dask(points: Sequence[Point], scheduler: str) -> Iterator[dict[str, Any]
         raise ConfigError("--scheduler", scheduler, "needs dask.distributed: "
                                                     "pip install 'dtsim[dist]'") from None
     try:
-        client = Client(scheduler, timeout="10s", set_as_default=False)
+        client = Client(scheduler, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as exc:
         raise ConfigError("--scheduler", scheduler,
                           f"no Dask scheduler answers there ({one_line(exc)})") from None
     try:
         futures = {client.submit(run_point, *_task(p), key=f"dtsim-point-{p.point_id}"): p
                    for p in points}
-        for fut in as_completed(futures):
+        for fut in as_completed(futures, loop=client.loop):
             try:
                 row = fut.result()
             except Exception as exc:  # the worker was lost, not the simulation
