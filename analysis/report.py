@@ -180,9 +180,15 @@ def _overview_table(df: Any, present: Sequence[str]) -> str:
         rows.append((r["scheme"], _num(r["throughput_samples_s"]), _num(r["speedup"], 2),
                      f"{100 * r['gpu_utilization']:.1f}%",
                      _num(r["peak_memory_bytes"] / 2**30, 2),
+                     "yes" if _truthy(r.get("fits_in_memory")) else "no",
                      _num(r["comm_bytes_per_iteration"] / 2**20, 1)))
     return md_table(("scheme", "throughput (samples/s)", "speedup", "GPU utilisation",
-                     "peak memory (GiB)", "sent per iteration (MiB)"), rows)
+                     "peak memory (GiB)", "fits in GPU memory", "sent per iteration (MiB)"),
+                    rows)
+
+
+def _truthy(v: Any) -> bool:
+    return v is True or str(v).lower() in ("true", "1", "1.0")
 
 
 def sections() -> list[Section]:

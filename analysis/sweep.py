@@ -340,9 +340,25 @@ def run_joblib(points: Sequence[Point], jobs: int) -> Iterator[dict[str, Any]]:
     yield from par(delayed(run_point)(*_task(p)) for p in points)
 
 
+def run_points(tasks: Sequence[tuple[str, dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Rows of several points, one after the other (one Dask task)."""
+    return [run_point(*t) for t in tasks]
+
+
+DASK_TASK_S = 0.25
+"""Target duration of one Dask task: short points are grouped until a task takes about
+this long (a task has milliseconds of overhead); points longer than this go one by one."""
+
+DASK_MAX_GROUP = 64
+
+
 def run_dask(points: Sequence[Point], scheduler: str) -> Iterator[dict[str, Any]]:
     """Rows of ``points`` from the Dask distributed cluster at ``scheduler``
-    (``tcp://HOST:PORT``), in the order they finish; one task per point."""
+    (``tcp://HOST:PORT``), in the order they finish.
+
+    The first tasks hold one point each; from the simulation times they report, later
+    tasks group points to last about :data:`DASK_TASK_S`. Two tasks per worker are kept
+    in flight. A task whose worker is lost yields error rows for its points."""
     try:
         from dask.distributed import Client, as_completed
     except ImportError:
@@ -354,15 +370,35 @@ def run_dask(points: Sequence[Point], scheduler: str) -> Iterator[dict[str, Any]
         raise ConfigError("--scheduler", scheduler,
                           f"no Dask scheduler answers there ({one_line(exc)})") from None
     try:
-        futures = {client.submit(run_point, *_task(p), key=f"dtsim-point-{p.point_id}"): p
-                   for p in points}
-        for fut in as_completed(futures, loop=client.loop):
-            try:
-                row = fut.result()
-            except Exception as exc:  # the worker was lost, not the simulation
-                row = error_row(futures[fut], exc)
+        queue = list(reversed(points))
+        group = 1
+        tasks: dict[Any, list[Point]] = {}
+        done = as_completed(loop=client.loop, with_results=True, raise_errors=False)
+
+        def fill() -> None:
+            workers = max(1, len(client.scheduler_info().get("workers", {})))
+            while queue and done.count() < 2 * workers:
+                batch = [queue.pop() for _ in range(min(group, len(queue)))]
+                fut = client.submit(run_points, [_task(p) for p in batch], pure=False,
+                                    key=f"dtsim-{batch[0].point_id}-{len(batch)}")
+                tasks[fut] = batch
+                done.add(fut)
+
+        fill()
+        for fut, result in done:
+            batch = tasks.pop(fut)
+            if fut.status == "finished":
+                rows = result
+            else:  # the worker was lost or the task cancelled, not the simulation
+                exc = result[1] if isinstance(result, tuple) else result
+                rows = [error_row(p, exc) for p in batch]
             fut.release()
-            yield row
+            times = [r["wall_s"] for r in rows if isinstance(r.get("wall_s"), float)]
+            if times:
+                per_point = max(sum(times) / len(times), 1e-6)
+                group = max(1, min(DASK_MAX_GROUP, int(DASK_TASK_S / per_point)))
+            fill()
+            yield from rows
     finally:
         client.close()
 

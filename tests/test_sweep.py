@@ -137,6 +137,20 @@ def test_out_that_is_not_a_sweep_output_is_refused(tmp_path, capsys):
     assert other.read_text() == "a,b\n1,2\n"
 
 
+def test_config_file_lists_are_swept_and_scalars_shared(tmp_path, capsys):
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text("model: resnet18\niterations: 1\ngpus: [2, 4]\nscheme: [dp, ps]\n"
+                   "scheme.algorithm: [ring, tree]\n")
+    code, out, err = run_main(capsys, "sweep", "--config", str(cfg), "--gpus", "2",
+                              "--dry-run")
+    assert code == 0, err
+    assert out.splitlines()[0] == "3 points:"  # --gpus overrides the file's list
+    lines = out.splitlines()[1:]
+    assert [ln.split(None, 1)[1] for ln in lines] == [
+        "gpus=2 scheme=dp scheme.algorithm=ring", "gpus=2 scheme=dp scheme.algorithm=tree",
+        "gpus=2 scheme=ps scheme.algorithm=-"]
+
+
 def test_dry_run_lists_points_and_writes_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, _err = run_main(capsys, "sweep", "--scheme", "dp,ps", "--gpus", "2,4",

@@ -86,16 +86,25 @@ def sweep(config_file: str | None, settings: tuple[str, ...], out: str, jobs: in
         from dtsim.cli.output import table
 
         click.echo(f"{len(plan.points)} point{'s' if len(plan.points) != 1 else ''}:")
-        click.echo(table([(p.point_id, " ".join(f"{k}={v}" for k, v in p.values.items()))
-                          for p in plan.points]))
+        click.echo(table([(p.point_id, _show(p.values)) for p in plan.points]))
         return
     show = sys.stderr.isatty() if progress is None else progress
-    s = run_sweep(plan, out, jobs=jobs, scheduler=scheduler, retry_failed=retry_failed,
-                  progress=show)
+    try:
+        s = run_sweep(plan, out, jobs=jobs, scheduler=scheduler, retry_failed=retry_failed,
+                      progress=show)
+    except KeyboardInterrupt:
+        click.echo(f"Interrupted: the finished points are in {out}; run the same command "
+                   "again to go on.", err=True)
+        raise
     click.echo(f"{s.points} points into {s.out}: {s.computed} computed"
                f"{f' ({s.failed} failed)' if s.failed else ''}, {s.skipped} already there; "
                f"{s.rows} rows in the file; {s.wall_s:.1f} s")
     for values, error in s.errors[:10]:
-        click.echo(f"  failed: {' '.join(f'{k}={v}' for k, v in values.items())}: {error}")
+        click.echo(f"  failed: {_show(values)}: {error}")
     if len(s.errors) > 10:
         click.echo(f"  ... and {len(s.errors) - 10} more (see the 'error' column)")
+
+
+def _show(values: dict[str, Any] | Any) -> str:
+    """``scheme=dp gpus=4 scheme.algorithm=-`` (``-``: an option the scheme does not take)."""
+    return " ".join(f"{k}={'-' if v is None else v}" for k, v in values.items())
