@@ -19,6 +19,8 @@ Measured, ``--repeats`` times each, medians reported:
    long sweep would amortise them), right after (2). Parallel efficiency =
    wall(1 worker) / (2 x wall(2 workers)), the median over these back-to-back pairs.
 4. With ``--dask``: a ``LocalCluster`` of two single-threaded worker processes.
+5. The pieces of the overhead timed one at a time: spec to config, result to row,
+   journal append, the table written at the end.
 
 Usage::
 
@@ -70,6 +72,36 @@ def time_sweep(plan, folder: str, tag: str, **kw) -> tuple[float, float]:
     return wall, float(pd.read_parquet(out, columns=["wall_s"])["wall_s"].sum())
 
 
+def component_costs(plan, folder: str) -> dict[str, float]:
+    """Seconds per point of each piece of the sweep path outside ``simulate()``, timed
+    one piece at a time over the plan's points (results simulated beforehand)."""
+    from analysis.store import SweepStore
+    from analysis.sweep import flatten_result
+    from dtsim.spec import apply_settings
+
+    n = len(plan.points)
+    specs = [p.spec.to_dict() for p in plan.points]
+    results = [simulate(build_config(p.spec, record_spans=False)) for p in plan.points]
+    t0 = time.perf_counter()
+    for d in specs:
+        build_config(apply_settings(RunSpec(), d), record_spans=False)
+    t1 = time.perf_counter()
+    rows = []
+    for p, r in zip(plan.points, results, strict=True):
+        rows.append({"point_id": p.point_id, "status": "ok", **flatten_result(r.to_dict()),
+                     **p.values, "error": "", "spec": "{}"})
+    t2 = time.perf_counter()
+    with SweepStore(os.path.join(folder, f"parts-{time.monotonic_ns()}.parquet")) as store:
+        t3 = time.perf_counter()
+        for row in rows:
+            store.append(row)
+        t4 = time.perf_counter()
+        store.save()
+        t5 = time.perf_counter()
+    return {"spec -> config": (t1 - t0) / n, "result -> row": (t2 - t1) / n,
+            "journal append": (t4 - t3) / n, "table at the end": (t5 - t4) / n}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -103,6 +135,7 @@ def main() -> None:
             if client_addr:
                 walls["dask2"].append(time_sweep(plan, folder, "dask",
                                                  scheduler=client_addr)[0])
+        parts = [component_costs(plan, folder) for _ in range(opts.repeats)]
     if cluster is not None:
         cluster.close()
     load = max(load, os.getloadavg()[0])
@@ -124,6 +157,8 @@ def main() -> None:
     print(f"overhead           {1e3 * overhead:.3f} ms per point outside simulate() in the "
           f"1-worker sweep ({100 * overhead / (med['loop'] / n):.1f}% of a point's "
           f"simulate() time in the loop)")
+    print("  of which         " + ", ".join(
+        f"{k} {1e3 * statistics.median(p[k] for p in parts):.3f} ms" for k in parts[0]))
     print(f"parallel eff.      {100 * statistics.median(efficiencies):.0f}% "
           f"(2 workers vs 1, median of back-to-back pairs)")
     for k, v in walls.items():
