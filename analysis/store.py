@@ -104,11 +104,7 @@ def read_table(path: str) -> Any:
         if not all(isinstance(o, dict) for o in objs):
             raise ValueError("expected JSON objects")
         return pd.DataFrame([flatten_result(o) for o in objs])
-    except (OSError, ValueError) as exc:
-        first = " ".join(str(exc).split())[:200]
-        raise ConfigError("RESULTS", path, f"cannot be read as a results table ({first})") \
-            from None
-    except Exception as exc:  # pyarrow and pandas parser errors have no common base
+    except Exception as exc:  # OSError, JSON, pyarrow and pandas parser errors
         first = " ".join(str(exc).split())[:200]
         raise ConfigError("RESULTS", path, f"cannot be read as a results table ({first})") \
             from None

@@ -14,15 +14,9 @@ from analysis.store import read_table
 from analysis.sweep import plan_sweep, run_sweep
 from dtsim.cli import main
 from dtsim.spec import RunSpec
+from tests.test_cli import run_main
 
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-def run_main(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as ex:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return ex.value.code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,10 @@ from analysis.sweep import (
     run_sweep,
     unflatten_row,
 )
-from dtsim.cli import main
 from dtsim.spec import RunSpec
 from simcore.config import ConfigError
 from simcore.result import CONTRACT_KEYS
+from tests.test_cli import run_main
 
 # Small, fast points: ResNet-18 on 2 or 4 GPUs, one measured iteration.
 SMALL = ["--model", "resnet18", "--set", "iterations=1", "-j", "1", "--no-progress"]
@@ -43,13 +43,6 @@ box:
     - [gpu2, sw0, pcie, 12GB/s, 1us]
     - [gpu3, sw0, pcie, 12GB/s, 1us]
 """
-
-
-def run_main(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as ex:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return ex.value.code, out, err
 
 
 def ok_rows(path) -> list[dict]:
@@ -296,6 +289,17 @@ def test_journal_rows_survive_and_torn_line_is_cut(tmp_path):
         assert store.rows["b"]["error"] == "boom"
         store.save()
     assert read_table(out)["point_id"].tolist() == ["a", "b"]
+
+
+def test_long_sweeps_rewrite_the_table_as_they_go(tmp_path, monkeypatch):
+    monkeypatch.setattr(SweepStore, "SAVE_EVERY_S", 0.0)
+    out = str(tmp_path / "r.parquet")
+    with SweepStore(out) as store:
+        for i in range(3):
+            store.append({"point_id": f"p{i}", "status": "ok", "x": i})
+            assert read_table(out)["x"].tolist() == list(range(i + 1))
+            assert os.path.getsize(out + ".journal.jsonl") == 0
+    assert not os.path.exists(out + ".journal.jsonl")
 
 
 def test_second_writer_is_refused_while_a_sweep_runs(tmp_path):
