@@ -435,15 +435,5 @@ def plot_results(path: str, kind: str = "auto", *, x: str | None = None, y: str 
     return xy_plot(df, x, y, hue=hue, col=col, kind=kind, where=where, title=title)
 
 
-def duplicate_rows(df: Any, keys: Sequence[str | None]) -> int:
-    """How many selected rows share their ``keys`` values with another row (they are
-    averaged in a plot); 0 when every point is distinct."""
-    cols = [k for k in keys if k and k in df.columns]
-    if not cols:
-        return 0
-    df = df[df["status"] == "ok"] if "status" in df.columns else df
-    return int(df.duplicated(subset=cols, keep=False).sum()) if len(df) else 0
-
-
 __all__ = ["KINDS", "gantt_plot", "plot_results", "save_figure", "speedup_plot",
            "throughput_plot", "utilization_plot", "xy_plot"]
