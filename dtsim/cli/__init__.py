@@ -16,6 +16,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "schemes": ("dtsim.cli.listing", "List the training schemes."),
     "models": ("dtsim.cli.listing", "List the built-in models (traces)."),
     "topologies": ("dtsim.cli.listing", "List the topology presets."),
+    "sweep": ("dtsim.cli.sweep", "Run a what-if sweep over lists of settings."),
+    "plot": ("dtsim.cli.plot", "Plot sweep results or a Chrome trace."),
+    "report": ("dtsim.cli.report", "Reproduce the seed papers' comparisons as a report."),
 }
 """Subcommand -> (module, one-line help). The module defines a click command ``NAME``
 (``-`` in the name becomes ``_``)."""

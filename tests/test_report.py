@@ -1,0 +1,121 @@
+"""``sim report``: covers the schemes that exist, names what is missing, resumes."""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+from analysis.report import build_report, md_table, partition_section, sections
+from analysis.store import read_table
+from dtsim.cli import main
+from simcore.schemes import ORDER, get_scheme, registry
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def figures_of(md: str) -> list[str]:
+    return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+
+
+def test_quick_report_covers_what_exists_and_names_what_is_missing(tmp_path, capsys):
+    with pytest.raises(SystemExit) as ex:
+        main(["report", "--quick", "--out", str(tmp_path), "-j", "1", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert ex.value.code == 0, err
+    assert out.startswith(f"wrote {tmp_path / 'report.md'} (")
+    md = (tmp_path / "report.md").read_text()
+    reg = registry()
+
+    # every scheme that exists is in the overview, with the numbers of its data file
+    overview = read_table(str(tmp_path / "data" / "all-schemes.csv"))
+    assert list(overview["scheme"]) == list(reg)
+    for _, row in overview.iterrows():
+        assert f"| {row['scheme']} | {row['throughput_samples_s']:,.1f} |" in md
+
+    # every scheme of the papers that does not exist is named as missing
+    absent = [s for s in ORDER if s not in reg]
+    if absent:
+        assert f"not yet: {', '.join(absent)}." in md
+    for sec in sections():
+        lacking = [s for s in sec.schemes if s not in reg]
+        line = next(ln for ln in md.splitlines() if ln.startswith(f"| {sec.title} |"))
+        assert line.endswith(f"missing: {', '.join(lacking)} |" if lacking else "complete |")
+        if lacking:
+            assert f"in {sec.title} (missing {', '.join(lacking)})" in out.replace(
+                "incomplete: ", "in ")
+    try:
+        import simcore.partition  # noqa: F401
+    except ImportError:
+        assert "the partitioner (`simcore.partition`) does not exist in this build" in md
+        assert "missing simcore.partition" in out
+
+    # the figures it references exist and are real PNGs
+    figs = figures_of(md)
+    assert len(figs) >= 4
+    for f in figs:
+        data = (tmp_path / f).read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000
+
+    # a rerun finds every point in data/ and simulates nothing
+    again = build_report(str(tmp_path), quick=True, jobs=1)
+    assert again.computed == 0
+    assert (tmp_path / "report.md").read_text() == md
+
+
+def test_a_section_lights_up_when_its_scheme_appears(tmp_path, monkeypatch):
+    """With a scheme registered as ``p3`` (here: the parameter server under that name),
+    the P3 section compares it with ``ps`` instead of saying it is missing."""
+
+    class FakeP3(get_scheme("ps")):
+        name = "p3"
+
+    reg = {**registry(), "p3": FakeP3}
+    monkeypatch.setattr("simcore.schemes.registry", lambda: reg)
+    sec = next(s for s in sections() if s.key == "p3-vs-ps")
+    from analysis.report import run_section
+
+    text, missing, computed = run_section(sec, str(tmp_path), True, 1, False)
+    assert missing == "" and computed == 4
+    assert "| ps (samples/s) | p3 (samples/s) | P3 gain |" in text
+    assert text.count("| +0% |") == 2  # the same scheme under two names: no gain
+    assert "Not yet" not in text
+
+
+def test_partition_section_uses_the_partitioner_when_it_exists(tmp_path, monkeypatch):
+    calls = []
+
+    def partition(trace, gpus):
+        calls.append((trace.meta.model, gpus))
+        per = trace.compute_s / gpus
+        return {"stages": [{"layers": [], "replicas": 1, "compute_s": per * (1 + 0.1 * k)}
+                           for k in range(gpus)],
+                "bottleneck_s": per * (1 + 0.1 * (gpus - 1)), "speedup_vs_1gpu": 3.0,
+                "wall_s": 0.001}
+
+    fake = types.ModuleType("simcore.partition")
+    fake.partition = partition
+    monkeypatch.setitem(sys.modules, "simcore.partition", fake)
+    md = partition_section(str(tmp_path), quick=True)
+    assert calls == [("vgg16", 4), ("vgg16", 8), ("resnet18", 4), ("resnet18", 8)]
+    assert "Cannot be made yet" not in md
+    # imbalance = max/mean of 1.0, 1.1, ... : 1.3/1.15 on 4 stages, 1.7/1.35 on 8
+    assert "| vgg16 | 4 | 4 | 4 |" in md and f"| {1.3 / 1.15:.2f} |" in md
+    assert f"| {1.7 / 1.35:.2f} |" in md and "| 0.01 |" in md  # the paper's VGG-16 time
+    assert (tmp_path / "figures" / "partitioner-balance.png").read_bytes().startswith(PNG)
+
+
+def test_partition_section_says_why_it_cannot_run(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "simcore.partition", types.ModuleType("simcore.partition"))
+    md = partition_section(str(tmp_path), quick=True)
+    assert "**Cannot be made yet:** simcore.partition has no partition(trace, gpus)" in md
+
+
+def test_md_table_aligns_numbers_right():
+    t = md_table(("a", "b"), [("x", "1,234.5"), ("y", "-")])
+    assert t.splitlines()[1] == "|---|---:|"
