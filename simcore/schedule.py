@@ -286,6 +286,8 @@ def _dry_run(s: Schedule, strict: bool) -> tuple[list[list[str]], int]:
         if not progress:
             for r in range(n):
                 cells[r].pop()
+            _trim(cells)
+            step = len(cells[0]) if cells else 0
             stuck = [r for r in range(n) if pos[r] < len(s.actions[r])]
             if strict:
                 why = "; ".join(_waiting(s, r, pos[r], arrived) for r in stuck)
@@ -293,11 +295,15 @@ def _dry_run(s: Schedule, strict: bool) -> tuple[list[list[str]], int]:
                                     + _draw(cells, None, mark=step, stuck=stuck))
             break
         step += 1
+    _trim(cells)
+    return cells, len(cells[0]) if cells else 0
+
+
+def _trim(cells: list[list[str]]) -> None:
+    """Drop trailing steps in which no rank ran a pass."""
     while cells and cells[0] and all(row and row[-1] == "." for row in cells):
-        for row in cells:                  # trailing steps with updates only
+        for row in cells:
             row.pop()
-        step -= 1
-    return cells, step
 
 
 def _waiting(s: Schedule, r: int, i: int, arrived: dict[tuple[int, int], set[int]]) -> str:

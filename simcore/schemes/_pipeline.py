@@ -21,9 +21,10 @@ micro-batches; iteration ``i`` is micro-batches ``iM .. (i+1)M - 1``. A rank fin
 iteration ``i`` when it has done all of its actions for those micro-batches (for the
 asynchronous 1F1B schemes it is already working on the next iteration by then, so in
 steady state an iteration lasts ``M`` times the slowest stage's time per micro-batch).
-Schemes without a flush run one more iteration than is measured, so that the last
-measured one is in steady state too rather than in the pipeline's drain; its traffic so
-far counts in the communication totals.
+Schemes without a flush run the micro-batches of ``ceil((N-1)/M)`` more iterations than
+are measured (the pipeline's look-ahead), so that the last measured one is in steady
+state too rather than in the drain; their traffic so far counts in the communication
+totals.
 
 **Memory per GPU.** Weights, gradients and optimizer state of its stage; the activations
 of every micro-batch between its forward and its backward (with re-materialisation only
@@ -126,9 +127,10 @@ class PipelineScheme(Scheme):
     """... or this many per GPU (rounded up to a multiple of every stage's replicas)."""
     flush: ClassVar[bool] = True
     """Whether the pipeline drains at the end of every iteration (GPipe). Without a
-    flush the schedule runs one iteration more than is measured, so that the last
-    measured iteration is in steady state and not in the drain; each rank stops after
-    finishing the last measured iteration."""
+    flush the schedule runs enough iterations more than are measured to cover the
+    pipeline's look-ahead (``N - 1`` micro-batches), so that the last measured iteration
+    is in steady state and not in the drain; each rank stops after finishing the last
+    measured iteration."""
 
     # ---- configuration -----------------------------------------------------------------
     @classmethod
@@ -136,7 +138,7 @@ class PipelineScheme(Scheme):
         trace = config.trace
         layers = sum(1 for layer in trace.layers if layer.kind != "input")
         n = topology.num_gpus
-        if n > layers:
+        if cls.straight_for(options) and n > layers:
             raise ConfigError("gpus", n, f"at most {layers}: model {trace.meta.model!r} has "
                                          f"{layers} layers to split into stages")
         m = getattr(options, "microbatches", 0)
@@ -145,6 +147,11 @@ class PipelineScheme(Scheme):
             raise ConfigError("scheme.microbatches", m, f"at most the batch size ({batch}): "
                                                         "a micro-batch holds at least one "
                                                         "sample")
+
+    @classmethod
+    def straight_for(cls, options: Any) -> bool:
+        """Whether ``options`` ask for one GPU per stage."""
+        return cls.straight or getattr(options, "straight", True)
 
     def make_partition(self) -> Partition:
         """The stages for this run: the chosen method over all GPUs, with the
@@ -155,7 +162,7 @@ class PipelineScheme(Scheme):
         bw = topo.path_bandwidth(topo.gpus[0], topo.gpus[1]) if n > 1 else math.inf
         if not math.isfinite(bw):
             bw = topo.gpu_spec.memory_bandwidth_bytes_per_s
-        straight = self.straight or getattr(self.options, "straight", True)
+        straight = self.straight_for(self.options)
         try:
             return partition(ctx.trace, n, bw, method=self.options.partition,
                              straight=straight, activation_term=self.options.activations,
@@ -195,8 +202,8 @@ class PipelineScheme(Scheme):
         self.M = self.microbatches(self.part)
         stages = stages_from_replicas(self.part.replicas)
         try:
-            self.schedule = self.make_schedule(stages, self.M,
-                                               ctx.iterations + (0 if self.flush else 1))
+            tail = 0 if self.flush else -(-(ctx.num_ranks - 1) // self.M)
+            self.schedule = self.make_schedule(stages, self.M, ctx.iterations + tail)
         except ScheduleError as exc:
             raise ConfigError("scheme.microbatches", self.M, str(exc)) from None
         self.plans = [self._plan(k, st, ranks) for k, (st, ranks) in
