@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "schemes": ("dtsim.cli.listing", "List the training schemes."),
     "models": ("dtsim.cli.listing", "List the built-in models (traces)."),
     "topologies": ("dtsim.cli.listing", "List the topology presets."),
+    "partition": ("dtsim.cli.partition", "Split a model into pipeline stages."),
+    "schedule": ("dtsim.cli.schedule", "Print a pipeline schedule as a rank-by-step grid."),
 }
 """Subcommand -> (module, one-line help). The module defines a click command ``NAME``
 (``-`` in the name becomes ``_``)."""

@@ -183,10 +183,12 @@ class PipelineScheme(Scheme):
             m = self.per_stage_microbatches * len(part.stages)
         return max(1, min(m, self.ctx.config.effective_batch_size))
 
-    def make_schedule(self, stages: tuple[tuple[int, ...], ...], microbatches: int,
-                      iterations: int) -> Schedule:
-        """The schedule of ``iterations`` iterations (overridden by each scheme)."""
-        raise ScheduleError(f"scheme {self.name!r} defines no schedule")
+    @classmethod
+    def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,
+                      iterations: int, options: Any) -> Schedule:
+        """The schedule of ``iterations`` iterations with these ``options`` (overridden by
+        each scheme; ``sim schedule`` calls it too)."""
+        raise ScheduleError(f"scheme {cls.name!r} defines no schedule")
 
     def replicas(self) -> int:
         """One model replica: the whole pipeline processes ``batch_size`` per iteration."""
@@ -203,7 +205,7 @@ class PipelineScheme(Scheme):
         stages = stages_from_replicas(self.part.replicas)
         try:
             tail = 0 if self.flush else -(-(ctx.num_ranks - 1) // self.M)
-            self.schedule = self.make_schedule(stages, self.M, ctx.iterations + tail)
+            self.schedule = self.make_schedule(stages, self.M, ctx.iterations + tail, opts)
         except ScheduleError as exc:
             raise ConfigError("scheme.microbatches", self.M, str(exc)) from None
         self.plans = [self._plan(k, st, ranks) for k, (st, ranks) in

@@ -13,6 +13,7 @@ antichain partitioner). Automatic ``M``: four per stage.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from simcore.config import option
 from simcore.schedule import Schedule, gpipe
@@ -35,6 +36,7 @@ class GPipe(PipelineScheme):
     Options = GPipeOptions
     per_stage_microbatches = 4
 
-    def make_schedule(self, stages: tuple[tuple[int, ...], ...], microbatches: int,
-                      iterations: int) -> Schedule:
-        return gpipe(stages, microbatches, iterations, recompute=self.recompute)
+    @classmethod
+    def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,
+                      iterations: int, options: Any) -> Schedule:
+        return gpipe(stages, microbatches, iterations, recompute=options.recompute)

@@ -10,6 +10,8 @@ weights after its backward. Runs on the shared pipeline runner
 
 from __future__ import annotations
 
+from typing import Any
+
 from simcore.schedule import Schedule, gpipe
 from simcore.schemes._pipeline import PipelineScheme
 
@@ -20,6 +22,7 @@ class ModelParallel(PipelineScheme):
     name = "mp"
     summary = "model parallelism: layers split over the GPUs, one batch at a time"
 
-    def make_schedule(self, stages: tuple[tuple[int, ...], ...], microbatches: int,
-                      iterations: int) -> Schedule:
+    @classmethod
+    def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,
+                      iterations: int, options: Any) -> Schedule:
         return gpipe(stages, 1, iterations, name="mp")

@@ -18,6 +18,7 @@ time per micro-batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from simcore.config import option
 from simcore.schedule import Schedule, one_f_one_b
@@ -45,6 +46,7 @@ class PipeDream(PipelineScheme):
     per_gpu_microbatches = 1
     flush = False
 
-    def make_schedule(self, stages: tuple[tuple[int, ...], ...], microbatches: int,
-                      iterations: int) -> Schedule:
-        return one_f_one_b(stages, microbatches, iterations, stash=self.stash)
+    @classmethod
+    def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,
+                      iterations: int, options: Any) -> Schedule:
+        return one_f_one_b(stages, microbatches, iterations, stash=options.stash)

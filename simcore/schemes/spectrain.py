@@ -13,6 +13,8 @@ operation per pass; in memory: one buffer for the prediction, no stash.
 
 from __future__ import annotations
 
+from typing import Any
+
 from simcore.schedule import Schedule, one_f_one_b
 from simcore.schemes._pipeline import MicrobatchOptions, PipelineScheme
 
@@ -32,7 +34,8 @@ class SpecTrain(PipelineScheme):
     per_gpu_microbatches = 1
     flush = False
 
-    def make_schedule(self, stages: tuple[tuple[int, ...], ...], microbatches: int,
-                      iterations: int) -> Schedule:
+    @classmethod
+    def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,
+                      iterations: int, options: Any) -> Schedule:
         return one_f_one_b(stages, microbatches, iterations, stash=False, predict=True,
                            name="spectrain")
