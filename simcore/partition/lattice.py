@@ -16,9 +16,10 @@ operations per tree node instead of one per pair of states:
 
 Every operation works along one ``axis`` of an array whose other axes are independent
 rows: ``down`` gives at each state the maximum over the states it contains (itself
-included), ``lower`` the maximum over its lower covers (the states just inside it);
-``up`` and ``upper`` are the mirror images. The maximum over the states *strictly*
-inside is ``down(lower(v))``. Empty maxima are ``-inf``; parts of the tree where the
+included), ``lower`` the maximum over its lower covers (the states just inside it). The
+maximum over the states *strictly* inside is ``down(lower(v))``; over the states
+strictly containing, the same on the :meth:`~Lattice.mirror` (reversed order, reversed
+list). Empty maxima are ``-inf``; parts of the tree where the
 input is ``-inf`` throughout are skipped, which makes sparse inputs cheap.
 """
 
@@ -55,12 +56,9 @@ class Lattice(ABC):
         """Maximum over each state's lower covers."""
 
     @abstractmethod
-    def up(self, a: np.ndarray, axis: int) -> np.ndarray:
-        """Maximum over the states containing each state (itself included)."""
-
-    @abstractmethod
-    def upper(self, a: np.ndarray, axis: int) -> np.ndarray:
-        """Maximum over each state's upper covers."""
+    def mirror(self) -> Lattice:
+        """The reversed order over the reversed list of states: state ``i`` of the mirror
+        is state ``size - 1 - i`` here, and containment is turned around."""
 
     def strictly_below(self, v: np.ndarray) -> np.ndarray:
         """For ``v`` of shape ``(rows, size)``: the maximum over the states strictly
@@ -70,8 +68,12 @@ class Lattice(ABC):
 
     def strictly_above(self, v: np.ndarray) -> np.ndarray:
         """For ``v`` of shape ``(rows, size)``: the maximum over the states strictly
-        containing each state."""
-        return self.up(self.upper(v, 1), 1)
+        containing each state (the mirror's maximum below, on reversed arrays, so that
+        every pass runs forwards over contiguous memory)."""
+        m = getattr(self, "_mirror", None)
+        if m is None:
+            m = self._mirror = self.mirror()
+        return m.strictly_below(np.ascontiguousarray(v[:, ::-1]))[:, ::-1]
 
 
 class Unit(Lattice):
@@ -82,12 +84,11 @@ class Unit(Lattice):
     def down(self, a: np.ndarray, axis: int) -> np.ndarray:
         return a
 
-    up = down
-
     def lower(self, a: np.ndarray, axis: int) -> np.ndarray:
         return np.full_like(a, NEG)
 
-    upper = lower
+    def mirror(self) -> Lattice:
+        return self
 
 
 class Ordinal(Lattice):
@@ -117,20 +118,6 @@ class Ordinal(Lattice):
             tops, axis=axis)[_sl(a.ndim, axis, slice(None, -1))]
         return np.maximum(out, np.take(ex, self.part_of, axis=axis))
 
-    def up(self, a: np.ndarray, axis: int) -> np.ndarray:
-        if self.chain:
-            return np.flip(np.maximum.accumulate(np.flip(a, axis), axis=axis), axis)
-        out = a.copy()
-        for o, p in self.inner:
-            s = _sl(a.ndim, axis, slice(o, o + p.size))
-            if _live(a[s]):
-                out[s] = p.up(a[s], axis)
-        bottoms = np.take(out, self.first, axis=axis)      # a part's bottom: its maximum
-        suf = np.flip(np.maximum.accumulate(np.flip(bottoms, axis), axis=axis), axis)
-        ex = np.full_like(bottoms, NEG)
-        ex[_sl(a.ndim, axis, slice(None, -1))] = suf[_sl(a.ndim, axis, slice(1, None))]
-        return np.maximum(out, np.take(ex, self.part_of, axis=axis))
-
     def lower(self, a: np.ndarray, axis: int) -> np.ndarray:
         out = np.full_like(a, NEG)
         if len(self.parts) > 1:     # a part's bottom lies just above the previous top
@@ -142,16 +129,8 @@ class Ordinal(Lattice):
                     part, axis)[_sl(a.ndim, axis, slice(1, None))]
         return out
 
-    def upper(self, a: np.ndarray, axis: int) -> np.ndarray:
-        out = np.full_like(a, NEG)
-        if len(self.parts) > 1:
-            out[_sl(a.ndim, axis, self.last[:-1])] = np.take(a, self.first[1:], axis=axis)
-        for o, p in self.inner:
-            part = a[_sl(a.ndim, axis, slice(o, o + p.size))]
-            if _live(part):
-                out[_sl(a.ndim, axis, slice(o, o + p.size - 1))] = p.upper(
-                    part, axis)[_sl(a.ndim, axis, slice(None, -1))]
-        return out
+    def mirror(self) -> Lattice:
+        return Ordinal([p.mirror() for p in reversed(self.parts)])
 
 
 class Product(Lattice):
@@ -176,12 +155,6 @@ class Product(Lattice):
             x = f.down(x, axis + i)
         return self._join(x, axis)
 
-    def up(self, a: np.ndarray, axis: int) -> np.ndarray:
-        x = self._split(a, axis)
-        for i, f in enumerate(self.factors):
-            x = f.up(x, axis + i)
-        return self._join(x, axis)
-
     def lower(self, a: np.ndarray, axis: int) -> np.ndarray:
         x = self._split(a, axis)
         out = None
@@ -191,14 +164,8 @@ class Product(Lattice):
         assert out is not None
         return self._join(out, axis)
 
-    def upper(self, a: np.ndarray, axis: int) -> np.ndarray:
-        x = self._split(a, axis)
-        out = None
-        for i, f in enumerate(self.factors):
-            y = f.upper(x, axis + i)
-            out = y if out is None else np.maximum(out, y)
-        assert out is not None
-        return self._join(out, axis)
+    def mirror(self) -> Lattice:
+        return Product([f.mirror() for f in self.factors])
 
 
 class Explicit(Lattice):
@@ -210,64 +177,40 @@ class Explicit(Lattice):
 
     def __init__(self, lower: list[list[int]]) -> None:
         self.size = len(lower)
-        upper: list[list[int]] = [[] for _ in lower]
-        for i, cs in enumerate(lower):
-            for c in cs:
-                upper[c].append(i)
-        self.lower_pad = self._pad(lower)
-        self.upper_pad = self._pad(upper)
-        self.down_levels = self._levels(lower, range(self.size))
-        self.up_levels = self._levels(upper, range(self.size - 1, -1, -1))
-
-    @staticmethod
-    def _pad(covers: list[list[int]]) -> np.ndarray:
-        """Cover indices padded with ``-1`` (a column of ``-inf``)."""
-        width = max((len(c) for c in covers), default=0)
-        pad = np.full((len(covers), max(width, 1)), -1, dtype=np.int64)
-        for i, c in enumerate(covers):
-            pad[i, :len(c)] = c
-        return pad
-
-    def _levels(self, covers: list[list[int]], order: range) -> list[np.ndarray]:
-        """Groups of states whose covers all lie in earlier groups."""
+        self.covers = lower
+        width = max((len(c) for c in lower), default=0)
+        self.pad = np.full((self.size, max(width, 1)), -1, dtype=np.int64)
+        for i, c in enumerate(lower):
+            self.pad[i, :len(c)] = c
         depth = [0] * self.size
-        for i in order:
-            depth[i] = 1 + max((depth[c] for c in covers[i]), default=-1)
+        for i, cs in enumerate(lower):
+            depth[i] = 1 + max((depth[c] for c in cs), default=-1)
         groups: dict[int, list[int]] = {}
         for i, dpt in enumerate(depth):
             groups.setdefault(dpt, []).append(i)
-        return [np.array(groups[d]) for d in sorted(groups)]
+        self.levels = [np.array(groups[d]) for d in sorted(groups)]
 
     @staticmethod
     def _rows(a: np.ndarray, axis: int) -> tuple[np.ndarray, tuple[int, ...]]:
         moved = np.moveaxis(a, axis, -1)
         return moved.reshape(-1, moved.shape[-1]), moved.shape
 
-    @staticmethod
-    def _back(r: np.ndarray, shape: tuple[int, ...], axis: int) -> np.ndarray:
-        return np.moveaxis(r.reshape(shape), -1, axis)
-
-    def _closure(self, a: np.ndarray, axis: int, pad: np.ndarray,
-                 levels: list[np.ndarray]) -> np.ndarray:
-        r, shape = self._rows(a, axis)
-        acc = np.concatenate([r, np.full((r.shape[0], 1), NEG)], axis=1)
-        for idx in levels:
-            acc[:, idx] = np.maximum(r[:, idx], acc[:, pad[idx]].max(axis=2))
-        return self._back(acc[:, :-1], shape, axis)
-
-    def _covers(self, a: np.ndarray, axis: int, pad: np.ndarray) -> np.ndarray:
-        r, shape = self._rows(a, axis)
-        ext = np.concatenate([r, np.full((r.shape[0], 1), NEG)], axis=1)
-        return self._back(ext[:, pad].max(axis=2), shape, axis)
-
     def down(self, a: np.ndarray, axis: int) -> np.ndarray:
-        return self._closure(a, axis, self.lower_pad, self.down_levels)
-
-    def up(self, a: np.ndarray, axis: int) -> np.ndarray:
-        return self._closure(a, axis, self.upper_pad, self.up_levels)
+        r, shape = self._rows(a, axis)
+        acc = np.concatenate([r, np.full((r.shape[0], 1), NEG)], axis=1)  # -1: -inf
+        for idx in self.levels:
+            acc[:, idx] = np.maximum(r[:, idx], acc[:, self.pad[idx]].max(axis=2))
+        return np.moveaxis(acc[:, :-1].reshape(shape), -1, axis)
 
     def lower(self, a: np.ndarray, axis: int) -> np.ndarray:
-        return self._covers(a, axis, self.lower_pad)
+        r, shape = self._rows(a, axis)
+        ext = np.concatenate([r, np.full((r.shape[0], 1), NEG)], axis=1)
+        return np.moveaxis(ext[:, self.pad].max(axis=2).reshape(shape), -1, axis)
 
-    def upper(self, a: np.ndarray, axis: int) -> np.ndarray:
-        return self._covers(a, axis, self.upper_pad)
+    def mirror(self) -> Lattice:
+        n = self.size
+        upper: list[list[int]] = [[] for _ in range(n)]
+        for i, cs in enumerate(self.covers):
+            for c in cs:
+                upper[n - 1 - c].append(n - 1 - i)
+        return Explicit(upper)

@@ -373,6 +373,7 @@ class _Feasibility:
         self.final = st.final + 1
         b = cm.bandwidth_bytes_per_s
         C = np.concatenate(([0.0], st.compute_s))
+        self.cum, self.total = C, float(C[self.final])
         P = np.concatenate(([0.0], st.param_bytes))
         self.X = {r: C + 4 * (r - 1) * P / (r * b) for r in range(1, cm.gpus + 1)}
         self.act = None
@@ -387,6 +388,14 @@ class _Feasibility:
             return True
         b = self.search.cm.bandwidth_bytes_per_s
         return 2 * self.act / (b * r) <= T * (1 + 1e-12)
+
+    def window(self, u: int, T: float) -> np.ndarray:
+        """Positions whose compute allows them to end the prefix on ``u`` GPUs of a
+        pipeline no slower than ``T`` (see the module docs); only these are kept, which
+        keeps the inputs of the tree passes sparse."""
+        slack = 1e-9 * max(self.total, T)
+        lo, hi = self.total - (self.N - u) * T - slack, u * T + slack
+        return (self.cum >= lo) & (self.cum <= hi)
 
     def forward(self, T: float) -> list[np.ndarray]:
         """``F[u]``: positions that end a prefix on exactly ``u`` GPUs with every stage
@@ -406,12 +415,14 @@ class _Feasibility:
             for i, r in enumerate(rs):
                 ok |= (best[i] >= self.X[r] - r * T * tol) & self._act_ok(r, T)
             ok[0] = False
-            F[u] = ok
+            F[u] = ok & self.window(u, T)
         return F
 
-    def backward(self, T: float) -> list[np.ndarray]:
-        """``G[v]``: positions from which the rest of the model fits on exactly ``v``
-        GPUs with every stage no slower than ``T``."""
+    def backward(self, T: float, F: list[np.ndarray]) -> list[np.ndarray]:
+        """``G[v]``: positions that ``F[N - v]`` holds and from which the rest of the
+        model fits on exactly ``v`` GPUs with every stage no slower than ``T`` (a state
+        of such a pipeline ends a feasible prefix too, so nothing is lost by keeping only
+        those, and the tree passes get sparse inputs)."""
         S = len(self.X[1])
         G = [np.zeros(S, dtype=bool) for _ in range(self.N + 1)]
         G[0][self.final] = True
@@ -427,13 +438,14 @@ class _Feasibility:
             for i, r in enumerate(rs):
                 ok |= (-best[i] <= self.X[r] + r * T * tol) & self._act_ok(r, T)
             ok[self.final] = False
-            G[v] = ok
+            G[v] = ok & F[self.N - v]
         return G
 
     def candidates(self, T: float) -> list[np.ndarray]:
         """State indices that lie on some pipeline no slower than ``T``, per prefix GPU
         count (the windows of the exact DP)."""
-        F, G = self.forward(T), self.backward(T)
+        F = self.forward(T)
+        G = self.backward(T, F)
         out = [np.empty(0, dtype=np.int64)]
         for u in range(1, self.N):
             out.append(np.flatnonzero(F[u] & G[self.N - u]) - 1)
