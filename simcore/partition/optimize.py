@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -125,33 +126,25 @@ class _Search:
         self.P = st.param_bytes
         self.total = float(self.C[st.final])
         self.N = cm.gpus
-        self._act: dict[int, float] = {}
-        self._actv: dict[int, float] = {}
+        self._act = np.full(st.count, np.nan)
+        self._actv = np.full(st.count, np.nan)
         self.pairs = 0
 
     # per-state quantities computed lazily (only for states in windows)
     def act(self, idx: np.ndarray) -> np.ndarray:
-        """Boundary activation bytes of states ``idx``."""
-        out = np.empty(len(idx))
-        g, st, cache = self.g, self.st, self._act
-        for i, s in enumerate(idx.tolist()):
-            v = cache.get(s)
-            if v is None:
-                v = cache[s] = float(g.boundary_bytes(st.nodes(s)))
-            out[i] = v
-        return out
+        """Boundary activation bytes of states ``idx`` (computed once per state)."""
+        return self._cached(self._act, idx, boundary_of)
 
     def held(self, idx: np.ndarray) -> np.ndarray:
         """Activation bytes of all layers of states ``idx`` (what a prefix keeps for
         its backward)."""
-        out = np.empty(len(idx))
-        g, st, cache = self.g, self.st, self._actv
-        for i, s in enumerate(idx.tolist()):
-            v = cache.get(s)
-            if v is None:
-                v = cache[s] = float(sum(g.activation_bytes[n] for n in st.nodes(s)))
-            out[i] = v
-        return out
+        return self._cached(self._actv, idx, held_of)
+
+    def _cached(self, cache: np.ndarray, idx: np.ndarray, fn: Any) -> np.ndarray:
+        todo = idx[np.isnan(cache[idx])]
+        if len(todo):
+            cache[todo] = fn(self.g, self.st.bits[todo])
+        return cache[idx]
 
     def windows(self, bound: float) -> list[np.ndarray]:
         """State indices that may end the prefix on ``u`` GPUs, ``u = 1..N`` (index 0
@@ -378,7 +371,7 @@ class _Feasibility:
         self.X = {r: C + 4 * (r - 1) * P / (r * b) for r in range(1, cm.gpus + 1)}
         self.act = None
         if cm.activation_term:
-            self.act = np.concatenate(([0.0], boundary_all(search.g, st)))
+            self.act = np.concatenate(([0.0], boundary_of(search.g, st.bits)))
             self.act[self.final] = 0.0
         self.rs = {u: [1] if cm.straight else list(range(1, u + 1))
                    for u in range(1, cm.gpus + 1)}
@@ -453,15 +446,26 @@ class _Feasibility:
         return out
 
 
-def boundary_all(g: PartitionGraph, st: States) -> np.ndarray:
-    """Boundary activation bytes of every state (outputs of its nodes that a node
-    outside consumes), from the membership bits."""
-    member = np.unpackbits(st.bits.view(np.uint8), axis=1, bitorder="little")[:, :g.n]
-    member = np.ascontiguousarray(member.T.astype(bool))          # (nodes, states)
-    out = np.zeros(st.count)
+def _members(g: PartitionGraph, bits: np.ndarray) -> np.ndarray:
+    """``(nodes, states)`` membership matrix of bitset rows."""
+    member = np.unpackbits(np.ascontiguousarray(bits).view(np.uint8), axis=1,
+                           bitorder="little")[:, :g.n]
+    return np.ascontiguousarray(member.T.astype(bool))
+
+
+def boundary_of(g: PartitionGraph, bits: np.ndarray) -> np.ndarray:
+    """Boundary activation bytes of the states with membership ``bits`` (outputs of
+    their nodes that a node outside consumes)."""
+    member = _members(g, bits)
+    out = np.zeros(len(bits))
     for v in range(g.n):
         if not g.succ[v] or not g.activation_bytes[v]:
             continue
         crosses = member[v] & ~np.logical_and.reduce(member[list(g.succ[v])], axis=0)
         out += g.activation_bytes[v] * crosses
     return out
+
+
+def held_of(g: PartitionGraph, bits: np.ndarray) -> np.ndarray:
+    """Activation bytes of all the nodes of the states with membership ``bits``."""
+    return np.asarray(g.activation_bytes, dtype=np.float64) @ _members(g, bits)

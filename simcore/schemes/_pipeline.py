@@ -72,8 +72,10 @@ class PipelineOptions:
 class MicrobatchOptions(PipelineOptions):
     """Options of the micro-batched pipeline schemes."""
 
-    microbatches: int = option(0, "micro-batches per iteration (0: automatic, see "
-                                  "'sim schemes -v')", minimum=0)
+    microbatches: int = option(0, "micro-batches per iteration (0: automatic; gpipe: 4 per "
+                                  "stage, pipedream/spectrain: one per GPU rounded up to "
+                                  "whole rounds of every stage's replicas; at most the batch "
+                                  "size)", minimum=0)
 
 
 @dataclass
@@ -299,7 +301,11 @@ class PipelineScheme(Scheme):
 
     def _pass(self, gpu: Any, layers: list[tuple[float, str, int]], kind: str, it: int,
               mb: int) -> Any:
-        """Queue a pass layer by layer; the last layer's event (what the rank yields)."""
+        """Queue a pass; the event of its end (what the rank yields). Layer by layer when
+        spans are recorded (one span per layer), else as one piece of work of the same
+        length (one event instead of one per layer)."""
+        if not self.ctx.config.record_spans:
+            return gpu.compute(sum(d for d, _n, _i in layers), kind, kind, it, -1, mb)
         ev = None
         compute = gpu.compute
         for dur, name, i in layers:
