@@ -81,7 +81,7 @@ def partition(model: str, gpus: int, method: str, straight: bool, bandwidth: str
     click.echo(f"{method} partition of {trace.meta.model} over {gpus} GPU"
                f"{'s' if gpus != 1 else ''} ({kind}) at {format_rate(bw)}, batch "
                f"{trace.meta.batch_size}")
-    head = ("stage", "layers", "replicas", "compute", "time", "params", "out act")
+    head = ("stage", "layers (first..last)", "replicas", "compute", "time", "params", "out act")
     rows = [head]
     for k, s in enumerate(p.stages):
         span = f"{names[s.layers[0]]}..{names[s.layers[-1]]} ({len(s.layers)})"

@@ -393,8 +393,13 @@ class PipelineScheme(Scheme):
             "stage_replicas": list(part.replicas),
             "stage_layers": [[names[st.layers[0]], names[st.layers[-1]], len(st.layers)]
                              for st in part.stages],
-            "stage_time_s": [p.forward_s + p.backward_s for p in self.plans],
-            "bottleneck_stage_s": max((p.forward_s + p.backward_s) / len(p.ranks)
-                                      for p in self.plans),
+            "stage_time_s": [_g9(p.forward_s + p.backward_s) for p in self.plans],
+            "bottleneck_stage_s": _g9(max((p.forward_s + p.backward_s) / len(p.ranks)
+                                          for p in self.plans)),
             "stash_peak_bytes": list(self.stash_peak),
         }
+
+
+def _g9(x: float) -> float:
+    """``x`` to nine significant digits (for readable tables)."""
+    return float(f"{x:.9g}")
