@@ -349,8 +349,9 @@ def antichain_states(g: PartitionGraph, max_states: int = DEFAULT_MAX_STATES) ->
     there are more than ``max_states``."""
     b = _Builder(g, max_states)
     everything = list(range(g.n))
-    too_many = PartitionError(f"the layer graph has more than {max_states:,} antichain "
-                              "states")
+    too_many = PartitionError(
+        f"too many antichain states to search exactly (more than {max_states:,}, or more "
+        f"than {GENERIC_MAX_STATES:,} in a part without cut nodes or independent branches)")
     if len(g.sources()) == 1:
         if b.count(everything, max_states + 1) - 1 > max_states:   # minus the empty set
             raise too_many

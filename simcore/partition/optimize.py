@@ -95,11 +95,11 @@ class CostModel:
         the end over its replicas, rounded up (PipeDream's rule)."""
         return -(-gpus_from_here // replicas)
 
-    def stage_memory(self, param_bytes: float, activation_bytes: float, replicas: int,
-                     gpus_from_here: int) -> float:
+    def stage_memory(self, param_bytes: Any, activation_bytes: Any, replicas: int,
+                     gpus_from_here: int) -> Any:
         """Bytes on each GPU of a stage: weights, gradients, optimizer state, and for
         each batch in flight its activations and (all but the newest) a stashed weight
-        version."""
+        version (numbers or numpy arrays)."""
         f = self.in_flight(gpus_from_here, replicas)
         return (param_bytes * (2 + self.optimizer_copies) + f * activation_bytes
                 + (f - 1) * param_bytes)
@@ -149,12 +149,12 @@ class _Search:
     def windows(self, bound: float) -> list[np.ndarray]:
         """State indices that may end the prefix on ``u`` GPUs, ``u = 1..N`` (index 0
         unused)."""
-        C, N, tot = self.C, self.N, self.total
+        cum, N, tot = self.C, self.N, self.total
         slack = 1e-9 * max(tot, bound)
         out = [np.empty(0, dtype=np.int64)]
         for u in range(1, N):
             lo, hi = tot - (N - u) * bound - slack, u * bound + slack
-            w = np.flatnonzero((lo <= C) & (hi >= C))
+            w = np.flatnonzero((cum >= lo) & (cum <= hi))
             out.append(w[w != self.st.final])
         out.append(np.array([self.st.final], dtype=np.int64))
         return out
@@ -200,9 +200,7 @@ class _Search:
             out = np.where(final, 0.0, self.act(J))
             t = np.maximum(t, 2 * out / (b * r))
         if cm.memory_limit_bytes is not None:
-            mem = (self.P[J] * (2 + cm.optimizer_copies)
-                   + self.held(J) * cm.in_flight(self.N, r)
-                   + self.P[J] * (cm.in_flight(self.N, r) - 1))
+            mem = cm.stage_memory(self.P[J], self.held(J), r, self.N)
             t = np.where(mem <= cm.memory_limit_bytes, t, np.inf)
         return t
 
@@ -222,7 +220,6 @@ class _Search:
             outJ = np.where(st.final == J, 0.0, 2 * self.act(J) / (b * r))
         if cm.memory_limit_bytes is not None:
             heldK, heldJ = self.held(K), self.held(J)
-            f = cm.in_flight(self.N - up, r)
         self.pairs += len(K) * len(J)
         if self.pairs > PAIR_BUDGET:
             raise PartitionError("the search would evaluate more than "
@@ -242,9 +239,8 @@ class _Search:
                 t = np.maximum(t, outJ[None, sl])
             v = np.maximum(aK[:, None], t)
             if cm.memory_limit_bytes is not None:
-                dp = self.P[J][None, sl] - self.P[K][:, None]
-                mem = (dp * (2 + cm.optimizer_copies) + f * (heldJ[None, sl] - heldK[:, None])
-                       + (f - 1) * dp)
+                mem = cm.stage_memory(self.P[J][None, sl] - self.P[K][:, None],
+                                      heldJ[None, sl] - heldK[:, None], r, self.N - up)
                 inside &= mem <= cm.memory_limit_bytes
             v = np.where(inside, v, np.inf)
             k = np.argmin(v, axis=0)

@@ -175,8 +175,8 @@ class PipelineScheme(Scheme):
     def microbatches(self, part: Partition) -> int:
         """Micro-batches per iteration: the option, or the scheme's automatic choice
         (capped at the batch size)."""
-        m = getattr(self.options, "microbatches", 1) or 0
-        if m:
+        m = getattr(self.options, "microbatches", 1)      # mp: one, and no option
+        if m > 0:
             return m
         if self.per_gpu_microbatches:
             lcm = math.lcm(*part.replicas)
