@@ -1,0 +1,466 @@
+"""Pipeline schedules as plain data: per-rank action lists, a compact text form, a
+validator and a rank-by-step grid.
+
+A :class:`Schedule` says, for every rank, what it does in which order: forward and
+backward passes of micro-batch ``m`` of its stage, sending and receiving activations and
+gradients, weight updates, loading a stashed weight version, SpecTrain's weight
+prediction, re-materialisation, and the gradient all-reduce among the replicas of a
+stage. It holds no timing and nothing of SimPy: the simulator's runner
+(:mod:`simcore.schemes._pipeline`) and the real runtime execute the very same lists.
+
+Compact text form of an action: ``{stage}{kind}{micro-batch}``, with the peer rank for
+point-to-point transfers: ``0F3`` (stage 0, forward of micro-batch 3), ``1B0``,
+``2SA3>3`` (stage 2 sends the activation of micro-batch 3 to rank 3), ``3RA3<2``,
+``1SG0>0``, ``0RG0<1``, ``0U7`` (weight update after micro-batch 7), ``1L2`` (load the
+weight version micro-batch 2's forward used), ``2P5`` (predict weights before a pass of
+micro-batch 5), ``0R4`` (recompute the forward of micro-batch 4), ``0AR6`` (all-reduce
+the gradients of the round of micro-batches starting at 6 among the stage's replicas).
+
+:meth:`Schedule.validate` checks each forward comes before its backward on the same rank,
+every micro-batch passes every stage exactly once, every send has its receive, every
+replica joins every all-reduce, and, by a dry run in unit steps (compute takes a step,
+communication none), that nothing deadlocks. Errors name the rank and step and show the
+grid so far; :meth:`Schedule.grid` draws the dry run:
+
+    step   0  1  2  3  4  5  6  7 ...
+    rank0  F0 F1 F2 F3 .  .  B0 F4 ...
+    rank1  .  F0 F1 F2 .  B0 F3 B1 ...
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+FORWARD, BACKWARD, RECOMPUTE, UPDATE = "F", "B", "R", "U"
+LOAD, PREDICT, ALLREDUCE = "L", "P", "AR"
+SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD = "SA", "RA", "SG", "RG"
+
+COMPUTE_KINDS = (FORWARD, BACKWARD, RECOMPUTE, UPDATE, PREDICT)
+"""Actions that occupy the rank's compute stream."""
+PASS_KINDS = (FORWARD, BACKWARD, RECOMPUTE)
+"""Passes over the stage's layers: one step each in the dry run (updates and weight
+prediction are short vector operations and take none there)."""
+SEND_KINDS = (SEND_ACT, SEND_GRAD)
+RECV_KINDS = (RECV_ACT, RECV_GRAD)
+KINDS = (*COMPUTE_KINDS, LOAD, ALLREDUCE, *SEND_KINDS, *RECV_KINDS)
+
+_MATCH = {SEND_ACT: RECV_ACT, SEND_GRAD: RECV_GRAD}
+_TOKEN = re.compile(r"^(\d+)(AR|SA|RA|SG|RG|F|B|R|U|L|P)(\d+)(?:([<>])(\d+))?$")
+
+
+class ScheduleError(ValueError):
+    """A schedule is malformed or deadlocks; the message names the rank and step and
+    carries the grid of the dry run up to there."""
+
+
+@dataclass(frozen=True)
+class Action:
+    """One step of a rank's list.
+
+    Attributes:
+        kind: one of :data:`KINDS`.
+        stage: the stage the rank runs.
+        mb: micro-batch index (for ``AR`` the first micro-batch of the round).
+        peer: the other rank of a send or receive (``-1`` otherwise).
+    """
+
+    kind: str
+    stage: int
+    mb: int
+    peer: int = -1
+
+    def __str__(self) -> str:
+        text = f"{self.stage}{self.kind}{self.mb}"
+        if self.kind in SEND_KINDS:
+            return f"{text}>{self.peer}"
+        if self.kind in RECV_KINDS:
+            return f"{text}<{self.peer}"
+        return text
+
+    @classmethod
+    def parse(cls, token: str) -> Action:
+        """An action from its compact text (``ScheduleError`` if malformed)."""
+        m = _TOKEN.match(token.strip())
+        if not m:
+            raise ScheduleError(f"cannot read action {token!r}; expected e.g. 0F3, 1B0, "
+                                "2SA3>3, 3RA3<2, 0U7, 1L2, 2P5, 0R4, 0AR6")
+        stage, kind, mb, arrow, peer = m.groups()
+        p2p = kind in SEND_KINDS or kind in RECV_KINDS
+        want = ">" if kind in SEND_KINDS else "<"
+        if p2p != (arrow is not None) or (p2p and arrow != want):
+            rule = ("sends take >RANK, receives <RANK" if p2p else
+                    "only sends and receives name a peer")
+            raise ScheduleError(f"action {token!r}: {rule}")
+        return cls(kind, int(stage), int(mb), int(peer) if peer is not None else -1)
+
+    @property
+    def label(self) -> str:
+        """Short label for the grid (``F3``, ``B0``, ``U7``)."""
+        return f"{self.kind}{self.mb}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-rank action lists of a pipeline (see module docs).
+
+    Attributes:
+        name: the scheme that made it.
+        stages: ranks of each stage (several for a replicated stage).
+        microbatches: micro-batches the lists cover in all.
+        per_iteration: micro-batches per iteration (micro-batch ``m`` belongs to
+            iteration ``m // per_iteration``).
+        actions: the action list of each rank.
+    """
+
+    name: str
+    stages: tuple[tuple[int, ...], ...]
+    microbatches: int
+    per_iteration: int
+    actions: tuple[tuple[Action, ...], ...]
+
+    @property
+    def ranks(self) -> int:
+        """Number of ranks."""
+        return len(self.actions)
+
+    def stage_of(self) -> list[int]:
+        """Stage of each rank."""
+        out = [-1] * self.ranks
+        for s, ranks in enumerate(self.stages):
+            for r in ranks:
+                out[r] = s
+        return out
+
+    def iteration_of(self, action: Action) -> int:
+        """Iteration an action belongs to."""
+        return action.mb // self.per_iteration
+
+    # ---- text form -------------------------------------------------------------------
+    def to_text(self) -> str:
+        """One line per rank: ``rank R (stage S): 0F0 0SA0>1 ...``."""
+        stage = self.stage_of()
+        return "\n".join(f"rank {r} (stage {stage[r]}): " + " ".join(map(str, acts))
+                         for r, acts in enumerate(self.actions))
+
+    @classmethod
+    def from_text(cls, text: str, name: str = "custom",
+                  per_iteration: int | None = None) -> Schedule:
+        """Read :meth:`to_text` output (``ScheduleError`` if malformed)."""
+        actions: list[tuple[Action, ...]] = []
+        stages: dict[int, list[int]] = {}
+        for lineno, line in enumerate(text.strip().splitlines(), start=1):
+            m = re.match(r"^rank (\d+) \(stage (\d+)\):(.*)$", line.strip())
+            if not m or int(m.group(1)) != len(actions):
+                raise ScheduleError(f"line {lineno}: expected 'rank {len(actions)} (stage S): "
+                                    "ACTIONS'")
+            stages.setdefault(int(m.group(2)), []).append(len(actions))
+            actions.append(tuple(Action.parse(t) for t in m.group(3).split()))
+        if sorted(stages) != list(range(len(stages))):
+            raise ScheduleError(f"stages must be numbered 0..{len(stages) - 1}")
+        mbs = {a.mb for acts in actions for a in acts if a.kind == FORWARD}
+        total = max(mbs) + 1 if mbs else 0
+        return cls(name, tuple(tuple(stages[s]) for s in range(len(stages))), total,
+                   per_iteration or max(total, 1), tuple(actions))
+
+    # ---- checks ----------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise :class:`ScheduleError` unless the schedule is sound (see module docs)."""
+        self._static_checks()
+        _dry_run(self, strict=True)
+
+    def grid(self, max_steps: int | None = None) -> str:
+        """The rank-by-step grid of the unit-step dry run (passes; ``.`` idle)."""
+        cells, _ = _dry_run(self, strict=False)
+        return _draw(cells, max_steps)
+
+    def _static_checks(self) -> None:
+        stage = self.stage_of()
+        if any(s < 0 for s in stage):
+            raise ScheduleError(f"rank {stage.index(-1)} belongs to no stage")
+        sends: Counter[tuple[str, int, int, int, int]] = Counter()
+        recvs: Counter[tuple[str, int, int, int, int]] = Counter()
+        passes: Counter[tuple[str, int, int]] = Counter()
+        for r, acts in enumerate(self.actions):
+            state: dict[int, str] = {}          # micro-batch -> last pass seen
+            for i, a in enumerate(acts):
+                where = f"rank {r}, step {i} ({a})"
+                if a.stage != stage[r]:
+                    raise ScheduleError(f"{where}: rank {r} runs stage {stage[r]}, "
+                                        f"not {a.stage}")
+                if a.kind in (FORWARD, BACKWARD):
+                    before = FORWARD if a.kind == BACKWARD else None
+                    if state.get(a.mb) != before:
+                        raise ScheduleError(
+                            f"{where}: " + (f"second forward of micro-batch {a.mb}"
+                                            if a.kind == FORWARD else
+                                            f"backward of micro-batch {a.mb} without a "
+                                            "forward before it on this rank"))
+                    state[a.mb] = a.kind
+                    passes[(a.kind, a.stage, a.mb)] += 1
+                elif a.kind in SEND_KINDS + RECV_KINDS:
+                    if not 0 <= a.peer < self.ranks:
+                        raise ScheduleError(f"{where}: peer rank {a.peer} does not exist")
+                    if a.kind in SEND_KINDS:
+                        sends[(a.kind, r, a.peer, a.mb, a.stage)] += 1
+                    else:
+                        recvs[(a.kind, a.peer, r, a.mb, a.stage)] += 1
+            open_ = [m for m, k in state.items() if k == FORWARD]
+            if open_:
+                raise ScheduleError(f"rank {r}: forward of micro-batch {open_[0]} has no "
+                                    "backward")
+        for s in range(len(self.stages)):
+            for m in range(self.microbatches):
+                for kind, word in ((FORWARD, "forward"), (BACKWARD, "backward")):
+                    n = passes[(kind, s, m)]
+                    if n != 1:
+                        raise ScheduleError(f"stage {s}: micro-batch {m} has {n} {word} "
+                                            "passes (expected 1)")
+        for (kind, src, dst, mb, st), n in sends.items():
+            to = st + (1 if kind == SEND_ACT else -1)
+            if recvs[(_MATCH[kind], src, dst, mb, to)] != n:
+                raise ScheduleError(f"rank {src}: {st}{kind}{mb}>{dst} has no matching "
+                                    f"receive {to}{_MATCH[kind]}{mb}<{src} on rank {dst}")
+        unmatched = recvs - Counter({(_MATCH[k], a, b, m, st + (1 if k == SEND_ACT else -1)): n
+                                     for (k, a, b, m, st), n in sends.items()})
+        for (kind, src, dst, mb, st) in unmatched:
+            raise ScheduleError(f"rank {dst}: {st}{kind}{mb}<{src} has no matching send "
+                                f"on rank {src}")
+        for s, ranks in enumerate(self.stages):
+            rounds = [[a.mb for a in self.actions[r] if a.kind == ALLREDUCE] for r in ranks]
+            if any(x != rounds[0] for x in rounds):
+                raise ScheduleError(f"stage {s}: its replicas {list(ranks)} do not join the "
+                                    "same all-reduces in the same order")
+
+
+def _dry_run(s: Schedule, strict: bool) -> tuple[list[list[str]], int]:
+    """Run the lists in unit steps: a pass takes one step, everything else none (a
+    message can be received in the step after the sender's preceding pass).
+    Returns the grid cells per rank and the number of steps; with ``strict`` a deadlock
+    raises :class:`ScheduleError`."""
+    n = s.ranks
+    pos = [0] * n
+    cells: list[list[str]] = [[] for _ in range(n)]
+    posted: Counter[tuple[str, int, int, int]] = Counter()
+    arrived: dict[tuple[int, int], set[int]] = {}
+    done_ar: set[tuple[int, int]] = set()
+    stage = s.stage_of()
+    step = 0
+    while any(pos[r] < len(s.actions[r]) for r in range(n)):
+        moved = True
+        progress = False
+        while moved:                       # communication, until nothing changes
+            moved = False
+            for r in range(n):
+                acts = s.actions[r]
+                while pos[r] < len(acts):
+                    a = acts[pos[r]]
+                    if a.kind in SEND_KINDS:
+                        posted[(_MATCH[a.kind], r, a.peer, a.mb)] += 1
+                    elif a.kind in RECV_KINDS:
+                        key = (a.kind, a.peer, r, a.mb)
+                        if posted[key] <= 0:
+                            break
+                        posted[key] -= 1
+                    elif a.kind == ALLREDUCE:
+                        key2 = (stage[r], a.mb)
+                        if key2 not in done_ar:
+                            arrived.setdefault(key2, set()).add(r)
+                            if len(arrived[key2]) < len(s.stages[stage[r]]):
+                                break
+                            done_ar.add(key2)
+                    elif a.kind not in (LOAD, UPDATE, PREDICT):
+                        break
+                    pos[r] += 1
+                    moved = progress = True
+        for r in range(n):                 # one compute action per rank
+            acts = s.actions[r]
+            if pos[r] < len(acts) and acts[pos[r]].kind in PASS_KINDS:
+                cells[r].append(acts[pos[r]].label)
+                pos[r] += 1
+                progress = True
+            else:
+                cells[r].append(".")
+        if not progress:
+            for r in range(n):
+                cells[r].pop()
+            _trim(cells)
+            step = len(cells[0]) if cells else 0
+            stuck = [r for r in range(n) if pos[r] < len(s.actions[r])]
+            if strict:
+                why = "; ".join(_waiting(s, r, pos[r], arrived) for r in stuck)
+                raise ScheduleError(f"deadlock at step {step}: {why}\n"
+                                    + _draw(cells, None, mark=step, stuck=stuck))
+            break
+        step += 1
+    _trim(cells)
+    return cells, len(cells[0]) if cells else 0
+
+
+def _trim(cells: list[list[str]]) -> None:
+    """Drop trailing steps in which no rank ran a pass."""
+    while cells and cells[0] and all(row and row[-1] == "." for row in cells):
+        for row in cells:
+            row.pop()
+
+
+def _waiting(s: Schedule, r: int, i: int, arrived: dict[tuple[int, int], set[int]]) -> str:
+    a = s.actions[r][i]
+    if a.kind in RECV_KINDS:
+        what = "activation" if a.kind == RECV_ACT else "gradient"
+        return (f"rank {r} (its action {i}, {a}) waits for the {what} of micro-batch {a.mb} "
+                f"from rank {a.peer}")
+    got = sorted(arrived.get((a.stage, a.mb), set()))
+    return (f"rank {r} (its action {i}, {a}) waits for the all-reduce of stage {a.stage} "
+            f"(joined: {got})")
+
+
+def _draw(cells: Sequence[Sequence[str]], max_steps: int | None, mark: int = -1,
+          stuck: Sequence[int] = ()) -> str:
+    steps = max((len(c) for c in cells), default=0)
+    if mark >= 0:
+        steps = max(steps, mark + 1)
+    if max_steps is not None:
+        steps = min(steps, max_steps)
+    width = max([len(x) for row in cells for x in row[:steps]] + [len(str(steps - 1)), 1])
+    head = f"{'step':<7}" + " ".join(f"{i:<{width}}" for i in range(steps))
+    lines = [head.rstrip()]
+    for r, row in enumerate(cells):
+        shown = [*row[:steps]] + ["."] * (steps - min(len(row), steps))
+        if mark >= 0 and r in stuck and mark < steps:
+            shown[mark] = "!"
+        lines.append((f"{'rank' + str(r):<7}" + " ".join(f"{x:<{width}}" for x in shown)).rstrip())
+    if max_steps is not None and max((len(c) for c in cells), default=0) > max_steps:
+        lines.append(f"(first {max_steps} of {max(len(c) for c in cells)} steps)")
+    return "\n".join(lines)
+
+
+# ---- schedules of the pipeline schemes ---------------------------------------------------
+
+def replica_of(stages: Sequence[Sequence[int]], stage: int, mb: int) -> int:
+    """The rank of ``stage`` that processes micro-batch ``mb`` (round-robin)."""
+    ranks = stages[stage]
+    return ranks[mb % len(ranks)]
+
+
+def _forward(stages: Sequence[Sequence[int]], s: int, m: int, predict: bool,
+             recompute: bool = False) -> list[Action]:
+    out = []
+    if s > 0:
+        out.append(Action(RECV_ACT, s, m, replica_of(stages, s - 1, m)))
+    if predict:
+        out.append(Action(PREDICT, s, m))
+    out.append(Action(FORWARD, s, m))
+    if s < len(stages) - 1:
+        out.append(Action(SEND_ACT, s, m, replica_of(stages, s + 1, m)))
+    return out
+
+
+def _backward(stages: Sequence[Sequence[int]], s: int, m: int, *, stash: bool,
+              predict: bool, recompute: bool) -> list[Action]:
+    out = []
+    if s < len(stages) - 1:
+        out.append(Action(RECV_GRAD, s, m, replica_of(stages, s + 1, m)))
+    if recompute:
+        out.append(Action(RECOMPUTE, s, m))
+    if stash:
+        out.append(Action(LOAD, s, m))
+    if predict:
+        out.append(Action(PREDICT, s, m))
+    out.append(Action(BACKWARD, s, m))
+    if s > 0:
+        out.append(Action(SEND_GRAD, s, m, replica_of(stages, s - 1, m)))
+    return out
+
+
+def _check_shape(stages: Sequence[Sequence[int]], per_iteration: int, iterations: int) -> None:
+    ranks = sorted(r for st in stages for r in st)
+    if not stages or any(not st for st in stages) or ranks != list(range(len(ranks))):
+        raise ScheduleError("stages must list ranks 0..N-1, each in exactly one stage")
+    if per_iteration < 1 or iterations < 1:
+        raise ScheduleError("need at least one micro-batch and one iteration")
+
+
+def gpipe(stages: Sequence[Sequence[int]], microbatches: int, iterations: int = 1,
+          recompute: bool = False, name: str = "gpipe") -> Schedule:
+    """GPipe: per iteration, every micro-batch forward through all stages, then every
+    backward (in micro-batch order), then one weight update (replicas all-reduce first).
+    With ``recompute`` each backward is preceded by re-running the stage's forward."""
+    _check_shape(stages, microbatches, iterations)
+    per_rank: dict[int, list[Action]] = {r: [] for st in stages for r in st}
+    for it in range(iterations):
+        mbs = range(it * microbatches, (it + 1) * microbatches)
+        last = mbs[-1]
+        for s, ranks in enumerate(stages):
+            for m in mbs:                                           # fill
+                per_rank[replica_of(stages, s, m)].extend(_forward(stages, s, m, False))
+            for m in mbs:                                           # drain
+                per_rank[replica_of(stages, s, m)].extend(
+                    _backward(stages, s, m, stash=False, predict=False, recompute=recompute))
+            for r in ranks:                                         # flush
+                if len(ranks) > 1:
+                    per_rank[r].append(Action(ALLREDUCE, s, mbs[0]))
+                per_rank[r].append(Action(UPDATE, s, last))
+    return Schedule(name, tuple(tuple(st) for st in stages), microbatches * iterations,
+                    microbatches, tuple(tuple(per_rank[r]) for r in range(len(per_rank))))
+
+
+def one_f_one_b(stages: Sequence[Sequence[int]], microbatches: int, iterations: int = 1,
+                stash: bool = True, predict: bool = False,
+                name: str = "pipedream") -> Schedule:
+    """Asynchronous 1F1B (PipeDream, SpecTrain): no flush; each backward is followed by
+    the stage's weight update (replicas all-reduce each round of micro-batches first).
+
+    Micro-batch ``m`` runs on replica ``m mod r`` of a stage with ``r`` replicas. A rank
+    runs the backward of ``m`` once it has run its forwards of all its micro-batches up to
+    ``m + W``, where ``W`` is the number of GPUs from its stage to the end minus one:
+    ``N - k - 1`` warm-up forwards at stage ``k`` of a straight pipeline, then one forward
+    and one backward in turn, then the remaining backwards (drain). ``stash`` loads the
+    weight version of the micro-batch's forward before its backward; ``predict`` adds
+    SpecTrain's weight prediction before every pass.
+    """
+    _check_shape(stages, microbatches, iterations)
+    total = microbatches * iterations
+    for s, ranks in enumerate(stages):
+        if total % len(ranks):
+            raise ScheduleError(f"stage {s} has {len(ranks)} replicas: the micro-batches "
+                                f"({total}) must be a multiple of that")
+    per_rank: dict[int, list[Action]] = {}
+    for s, ranks in enumerate(stages):
+        ahead = sum(len(st) for st in stages[s:]) - 1
+        r_s = len(ranks)
+        for rep, r in enumerate(ranks):
+            own = list(range(rep, total, r_s))
+            acts: list[Action] = []
+            f = b = 0
+            while b < len(own):
+                if f < len(own) and own[f] <= own[b] + ahead:       # warm-up / steady F
+                    acts.extend(_forward(stages, s, own[f], predict))
+                    f += 1
+                    continue
+                m = own[b]                                          # steady B / drain
+                acts.extend(_backward(stages, s, m, stash=stash, predict=predict,
+                                      recompute=False))
+                if r_s > 1:
+                    acts.append(Action(ALLREDUCE, s, m - rep))
+                acts.append(Action(UPDATE, s, m))
+                b += 1
+            per_rank[r] = acts
+    return Schedule(name, tuple(tuple(st) for st in stages), total, microbatches,
+                    tuple(tuple(per_rank[r]) for r in range(len(per_rank))))
+
+
+def straight_stages(n: int) -> tuple[tuple[int, ...], ...]:
+    """``n`` stages of one rank each: ``((0,), (1,), ...)``."""
+    return tuple((r,) for r in range(n))
+
+
+def stages_from_replicas(replicas: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """Consecutive ranks per stage: ``[2, 1]`` -> ``((0, 1), (2,))``."""
+    out, r = [], 0
+    for k in replicas:
+        out.append(tuple(range(r, r + k)))
+        r += k
+    return tuple(out)

@@ -1,0 +1,405 @@
+"""The runner shared by the pipeline schemes (``mp``, ``gpipe``, ``pipedream``,
+``spectrain``): partition the model, make a schedule, execute it.
+
+A pipeline scheme only says how it partitions (straight or with replicated stages) and
+which :class:`~simcore.schedule.Schedule` it runs; this module turns the schedule's
+per-rank action lists into one SimPy process per rank:
+
+* ``F``/``B``/``R``: the stage's layers, forward, backward or forward again
+  (re-materialisation), at micro-batch size (the trace's per-batch times over the number
+  of micro-batches), issued layer by layer on the GPU's compute stream;
+* ``SA``/``SG``: the activations (gradients) crossing the stage boundary for one
+  micro-batch leave over the topology's links (non-blocking: the rank goes on);
+  ``RA``/``RG`` wait until they have arrived;
+* ``U``: the optimizer step over the stage's weights; ``P``: SpecTrain's weight
+  prediction, one weight-sized vector operation (read weights and velocity, write the
+  prediction); ``L``: switch to a stashed weight version (no time);
+* ``AR``: the replicas of a stage all-reduce their gradients (ring) once all have joined.
+
+**Iterations.** ``batch_size`` is the mini-batch of the pipeline, split into ``M``
+micro-batches; iteration ``i`` is micro-batches ``iM .. (i+1)M - 1``. A rank finishes
+iteration ``i`` when it has done all of its actions for those micro-batches (for the
+asynchronous 1F1B schemes it is already working on the next iteration by then, so in
+steady state an iteration lasts ``M`` times the slowest stage's time per micro-batch).
+Schemes without a flush run the micro-batches of ``ceil((N-1)/M)`` more iterations than
+are measured (the pipeline's look-ahead), so that the last measured one is in steady
+state too rather than in the drain; their traffic so far counts in the communication
+totals.
+
+**Memory per GPU.** Weights, gradients and optimizer state of its stage; the activations
+of every micro-batch between its forward and its backward (with re-materialisation only
+the stage's input is kept, and one micro-batch's activations exist during a forward or a
+recompute); with weight stashing one weight copy per distinct older version still needed
+by a micro-batch in flight (PipeDream: up to ``N - k - 1`` at stage ``k`` besides the
+current weights); SpecTrain keeps one buffer for the predicted weights.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from simpy import Event
+
+from simcore import schedule as sch
+from simcore.collectives import ALLREDUCE_ALGORITHMS
+from simcore.config import ConfigError, SimConfig, option
+from simcore.network import Message
+from simcore.partition import METHODS, Partition, PartitionError, partition
+from simcore.records import BACKWARD, FORWARD, PREDICT, RECOMPUTE, UPDATE
+from simcore.schedule import Schedule, ScheduleError, stages_from_replicas
+from simcore.schemes.base import Scheme
+from simcore.topology import Topology
+
+PREDICT_PASSES = 3
+"""Weight-sized memory passes of SpecTrain's prediction (read W and v, write W_hat)."""
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """Options every pipeline scheme has."""
+
+    partition: str = option("antichain", "how layers are split into stages: PipeDream's "
+                                         "antichain optimizer or equal layers / params / "
+                                         "compute", choices=METHODS)
+    activations: bool = option(True, "let the partitioner count activation transfers "
+                                     "between stages (PipeDream's hierarchical optimizer "
+                                     "does not)")
+
+
+@dataclass(frozen=True)
+class MicrobatchOptions(PipelineOptions):
+    """Options of the micro-batched pipeline schemes."""
+
+    microbatches: int = option(0, "micro-batches per iteration (0: automatic; gpipe: 4 per "
+                                  "stage, pipedream/spectrain: one per GPU rounded up to "
+                                  "whole rounds of every stage's replicas; at most the batch "
+                                  "size)", minimum=0)
+
+
+@dataclass
+class StagePlan:
+    """What the runner needs about one stage, per micro-batch.
+
+    Attributes:
+        ranks: the GPUs running it.
+        fwd, bwd: ``(seconds, layer name, layer index)`` of each layer's pass, forward
+            order for ``fwd`` and backward order for ``bwd``.
+        param_bytes: weights of the stage.
+        act_bytes: activations of all its layers (kept for backward).
+        in_bytes, out_bytes: activations crossing into / out of the stage.
+    """
+
+    ranks: tuple[int, ...]
+    fwd: list[tuple[float, str, int]]
+    bwd: list[tuple[float, str, int]]
+    param_bytes: int
+    act_bytes: float
+    in_bytes: float
+    out_bytes: float
+
+    @property
+    def forward_s(self) -> float:
+        """Forward seconds per micro-batch."""
+        return sum(d for d, _n, _i in self.fwd)
+
+    @property
+    def backward_s(self) -> float:
+        """Backward seconds per micro-batch."""
+        return sum(d for d, _n, _i in self.bwd)
+
+
+class PipelineScheme(Scheme):
+    """Base of the pipeline schemes (see module docs). Subclasses set the class
+    attributes and implement :meth:`make_schedule`."""
+
+    Options = PipelineOptions
+    straight: ClassVar[bool] = True
+    """Only straight pipelines (one GPU per stage)."""
+    stash: ClassVar[bool] = False
+    """Weight stashing (memory for older weight versions)."""
+    predict: ClassVar[bool] = False
+    """SpecTrain's weight prediction (compute and a buffer)."""
+    recompute: ClassVar[bool] = False
+    """Re-materialisation (only the stage input kept per micro-batch)."""
+    per_stage_microbatches: ClassVar[int] = 1
+    """Automatic micro-batches per iteration: this many per stage ..."""
+    per_gpu_microbatches: ClassVar[int] = 0
+    """... or this many per GPU (rounded up to a multiple of every stage's replicas)."""
+    flush: ClassVar[bool] = True
+    """Whether the pipeline drains at the end of every iteration (GPipe). Without a
+    flush the schedule runs enough iterations more than are measured to cover the
+    pipeline's look-ahead (``N - 1`` micro-batches), so that the last measured iteration
+    is in steady state and not in the drain; each rank stops after finishing the last
+    measured iteration."""
+
+    # ---- configuration -----------------------------------------------------------------
+    @classmethod
+    def check(cls, config: SimConfig, options: Any, topology: Topology) -> None:
+        trace = config.trace
+        layers = sum(1 for layer in trace.layers if layer.kind != "input")
+        n = topology.num_gpus
+        if cls.straight_for(options) and n > layers:
+            raise ConfigError("gpus", n, f"at most {layers}: model {trace.meta.model!r} has "
+                                         f"{layers} layers to split into stages")
+        m = getattr(options, "microbatches", 0)
+        batch = config.effective_batch_size
+        if m > batch:
+            raise ConfigError("scheme.microbatches", m, f"at most the batch size ({batch}): "
+                                                        "a micro-batch holds at least one "
+                                                        "sample")
+
+    @classmethod
+    def straight_for(cls, options: Any) -> bool:
+        """Whether ``options`` ask for one GPU per stage."""
+        return cls.straight or getattr(options, "straight", True)
+
+    def make_partition(self) -> Partition:
+        """The stages for this run: the chosen method over all GPUs, with the
+        inter-stage bandwidth of the topology (between the first two GPUs)."""
+        ctx = self.ctx
+        topo = ctx.topology
+        n = ctx.num_ranks
+        bw = topo.path_bandwidth(topo.gpus[0], topo.gpus[1]) if n > 1 else math.inf
+        if not math.isfinite(bw):
+            bw = topo.gpu_spec.memory_bandwidth_bytes_per_s
+        straight = self.straight_for(self.options)
+        try:
+            return partition(ctx.trace, n, bw, method=self.options.partition,
+                             straight=straight, activation_term=self.options.activations,
+                             optimizer_copies=ctx.optimizer_state_bytes(1))
+        except PartitionError as exc:
+            raise ConfigError("scheme.partition", self.options.partition, str(exc)) from None
+
+    def microbatches(self, part: Partition) -> int:
+        """Micro-batches per iteration: the option, or the scheme's automatic choice
+        (capped at the batch size)."""
+        m = getattr(self.options, "microbatches", 1)      # mp: one, and no option
+        if m > 0:
+            return m
+        if self.per_gpu_microbatches:
+            lcm = math.lcm(*part.replicas)
+            m = -(-self.per_gpu_microbatches * part.gpus // lcm) * lcm
+        else:
+            m = self.per_stage_microbatches * len(part.stages)
+        return max(1, min(m, self.ctx.config.effective_batch_size))
+
+    @classmethod
+    def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,
+                      iterations: int, options: Any) -> Schedule:
+        """The schedule of ``iterations`` iterations with these ``options`` (overridden by
+        each scheme; ``sim schedule`` calls it too)."""
+        raise ScheduleError(f"scheme {cls.name!r} defines no schedule")
+
+    def replicas(self) -> int:
+        """One model replica: the whole pipeline processes ``batch_size`` per iteration."""
+        return 1
+
+    # ---- set-up ------------------------------------------------------------------------
+    def start(self) -> None:
+        ctx = self.ctx
+        opts = self.options
+        self.stash = getattr(opts, "stash", type(self).stash)
+        self.recompute = getattr(opts, "recompute", type(self).recompute)
+        self.part = self.make_partition()
+        self.M = self.microbatches(self.part)
+        stages = stages_from_replicas(self.part.replicas)
+        try:
+            tail = 0 if self.flush else -(-(ctx.num_ranks - 1) // self.M)
+            self.schedule = self.make_schedule(stages, self.M, ctx.iterations + tail, opts)
+        except ScheduleError as exc:
+            raise ConfigError("scheme.microbatches", self.M, str(exc)) from None
+        self.plans = [self._plan(k, st, ranks) for k, (st, ranks) in
+                      enumerate(zip(self.part.stages, stages))]
+        self.stage_of = self.schedule.stage_of()
+        self.mail: dict[tuple[int, str, int], Event] = {}
+        self.joined: dict[tuple[int, int], list[Any]] = {}
+        self.version = [0] * len(self.plans)
+        self.used: list[dict[int, int]] = [{} for _ in ctx.gpus]      # mb -> version
+        self.stashed = [0] * ctx.num_ranks
+        self.stash_peak = [0] * ctx.num_ranks
+        opt_copies = ctx.optimizer_state_bytes(1)
+        for r, gpu in enumerate(ctx.gpus):
+            plan = self.plans[self.stage_of[r]]
+            mem = gpu.memory
+            mem.alloc("weights", plan.param_bytes)
+            mem.alloc("gradients", plan.param_bytes)
+            mem.alloc("optimizer", opt_copies * plan.param_bytes)
+            if self.predict:
+                mem.alloc("buffers", plan.param_bytes)
+            ctx.env.process(self._rank(r))
+
+    def _plan(self, k: int, stage: Any, ranks: tuple[int, ...]) -> StagePlan:
+        trace, m = self.ctx.trace, self.M
+        run = [i for i in stage.layers if trace.layers[i].kind != "input"]
+        prev = self.part.stages[k - 1].out_bytes if k else 0
+        return StagePlan(
+            ranks=ranks,
+            fwd=[(trace.layers[i].forward_s / m, trace.layers[i].name, i) for i in run],
+            bwd=[(trace.layers[i].backward_s / m, trace.layers[i].name, i)
+                 for i in reversed(run)],
+            param_bytes=stage.param_bytes, act_bytes=stage.activation_bytes / m,
+            in_bytes=prev / m, out_bytes=stage.out_bytes / m)
+
+    # ---- execution ---------------------------------------------------------------------
+    def _rank(self, r: int) -> Any:
+        ctx = self.ctx
+        gpu = ctx.gpus[r]
+        mem = gpu.memory
+        s = self.stage_of[r]
+        plan = self.plans[s]
+        sched = self.schedule
+        acts = sched.actions[r]
+        marks = self._marks(r)
+        for it in marks.pop(-1, []):
+            ctx.mark_iteration(r, it)
+            if it == ctx.iterations - 1:
+                return
+        update_s = ctx.update_s(plan.param_bytes)
+        predict_s = (PREDICT_PASSES * plan.param_bytes
+                     / ctx.topology.gpu_spec.memory_bandwidth_bytes_per_s)
+        dev = ctx.topology.gpus
+        for i, a in enumerate(acts):
+            kind, mb = a.kind, a.mb
+            it = mb // sched.per_iteration
+            if kind == sch.FORWARD:
+                self._on_forward(r, s, mb)
+                mem.alloc("activations", plan.act_bytes + (plan.in_bytes if self.recompute
+                                                            else 0))
+                yield self._pass(gpu, plan.fwd, FORWARD, it, mb)
+                if self.recompute:
+                    mem.free("activations", plan.act_bytes)
+            elif kind == sch.BACKWARD:
+                yield self._pass(gpu, plan.bwd, BACKWARD, it, mb)
+                mem.free("activations", plan.act_bytes + (plan.in_bytes if self.recompute
+                                                           else 0))
+                self._on_backward(r, mb)
+            elif kind == sch.RECOMPUTE:
+                mem.alloc("activations", plan.act_bytes)
+                yield self._pass(gpu, plan.fwd, RECOMPUTE, it, mb)
+            elif kind == sch.UPDATE:
+                yield gpu.compute(update_s, UPDATE, f"update stage {s}", it, -1, mb)
+                self._on_update(s)
+            elif kind == sch.PREDICT:
+                yield gpu.compute(predict_s, PREDICT, f"predict stage {s}", it, -1, mb)
+            elif kind in sch.SEND_KINDS:
+                act = kind == sch.SEND_ACT
+                ctx.net.send(dev[r], dev[a.peer], round(plan.out_bytes if act else plan.in_bytes),
+                             self._arrived, tag=f"{'act' if act else 'grad'} mb{mb}",
+                             rank_src=r, rank_dst=a.peer, iteration=it,
+                             payload=(a.peer, sch.RECV_ACT if act else sch.RECV_GRAD, mb))
+            elif kind in sch.RECV_KINDS:
+                yield self._box((r, kind, mb))
+            elif kind == sch.ALLREDUCE:
+                yield self._allreduce(s, mb, it)
+            # LOAD takes no time: the stashed version was kept since the forward
+            for done in marks.get(i, ()):
+                ctx.mark_iteration(r, done)
+                if done == ctx.iterations - 1:
+                    return
+
+    def _pass(self, gpu: Any, layers: list[tuple[float, str, int]], kind: str, it: int,
+              mb: int) -> Any:
+        """Queue a pass; the event of its end (what the rank yields). Layer by layer when
+        spans are recorded (one span per layer), else as one piece of work of the same
+        length (one event instead of one per layer)."""
+        if not self.ctx.config.record_spans:
+            return gpu.compute(sum(d for d, _n, _i in layers), kind, kind, it, -1, mb)
+        ev = None
+        compute = gpu.compute
+        for dur, name, i in layers:
+            ev = compute(dur, kind, name, it, i, mb)
+        return ev if ev is not None else gpu.compute(0.0, kind, "", it, -1, mb)
+
+    def _marks(self, r: int) -> dict[int, list[int]]:
+        """Action index after which rank ``r`` has finished each iteration (``-1``:
+        before its first action, for iterations it has no part in)."""
+        sched = self.schedule
+        last: dict[int, int] = {}
+        for i, a in enumerate(sched.actions[r]):
+            last[sched.iteration_of(a)] = i
+        out: dict[int, list[int]] = {}
+        prev = -1
+        for it in range(self.ctx.iterations):
+            prev = max(prev, last.get(it, -1))
+            out.setdefault(prev, []).append(it)
+        return out
+
+    def _box(self, key: tuple[int, str, int]) -> Event:
+        ev = self.mail.get(key)
+        if ev is None:
+            ev = self.mail[key] = self.ctx.env.event()
+        return ev
+
+    def _arrived(self, msg: Message) -> None:
+        self._box(msg.payload).succeed()
+
+    def _allreduce(self, s: int, round_id: int, it: int) -> Event:
+        """The event of stage ``s``'s all-reduce for ``round_id``; it starts once all
+        replicas have joined."""
+        key = (s, round_id)
+        entry = self.joined.get(key)
+        if entry is None:
+            entry = self.joined[key] = [0, self.ctx.env.event()]
+        entry[0] += 1
+        plan = self.plans[s]
+        if entry[0] == len(plan.ranks):
+            done = entry[1]
+            self.ctx.coll.allreduce(plan.ranks, plan.param_bytes, ALLREDUCE_ALGORITHMS[0],
+                                    lambda _t: done.succeed(), tag=f"stage{s} grads",
+                                    iteration=it)
+        return entry[1]
+
+    # ---- weight versions (stashing) ----------------------------------------------------
+    def _on_forward(self, r: int, s: int, mb: int) -> None:
+        if self.stash:
+            self.used[r][mb] = self.version[s]
+            self._restash(r, s)
+
+    def _on_backward(self, r: int, mb: int) -> None:
+        if self.stash:
+            self.used[r].pop(mb, None)
+            self._restash(r, self.stage_of[r])
+
+    def _on_update(self, s: int) -> None:
+        self.version[s] += 1
+        if self.stash:
+            for r in self.plans[s].ranks:
+                self._restash(r, s)
+
+    def _restash(self, r: int, s: int) -> None:
+        """Hold one weight copy per older version an in-flight micro-batch still needs."""
+        need = len(set(self.used[r].values()) - {self.version[s]})
+        delta = need - self.stashed[r]
+        if delta:
+            mem = self.ctx.gpus[r].memory
+            nbytes = self.plans[s].param_bytes
+            if delta > 0:
+                mem.alloc("stash", delta * nbytes)
+            else:
+                mem.free("stash", -delta * nbytes)
+            self.stashed[r] = need
+            self.stash_peak[r] = max(self.stash_peak[r], need * nbytes)
+
+    # ---- results -----------------------------------------------------------------------
+    def extra_metrics(self) -> dict[str, Any]:
+        part = self.part
+        names = [layer.name for layer in self.ctx.trace.layers]
+        return {
+            "partition": part.method,
+            "stages": len(part.stages),
+            "microbatches": self.M,
+            "stage_replicas": list(part.replicas),
+            "stage_layers": [[names[st.layers[0]], names[st.layers[-1]], len(st.layers)]
+                             for st in part.stages],
+            "stage_time_s": [_g9(p.forward_s + p.backward_s) for p in self.plans],
+            "bottleneck_stage_s": _g9(max((p.forward_s + p.backward_s) / len(p.ranks)
+                                          for p in self.plans)),
+            "stash_peak_bytes": list(self.stash_peak),
+        }
+
+
+def _g9(x: float) -> float:
+    """``x`` to nine significant digits (for readable tables)."""
+    return float(f"{x:.9g}")

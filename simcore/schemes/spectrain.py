@@ -1,0 +1,41 @@
+"""``spectrain``: asynchronous 1F1B pipeline with weight prediction (SCHEMES.md
+section 8).
+
+The same 1F1B schedule as ``pipedream`` on a straight pipeline, without stashing: before
+each pass a stage predicts the weights it will have when the micro-batch's other pass
+runs, ``W_hat = W - s * lr * v`` (``v`` the momentum-smoothed gradient), runs the pass
+with them and goes on with ``W``. The reference code (ntueclab/SpecTrain-PyTorch) uses a
+version difference ``s = floor(k/2) + N - k - 1`` for the forward and ``floor(k/2)`` for
+the backward at stage ``k`` (see :func:`version_difference`), so both passes of a
+micro-batch target the same future version. Cost in time: one weight-sized vector
+operation per pass; in memory: one buffer for the prediction, no stash.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simcore.schedule import Schedule, one_f_one_b
+from simcore.schemes._pipeline import MicrobatchOptions, PipelineScheme
+
+
+def version_difference(stage: int, stages: int, forward: bool) -> int:
+    """SpecTrain's prediction distance ``s`` for a pass at ``stage`` of ``stages``."""
+    return stage // 2 + (stages - stage - 1 if forward else 0)
+
+
+class SpecTrain(PipelineScheme):
+    """SpecTrain (see module docs)."""
+
+    name = "spectrain"
+    summary = "asynchronous 1F1B pipeline with weight prediction instead of stashing"
+    Options = MicrobatchOptions
+    predict = True
+    per_gpu_microbatches = 1
+    flush = False
+
+    @classmethod
+    def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,
+                      iterations: int, options: Any) -> Schedule:
+        return one_f_one_b(stages, microbatches, iterations, stash=False, predict=True,
+                           name="spectrain")
