@@ -103,3 +103,28 @@ def record_zoo_trace(name: str, batch_size: int, path: str, *, device: str = "cp
         model = zoo.build(name)
     inputs = zoo.example_inputs(name, batch_size, device)
     record_trace(model, inputs, path, name=name, steps=steps, warmup=warmup)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m realrun.kineto MODEL BATCH OUT.json``: record a zoo model's trace."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m realrun.kineto",
+                                 description="Record a PyTorch profiler (Kineto) trace of "
+                                             "training steps of a zoo model, with layer:: "
+                                             "ranges, for 'sim trace convert'.")
+    ap.add_argument("model", choices=zoo.names())
+    ap.add_argument("batch_size", type=int)
+    ap.add_argument("out")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    args = ap.parse_args(argv)
+    record_zoo_trace(args.model, args.batch_size, args.out, device=args.device,
+                     steps=args.steps, warmup=args.warmup)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

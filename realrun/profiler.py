@@ -10,7 +10,9 @@ Method (measured, ``--device cpu|cuda``):
    that depend on parameters; never the data) and to its own parameters.
 3. Every timing does ``warmup`` untimed calls, then ``repeats`` samples, each the mean of
    enough back-to-back calls to last ``min_sample_s``; the layer's time is the median
-   sample. CPU times use ``time.perf_counter``; CUDA times use CUDA events.
+   sample. CUDA times use CUDA events; CPU times with one thread use the process's CPU
+   time, so that other processes on a shared machine do not inflate them (see
+   :class:`_Clock`), and wall time otherwise.
 4. Forward FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` (matrix
    multiplications and convolutions; element-wise ops count zero).
 
@@ -135,7 +137,8 @@ def profile_module(model: torch.nn.Module, inputs: tuple[Any, ...], config: Prof
     bar.close()
     meta = TraceMeta(model=name, device=_device_name(config), batch_size=config.batch_size,
                      dtype=config.dtype, framework=f"PyTorch {torch.__version__}",
-                     date=datetime.date.today().isoformat(), provenance=_provenance(config),
+                     date=datetime.date.today().isoformat(),
+                     provenance=_provenance(config, clock.method),
                      source_format="dtsim")
     return Trace(meta, tuple(layers), _edge_indices(graph))
 
@@ -272,10 +275,25 @@ def _analytic_s(flops: float, moved_bytes: int, config: ProfileConfig) -> float:
 # ---- timing ------------------------------------------------------------------------------
 
 class _Clock:
-    """Median per-call time of a function on one device (CUDA events on GPUs)."""
+    """Median per-call time of a function on one device.
+
+    CUDA: CUDA events. CPU with one torch thread: the process's CPU time
+    (``time.process_time``), which other processes competing for the cores of a shared
+    machine do not inflate (on an idle machine it equals wall time for single-threaded
+    work). CPU with more threads: wall time (``time.perf_counter``).
+    """
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        self.timer = time.process_time if torch.get_num_threads() == 1 else time.perf_counter
+
+    @property
+    def method(self) -> str:
+        """How this clock measures, for provenance."""
+        if self.cuda:
+            return "CUDA events"
+        return ("process CPU time" if self.timer is time.process_time
+                else "wall time (time.perf_counter)")
 
     def _sync(self) -> None:
         if self.cuda:
@@ -291,10 +309,10 @@ class _Clock:
             end.record()
             end.synchronize()
             return start.elapsed_time(end) / 1e3
-        t0 = time.perf_counter()
+        t0 = self.timer()
         for _ in range(calls):
             fn()
-        return time.perf_counter() - t0
+        return self.timer() - t0
 
     def median(self, fn: Callable[[], Any], *, warmup: int, repeats: int,
                min_sample_s: float) -> float:
@@ -325,7 +343,7 @@ def _device_name(config: ProfileConfig) -> str:
     return "cpu"
 
 
-def _provenance(config: ProfileConfig) -> str:
+def _provenance(config: ProfileConfig, clock: str) -> str:
     if config.analytic:
         mem = (f"; never faster than moving its bytes at {config.memory_bytes_per_s:.4g} B/s "
                "(forward: inputs + output + parameters, backward: twice that)"
@@ -336,13 +354,13 @@ def _provenance(config: ProfileConfig) -> str:
                 f"({config.device_flops:.4g} FLOP/s x efficiency {config.efficiency:g})"
                 f"{mem}")
     host = platform.processor() or platform.machine()
-    where = (torch.cuda.get_device_name() + " (CUDA events)" if config.device == "cuda"
-             else f"CPU {host} (time.perf_counter)")
+    where = (torch.cuda.get_device_name() if config.device == "cuda" else f"CPU {host}")
     return (f"measured by dtsim (realrun.profiler): isolated layer timing on a torch.fx "
             f"layer graph; per layer {config.warmup} warm-up calls, then the median of "
             f"{config.repeats} samples of >= {config.min_sample_s:g} s of back-to-back "
             f"calls; forward with autograd recording, backward via torch.autograd.grad "
-            f"from a gradient of ones; {torch.get_num_threads()} torch thread(s); {where}; "
+            f"from a gradient of ones; {torch.get_num_threads()} torch thread(s); {where}, "
+            f"{clock}; "
             f"FLOPs from torch.utils.flop_counter")
 
 

@@ -135,6 +135,11 @@ def test_profile_measured_small_model(tmp_path: Path) -> None:
     (["--model", "snn", "--analytic", "--device-flops", "1e12", "--memory-bandwidth",
       "lots"], "'lots'"),
 ])
+def test_profile_out_in_a_missing_folder(tmp_path: Path) -> None:
+    out = tmp_path / "nope" / "x.json"
+    _one_line_error(_run("profile", "--model", "snn", "--out", str(out)), "does not exist")
+
+
 def test_profile_bad_input(tmp_path: Path, args: list[str], needle: str) -> None:
     out = tmp_path / "x.json"
     _one_line_error(_run("profile", *args, "--out", str(out), "--no-progress"), needle)

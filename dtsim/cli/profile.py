@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import click
@@ -70,10 +71,13 @@ def profile(model_name: str, batch_size: int, device: str, dtype: str, out: str 
             raise BadInput("--device-flops and --memory-bandwidth only apply with --analytic")
         flops_rate = parse_flop_rate(device_flops) if device_flops else 0.0
         mem_rate = parse_rate(memory_bandwidth) if memory_bandwidth else 0.0
+    path = out or f"{model_name}-{'analytic' if analytic else device}-b{batch_size}.json"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise BadInput(f"--out {path!r}: folder {folder!r} does not exist")
     from realrun.profiler import ProfileConfig, ProfileError, profile_model
     from traces import save_trace
 
-    path = out or f"{model_name}-{'analytic' if analytic else device}-b{batch_size}.json"
     started = time.perf_counter()
     try:
         config = ProfileConfig(
