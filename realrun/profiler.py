@@ -33,7 +33,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -254,9 +254,7 @@ def _profile_layer(graph: LayerGraph, node: LayerNode, config: ProfileConfig,
                   "min_sample_s": config.min_sample_s}
             fwd_s = clock.median(call.forward, **kw)
             bwd_s = clock.median(backward, **kw) if backward else 0.0
-    return Layer(name=base.name, op=base.op, kind=base.kind, forward_s=fwd_s,
-                 backward_s=bwd_s, param_bytes=base.param_bytes,
-                 activation_bytes=base.activation_bytes, flops=float(fwd_flops))
+    return replace(base, forward_s=fwd_s, backward_s=bwd_s, flops=float(fwd_flops))
 
 
 def _count_flops(fn: Callable[[], Any]) -> int:

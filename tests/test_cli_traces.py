@@ -126,6 +126,11 @@ def test_profile_measured_small_model(tmp_path: Path) -> None:
     assert all(x.forward_s > 0 for x in trace.layers if x.kind == "layer")
 
 
+def test_profile_out_in_a_missing_folder(tmp_path: Path) -> None:
+    out = tmp_path / "nope" / "x.json"
+    _one_line_error(_run("profile", "--model", "snn", "--out", str(out)), "does not exist")
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--model", "resnet51"], "resnet51"),
     (["--model", "snn", "--analytic"], "--device-flops"),
@@ -135,11 +140,6 @@ def test_profile_measured_small_model(tmp_path: Path) -> None:
     (["--model", "snn", "--analytic", "--device-flops", "1e12", "--memory-bandwidth",
       "lots"], "'lots'"),
 ])
-def test_profile_out_in_a_missing_folder(tmp_path: Path) -> None:
-    out = tmp_path / "nope" / "x.json"
-    _one_line_error(_run("profile", "--model", "snn", "--out", str(out)), "does not exist")
-
-
 def test_profile_bad_input(tmp_path: Path, args: list[str], needle: str) -> None:
     out = tmp_path / "x.json"
     _one_line_error(_run("profile", *args, "--out", str(out), "--no-progress"), needle)
