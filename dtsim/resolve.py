@@ -84,8 +84,15 @@ def resolve_trace(model: str) -> Trace:
 
 def device_scale(trace_device: str, gpu_model: str, gpu_peak: float) -> float:
     """Throughput ratio of the target GPU over the trace's device, by peak FLOPs; 1.0 when
-    the trace's device is not in the GPU table (e.g. a CPU trace)."""
+    the trace's device is not in the GPU table (e.g. a CPU trace). An analytic trace's
+    device ``analytic:<FLOP/s>`` names its peak directly."""
     table = gpu_peak_flops()
+    if trace_device.startswith("analytic:"):
+        try:
+            peak = float(trace_device.removeprefix("analytic:"))
+        except ValueError:
+            return 1.0
+        return gpu_peak / peak if peak > 0 else 1.0
     if trace_device == gpu_model or trace_device not in table:
         return 1.0
     return gpu_peak / table[trace_device]

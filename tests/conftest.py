@@ -1,10 +1,23 @@
-"""Shared fixtures: small synthetic traces and quick configs."""
+"""Shared test settings and fixtures: one torch thread (the machine has two cores and some
+tests time code), and small synthetic traces."""
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 
 from traces import Layer, Trace, TraceMeta, chain
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread() -> None:
+    """Torch-using tests run single-threaded; without torch nothing needs doing (tests
+    that need it skip themselves)."""
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def synthetic_trace(n_layers: int = 4, fwd_s: float = 0.01, bwd_s: float = 0.02,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 
-from traces import jsonfmt, pipedream
+from traces import jsonfmt, kineto, pipedream
 from traces.errors import TraceFormatError, UnknownModelError
 from traces.model import Trace
 
@@ -69,17 +69,29 @@ def _load_builtin_cached(name: str) -> Trace:
     return Trace(meta, trace.layers, trace.edges)
 
 
+FORMATS = ("dtsim", "pipedream", "kineto")
+"""Trace file formats that can be read."""
+
+
 def load_file(path: str | os.PathLike[str], fmt: str | None = None, **kwargs: object) -> Trace:
-    """Load a trace file; the format is ``fmt`` or guessed: ``.json`` is dtsim's format,
-    anything else is tried as PipeDream ``graph.txt``."""
+    """Load a trace file; the format is ``fmt`` (one of :data:`FORMATS`) or guessed:
+    ``.json`` files are dtsim's format or, when they hold ``traceEvents``, Kineto traces;
+    anything else is PipeDream ``graph.txt``. ``kwargs`` (``model``, ``batch_size``...) go
+    to the PipeDream and Kineto importers, which need them when the file does not say."""
     p = os.fspath(path)
-    if fmt is None:
-        fmt = "dtsim" if p.endswith(".json") else "pipedream"
+    if fmt is None and p.endswith(".json"):
+        data = jsonfmt.read_json(p)
+        if kineto.is_kineto(data):
+            return kineto.from_dict(data, source=p, **kwargs)  # type: ignore[arg-type]
+        return jsonfmt.from_dict(data, source=p)
+    fmt = fmt or "pipedream"
     if fmt == "dtsim":
         return jsonfmt.load(p)
     if fmt == "pipedream":
         return pipedream.load(p, **kwargs)  # type: ignore[arg-type]
-    raise TraceFormatError(p, "", f"unknown trace format {fmt!r}; known: dtsim, pipedream")
+    if fmt == "kineto":
+        return kineto.load(p, **kwargs)  # type: ignore[arg-type]
+    raise TraceFormatError(p, "", f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
 
 
 def load_trace(model: str) -> Trace:

@@ -74,6 +74,13 @@ def load(path: str | os.PathLike[str]) -> Trace:
     """Read a trace file; malformed files raise :class:`TraceFormatError` naming the file,
     the field and the problem."""
     src = os.fspath(path)
+    return from_dict(read_json(src), source=src)
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """The parsed JSON document in ``path`` (:class:`TraceFormatError` naming the file when
+    it cannot be read or is not JSON)."""
+    src = os.fspath(path)
     try:
         with open(src, encoding="utf-8") as fh:
             text = fh.read()
@@ -84,7 +91,7 @@ def load(path: str | os.PathLike[str]) -> Trace:
     except json.JSONDecodeError as exc:
         raise TraceFormatError(src, "", f"not valid JSON (line {exc.lineno}, column {exc.colno}: "
                                         f"{exc.msg})") from None
-    return from_dict(data, source=src)
+    return data
 
 
 def from_dict(data: Any, source: str = "<dict>") -> Trace:

@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "schemes": ("dtsim.cli.listing", "List the training schemes."),
     "models": ("dtsim.cli.listing", "List the built-in models (traces)."),
     "topologies": ("dtsim.cli.listing", "List the topology presets."),
+    "profile": ("dtsim.cli.profile", "Profile a zoo model into a layer trace (needs torch)."),
+    "trace": ("dtsim.cli.trace", "Show or convert layer traces (dtsim, PipeDream, Kineto)."),
     "partition": ("dtsim.cli.partition", "Split a model into pipeline stages."),
     "schedule": ("dtsim.cli.schedule", "Print a pipeline schedule as a rank-by-step grid."),
     "sweep": ("dtsim.cli.sweep", "Run a what-if sweep over lists of settings."),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import click
 
 from dtsim.spec import FIELDS
@@ -33,3 +36,27 @@ def exit_code_and_message(exc: BaseException) -> tuple[int | None, str]:
     if isinstance(exc, OSError):
         return 1, f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
     return None, ""
+
+
+class BadInput(click.ClickException):
+    """A user error reported by a command itself: one line, exit code 2."""
+
+    exit_code = 2
+
+
+@contextmanager
+def reported() -> Iterator[None]:
+    """Inside a command: turn user errors (bad trace files, units, configs) into
+    :class:`BadInput` (or the error's own exit code), so the command fails with one line
+    and no traceback even when called without :func:`dtsim.cli.main` (e.g. by CliRunner)."""
+    try:
+        yield
+    except click.ClickException:
+        raise
+    except Exception as exc:
+        code, message = exit_code_and_message(exc)
+        if code is None:
+            raise
+        err = BadInput(message)
+        err.exit_code = code
+        raise err from None

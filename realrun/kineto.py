@@ -1,0 +1,130 @@
+"""Recording PyTorch profiler (Kineto) traces that :mod:`traces.kineto` can import.
+
+:func:`record_trace` runs training steps of a model under ``torch.profiler`` with every
+layer's forward inside a ``record_function`` range named ``layer::<name>`` (layer names as
+in :mod:`realrun.graph`), and stores the layer graph as the trace's ``"dtsim"`` metadata.
+Backward needs no ranges: the importer matches autograd's backward functions to the
+forward ops by sequence number (see :mod:`traces.kineto`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from realrun import zoo
+from realrun.graph import LayerGraph, layer_graph, tensors_in
+from traces.kineto import METADATA_KEY, RANGE_PREFIX
+
+
+class _RangeInterpreter(fx.Interpreter):
+    """Runs a traced module with each layer node inside its ``layer::`` range."""
+
+    def __init__(self, graph: LayerGraph) -> None:
+        super().__init__(graph.module)
+        self.ranges = {layer.node.name: RANGE_PREFIX + layer.name
+                       for layer in graph.layers if layer.kind == "layer"}
+
+    def run_node(self, n: fx.Node) -> Any:
+        label = self.ranges.get(n.name)
+        if label is None:
+            return super().run_node(n)
+        with record_function(label):
+            return super().run_node(n)
+
+
+def graph_metadata(graph: LayerGraph, *, model: str, batch_size: int, device: str) -> dict:
+    """The ``"dtsim"`` metadata object describing ``graph`` (see :mod:`traces.kineto`)."""
+    dtype = next((p.dtype for p in graph.module.parameters()), torch.float32)
+    return {
+        "model": model, "batch_size": batch_size, "device": device,
+        "dtype": str(dtype).removeprefix("torch."),
+        "framework": f"PyTorch {torch.__version__}",
+        "date": datetime.date.today().isoformat(),
+        "layers": [{"name": layer.name, "op": layer.op, "kind": layer.kind,
+                    "param_bytes": layer.param_bytes,
+                    "activation_bytes": layer.activation_bytes}
+                   for layer in graph.layers],
+        "edges": [list(e) for e in graph.edges],
+    }
+
+
+def record_trace(model: torch.nn.Module, inputs: tuple[Any, ...], path: str, *, name: str,
+                 steps: int = 3, warmup: int = 1) -> None:
+    """Profile ``warmup`` + ``steps`` forward/backward steps of ``model`` on ``inputs``
+    with ``torch.profiler`` and write the Kineto trace of the last ``steps`` to ``path``
+    (atomically). Backward starts from a gradient of ones for every output."""
+    if steps < 1 or warmup < 0:
+        raise ValueError("steps must be >= 1 and warmup >= 0")
+    model.train()
+    graph = layer_graph(model, inputs)
+    runner = _RangeInterpreter(graph)
+    first = next(iter(tensors_in(inputs)))
+    on_gpu = first.device.type == "cuda"
+    device = torch.cuda.get_device_name(first.device) if on_gpu else "cpu"
+    batch_size = int(first.shape[0])
+
+    def step() -> None:
+        graph.module.zero_grad(set_to_none=True)
+        outs = [t for t in tensors_in(runner.run(*inputs)) if t.requires_grad]
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    for _ in range(warmup):
+        step()
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+            prof.step()
+        prof.add_metadata_json(METADATA_KEY, json.dumps(
+            graph_metadata(graph, model=name, batch_size=batch_size, device=device)))
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
+                       f".{os.path.basename(path)}.tmp-{os.getpid()}.json")
+    try:
+        prof.export_chrome_trace(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def record_zoo_trace(name: str, batch_size: int, path: str, *, device: str = "cpu",
+                     steps: int = 3, warmup: int = 1, threads: int | None = 1) -> None:
+    """:func:`record_trace` for zoo model ``name`` on random inputs of ``batch_size``."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    with torch.device(device):
+        model = zoo.build(name)
+    inputs = zoo.example_inputs(name, batch_size, device)
+    record_trace(model, inputs, path, name=name, steps=steps, warmup=warmup)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m realrun.kineto MODEL BATCH OUT.json``: record a zoo model's trace."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m realrun.kineto",
+                                 description="Record a PyTorch profiler (Kineto) trace of "
+                                             "training steps of a zoo model, with layer:: "
+                                             "ranges, for 'sim trace convert'.")
+    ap.add_argument("model", choices=zoo.names())
+    ap.add_argument("batch_size", type=int)
+    ap.add_argument("out")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    args = ap.parse_args(argv)
+    record_zoo_trace(args.model, args.batch_size, args.out, device=args.device,
+                     steps=args.steps, warmup=args.warmup)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""The model zoo: plain torch definitions of the models the project studies.
+
+Each entry of :data:`REGISTRY` names a constructor and the example input of one sample;
+:func:`build` makes the model and :func:`example_inputs` a batch of inputs for it. The
+vision models follow torchvision's definitions layer for layer (same parameter counts,
+torchvision itself is not used); the sequence models and the MLP are our own definitions,
+documented in their modules.
+
+Importing this module does not import torch (the command line lists the names cheaply);
+the model modules are imported when a model is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input tensor of a model, per sample.
+
+    Attributes:
+        shape: the shape of one sample (the batch dimension is prepended).
+        dtype: ``"float32"`` for real-valued data, ``"int64"`` for token ids.
+        high: for integer inputs, ids are drawn from ``[0, high)``.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    high: int = 0
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """A registry entry: where the constructor lives and what the model eats.
+
+    Attributes:
+        name: the registry key and CLI string (``resnet50``).
+        module: the module under ``realrun.zoo`` holding the constructor.
+        constructor: the function that builds the model (no arguments needed).
+        inputs: the model's inputs, one :class:`InputSpec` each, in call order.
+        description: one line for listings.
+    """
+
+    name: str
+    module: str
+    constructor: str
+    inputs: tuple[InputSpec, ...]
+    description: str
+
+
+_IMAGE_224 = (InputSpec((3, 224, 224)),)
+_IMAGE_299 = (InputSpec((3, 299, 299)),)
+
+
+def _entry(name: str, module: str, constructor: str, inputs: tuple[InputSpec, ...],
+           description: str) -> tuple[str, ZooModel]:
+    return name, ZooModel(name, module, constructor, inputs, description)
+
+
+REGISTRY: dict[str, ZooModel] = dict([
+    _entry("alexnet", "classic", "alexnet", _IMAGE_224, "AlexNet (torchvision layout)"),
+    _entry("vgg16", "classic", "vgg16", _IMAGE_224, "VGG-16, configuration D"),
+    _entry("vgg19", "classic", "vgg19", _IMAGE_224, "VGG-19, configuration E"),
+    _entry("squeezenet1_0", "classic", "squeezenet1_0", _IMAGE_224, "SqueezeNet 1.0"),
+    _entry("resnet18", "resnet", "resnet18", _IMAGE_224, "ResNet-18 (basic blocks)"),
+    _entry("resnet50", "resnet", "resnet50", _IMAGE_224, "ResNet-50 (bottleneck v1.5)"),
+    _entry("resnet101", "resnet", "resnet101", _IMAGE_224, "ResNet-101 (bottleneck v1.5)"),
+    _entry("resnet152", "resnet", "resnet152", _IMAGE_224, "ResNet-152 (bottleneck v1.5)"),
+    _entry("googlenet", "inception", "googlenet", _IMAGE_224,
+           "GoogLeNet (Inception v1, without auxiliary classifiers)"),
+    _entry("inception_v3", "inception", "inception_v3", _IMAGE_299,
+           "Inception-v3 with its auxiliary classifier, 299x299 input"),
+    _entry("densenet121", "densenet", "densenet121", _IMAGE_224, "DenseNet-121 (k=32)"),
+    _entry("transformer", "transformer", "transformer", (InputSpec((128,), "int64", 30522),),
+           "Transformer encoder classifier, BERT-base shape (12x768), 128 tokens"),
+    _entry("residual_lstm", "recurrent", "residual_lstm", (InputSpec((35,), "int64", 10000),),
+           "4-layer residual LSTM language model (1024 units, 10k words, 35 steps)"),
+    _entry("seq2seq", "recurrent", "seq2seq",
+           (InputSpec((30,), "int64", 8000), InputSpec((30,), "int64", 8000)),
+           "Sockeye-like RNN translation model with dot attention (256 units, 8k words)"),
+    _entry("snn", "mlp", "snn", (InputSpec((784,)),),
+           "Self-normalising MLP: 8 SELU layers of 2048 units with alpha dropout"),
+])
+"""All zoo models by name."""
+
+
+def names() -> list[str]:
+    """The zoo's model names, in registry order."""
+    return list(REGISTRY)
+
+
+def get(name: str) -> ZooModel:
+    """The registry entry called ``name`` (``KeyError`` listing the names if absent)."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown zoo model {name!r}; choose one of: {', '.join(REGISTRY)}") \
+            from None
+
+
+def build(name: str) -> Any:
+    """A fresh ``torch.nn.Module`` for zoo model ``name``, on the current default device
+    (use ``with torch.device("meta"):`` for a model without memory)."""
+    entry = get(name)
+    module = importlib.import_module(f"realrun.zoo.{entry.module}")
+    return getattr(module, entry.constructor)()
+
+
+def example_inputs(name: str, batch_size: int, device: Any = "cpu",
+                   seed: int = 0) -> tuple[Any, ...]:
+    """A batch of ``batch_size`` random inputs for zoo model ``name`` on ``device``
+    (reproducible for a given ``seed``; the meta device gets shapes only)."""
+    import torch
+
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    gen = torch.Generator().manual_seed(seed)
+    meta = torch.device(device).type == "meta"
+    out = []
+    for spec in get(name).inputs:
+        shape = (batch_size, *spec.shape)
+        if meta:
+            t = torch.empty(shape, dtype=getattr(torch, spec.dtype), device="meta")
+        elif spec.dtype == "int64":
+            t = torch.randint(0, spec.high, shape, generator=gen, dtype=torch.int64)
+        else:
+            t = torch.randn(shape, generator=gen, dtype=getattr(torch, spec.dtype))
+        out.append(t.to(device))
+    return tuple(out)
