@@ -146,7 +146,8 @@ def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology
         memory_capacity_bytes=topology.gpu_spec.memory_bytes,
         events=events, wall_s=time.perf_counter() - wall0, simulated_s=sim_end,
         messages=len(ctx.net.messages), gpu_model=topology.gpu_spec.model,
-        trace_device=config.trace.meta.device, device_names=tuple(names), spans=spans,
+        trace_device=config.trace.meta.device, compute_scale=config.compute_scale,
+        device_names=tuple(names), spans=spans,
         extra=_frozen(extra),
     )
 

@@ -63,6 +63,7 @@ class RunResult:
     messages: int
     gpu_model: str
     trace_device: str
+    compute_scale: float
     device_names: tuple[str, ...]
     spans: tuple[tuple[Any, ...], ...] = field(repr=False, default=())
     extra: Mapping[str, Any] = field(default_factory=lambda: _frozen({}))
@@ -101,6 +102,7 @@ class RunResult:
             "memory_capacity_bytes": self.memory_capacity_bytes,
             "fits_in_memory": self.fits_in_memory,
             "gpu_model": self.gpu_model, "trace_device": self.trace_device,
+            "compute_scale": self.compute_scale,
             "events": self.events, "messages": self.messages,
             "simulated_s": self.simulated_s, "wall_s": self.wall_s,
         }

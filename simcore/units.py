@@ -10,6 +10,7 @@ Conventions: ``b`` is a bit, ``B`` a byte; decimal prefixes (k, M, G, T) are pow
 
 from __future__ import annotations
 
+import math
 import re
 
 _PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
@@ -24,6 +25,12 @@ _TIME_SCALE = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.
 RATE_EXAMPLES = "a rate such as 10Gbps, 100Gb/s, 25GB/s or 12.5e9 (bytes/s)"
 SIZE_EXAMPLES = "a size such as 25MiB, 4096 or 1.5GB"
 TIME_EXAMPLES = "a duration such as 2us, 0.5ms or 1e-6 (seconds)"
+
+
+FLOP_RATE_EXAMPLES = "a compute rate such as 15.7e12, 15.7TFLOPS or 312 TFLOP/s"
+_FLOP_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKMGTP]?)"
+                        r"\s*(?:flops|flop/s)?\s*$", re.IGNORECASE)
+_FLOP_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
 
 
 class UnitError(ValueError):
@@ -94,6 +101,26 @@ def parse_time(value: str | float | int) -> float:
         raise UnitError(f"duration must be non-negative and finite, got {value!r}",
                         "a non-negative, finite duration")
     return t
+
+
+def parse_flop_rate(value: str | float | int) -> float:
+    """FLOP/s from ``15.7e12``, ``15.7TFLOPS``, ``900 GFLOP/s`` or a plain number.
+
+    Raises :class:`UnitError` for anything else or a rate that is not positive and finite.
+    """
+    if isinstance(value, bool):
+        raise UnitError(f"{value!r} is not {FLOP_RATE_EXAMPLES}", FLOP_RATE_EXAMPLES)
+    if isinstance(value, int | float):
+        rate = float(value)
+    else:
+        m = _FLOP_RATE.match(value)
+        if not m:
+            raise UnitError(f"{value!r} is not {FLOP_RATE_EXAMPLES}", FLOP_RATE_EXAMPLES)
+        rate = float(m.group(1)) * _FLOP_SCALE[m.group(2).lower()]
+    if not (rate > 0 and math.isfinite(rate)):
+        raise UnitError(f"the compute rate must be positive and finite, got {value!r}",
+                        FLOP_RATE_EXAMPLES)
+    return rate
 
 
 def format_rate(bytes_per_s: float) -> str:

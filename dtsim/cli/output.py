@@ -59,10 +59,25 @@ def run_table(r: Any) -> str:
                         f"{format_bytes(r.memory_capacity_bytes)} per GPU ({fits})"),
         ("simulation", f"{r.events:,} events in {format_time(r.wall_s)}"),
     ]
+    if r.trace_device != r.gpu_model or r.compute_scale != 1.0:
+        how = (f"times scaled by 1/{r.compute_scale:.3g}" if r.compute_scale != 1.0
+               else "times used as measured; --set compute_scale=X rescales them")
+        rows.append(("compute", f"trace measured on {r.trace_device}; {how}"))
     for k, v in r.extra.items():
         if isinstance(v, int | float | str) and not isinstance(v, bool):
-            rows.append((k.replace("_", " "), str(v)))
+            rows.append(extra_row(k, v))
     return head + "\n" + table(rows)
+
+
+def extra_row(key: str, value: Any) -> tuple[str, str]:
+    """A scheme extra as a table row, formatted by its unit suffix (``_s``, ``_bytes``)."""
+    label = key.replace("_", " ")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if key.endswith("_s"):
+            return label[:-2], format_time(value)
+        if key.endswith("_bytes"):
+            return label[:-6], format_bytes(value)
+    return label, str(value)
 
 
 __all__ = ["format_rate", "run_table", "table", "write_atomic", "write_json"]
