@@ -28,7 +28,7 @@ from simpy import Event
 
 from simcore.config import ConfigError, SimConfig, option
 from simcore.network import Message
-from simcore.records import BACKWARD, FORWARD
+from simcore.schemes._ops import LayerOps
 from simcore.schemes.base import Scheme
 from simcore.topology import Topology
 
@@ -116,9 +116,7 @@ class ParameterServerScheme(Scheme):
             self.layer_shards.setdefault(sh.layer, []).append(k)
         self.p = ctx.num_ranks
         n_it = ctx.iterations
-        run = [i for i, layer in enumerate(trace.layers) if layer.kind != "input"]
-        self.fwd = [(trace.layers[i].forward_s, trace.layers[i].name, i) for i in run]
-        self.bwd = [(trace.layers[i].backward_s, trace.layers[i].name, i) for i in reversed(run)]
+        self.ops = LayerOps(trace)
         # Per worker: the last iteration whose values have come back, per layer.
         self.avail = [dict.fromkeys(self.layer_shards, -1) for _ in range(self.p)]
         self.left: dict[tuple[int, int, int], int] = {}      # (rank, it, layer) -> shards
@@ -144,21 +142,30 @@ class ParameterServerScheme(Scheme):
         mem = gpu.memory
         act = ctx.trace.activation_bytes
         avail = self.avail[r]
+        has_shards = self.layer_shards.__contains__
         for it in range(ctx.iterations):
-            for dur, name, i in self.fwd:
-                if i in avail and avail[i] < it - 1:
+            # Forward: a layer with parameters waits for its values of the last iteration.
+            for layer, run in self.ops.forward_runs(it, has_shards):
+                if layer >= 0 and avail[layer] < it - 1:
                     ev = ctx.env.event()
-                    self.waiting[(r, i)] = (it - 1, ev)
+                    self.waiting[(r, layer)] = (it - 1, ev)
                     yield ev
-                yield gpu.compute(dur, FORWARD, name, it, i)
+                gpu.compute_seq(run)
             mem.alloc("activations", act)
-            for dur, name, i in self.bwd:
-                yield gpu.compute(dur, BACKWARD, name, it, i)
-                if i in self.layer_shards:
-                    self._push(r, it, i)
+            # Backward: each layer's gradient is pushed as soon as it is computed.
+            done = None
+            for layer, run in self.ops.backward_runs(it, has_shards):
+                done = gpu.compute_seq(run)
+                if layer >= 0:
+                    done.callbacks.append(self._push_callback(r, it, layer))
+            if done is not None:
+                yield done
             mem.free("activations", act)
             self.bwd_done[r][it] = True
             self._maybe_done(r, it)
+
+    def _push_callback(self, r: int, it: int, layer: int) -> Any:
+        return lambda _ev: self._push(r, it, layer)
 
     def _push(self, r: int, it: int, layer: int) -> None:
         net = self.ctx.net
