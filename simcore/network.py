@@ -16,7 +16,9 @@ next lazily (see ``DetailedNetwork._enqueue``), also at one event per chunk and 
 **Analytic** (:class:`AnalyticNetwork`): a message is one event. It waits until every
 link on its route is free, then holds all of them for ``bytes / bottleneck_bandwidth`` and
 arrives after the route's total latency: contention-free transfers take exactly
-``sum(latency) + bytes / min(bandwidth)``, and messages sharing a link are serialised.
+``sum(latency) + bytes / min(bandwidth)``, and messages sharing a link are serialised, in
+the order they were sent (FIFO) or, with ``priority=True``, most urgent first among those
+waiting when a link becomes free.
 
 Both keep per-link counters (bytes sent, bytes received) and a record of every message,
 from which the metrics are computed. A link direction's busy time is its bytes sent over
@@ -319,21 +321,71 @@ class DetailedNetwork(Network):
 
 
 class AnalyticNetwork(Network):
-    """One event per message; the route is reserved as a whole (see module docs)."""
+    """One event per message; the route is reserved as a whole (see module docs).
+
+    With ``priority=True`` a message that cannot have its whole route at once waits in the
+    queues of its links, and whenever one of them becomes free the most urgent waiting
+    message (lowest priority number, then first come) whose route is free starts; a
+    message holding its route is never pre-empted.
+    """
 
     fidelity = "analytic"
 
-    def _inject(self, msg: Message) -> None:
-        now = self.env._now
+    def __init__(self, env: Environment, topology: Topology, priority: bool = False) -> None:
+        super().__init__(env, topology)
+        self.priority = priority
+        self._seq = 0
+        self._schedule = env.schedule
+        self._on_release = self._release
+
+    def post(self, src: int, dst: int, nbytes: int, tag: str = "", rank_src: int = -1,
+             rank_dst: int = -1, iteration: int = -1, payload: Any = None) -> Message:
+        """Send like :meth:`send`, without an arrival callback and without an event: on
+        FIFO links a message's arrival is known when it is sent, so it is returned in
+        ``msg.end_s`` (its bytes are counted as received at once). A scheme that can
+        react to an arrival time instead of an arrival event saves one event per
+        message. Not for priority links (raises ``ValueError``)."""
+        if self.priority:
+            raise ValueError("post() needs FIFO links: on priority links a later, more "
+                             "urgent message may still delay this one")
+        msg = Message(self._next_id, src, dst, nbytes, self.hops(src, dst), None, 0.0, tag,
+                      rank_src, rank_dst, iteration, payload)
+        self._next_id += 1
+        self._record(msg)
+        msg.end_s = self._reserve(msg, self.env._now)
+        if nbytes > 0:
+            for st in msg.hops:
+                st.recv_bytes += nbytes
+        return msg
+
+    def _reserve(self, msg: Message, start: float) -> float:
+        """Hold ``msg``'s whole route from ``start`` (at least when every link is free)
+        for bytes / bottleneck bandwidth; returns its arrival time."""
         hops = msg.hops
-        start = max([now] + [st.free_at for st in hops])
+        if not hops or msg.nbytes <= 0:
+            msg.start_s = start
+            return start
+        for st in hops:
+            if st.free_at > start:
+                start = st.free_at
         hold = msg.nbytes * max(st.service for st in hops)
         for st in hops:
             st.free_at = start + hold
             st.sent_bytes += msg.nbytes
         msg.start_s = start
-        latency = sum(st.latency for st in hops)
-        ev = Timeout(self.env, start + hold + latency - now, msg)
+        return start + hold + sum(st.latency for st in hops)
+
+    def _inject(self, msg: Message) -> None:
+        now = self.env._now
+        if self.priority:
+            blocker = self._blocker(msg)
+            if blocker is None:
+                self._start(msg, now)
+            else:
+                self._seq += 1
+                heapq.heappush(blocker.queue, (msg.priority, self._seq, now, msg, 0, msg.nbytes))
+            return
+        ev = Timeout(self.env, self._reserve(msg, now) - now, msg)
         ev.callbacks.append(self._arrive)
 
     def _arrive(self, ev: Any) -> None:
@@ -342,6 +394,56 @@ class AnalyticNetwork(Network):
             st.recv_bytes += msg.nbytes
         self._complete(msg)
 
+    # ---- priority: held routes and waiting messages -----------------------------------
+    # A started message holds every link of its route (``st.busy``) until it releases
+    # them all at once. A message that finds held links waits in the queue of the one
+    # released last; at a release, each freed link takes its waiters most urgent first:
+    # one whose whole route is free starts, one still blocked moves on.
+    # Two events per message: the release and the arrival.
+    def _start(self, msg: Message, now: float) -> None:
+        arrival = self._reserve(msg, now)
+        for st in msg.hops:
+            st.busy = True
+        self._schedule(_Release(self._on_release, msg), _NORMAL, msg.hops[0].free_at - now)
+        ev = Timeout(self.env, arrival - now, msg)
+        ev.callbacks.append(self._arrive)
+
+    def _release(self, ev: _Release) -> None:
+        now = self.env._now
+        hops = ev.msg.hops
+        for st in hops:
+            st.busy = False
+        for st in hops:
+            queue = st.queue
+            while queue and not st.busy:
+                entry = heapq.heappop(queue)
+                blocker = self._blocker(entry[3])
+                if blocker is None:
+                    self._start(entry[3], now)
+                else:
+                    heapq.heappush(blocker.queue, entry)
+
+    @staticmethod
+    def _blocker(msg: Message) -> LinkState | None:
+        """The held link of ``msg``'s route released last (where it waits), or ``None``."""
+        blocker = None
+        for st in msg.hops:
+            if st.busy and (blocker is None or st.free_at > blocker.free_at):
+                blocker = st
+        return blocker
+
+
+class _Release:
+    """A message of the analytic priority model releasing its route (a minimal event)."""
+
+    __slots__ = ("callbacks", "msg")
+    _ok = True
+    _value = None
+
+    def __init__(self, callback: Callable[[_Release], None], msg: Message) -> None:
+        self.callbacks = [callback]
+        self.msg = msg
+
 
 def make_network(env: Environment, topology: Topology, fidelity: str, chunk_bytes: int,
                  priority: bool = False) -> Network:
@@ -349,5 +451,5 @@ def make_network(env: Environment, topology: Topology, fidelity: str, chunk_byte
     if fidelity == "detailed":
         return DetailedNetwork(env, topology, chunk_bytes=chunk_bytes, priority=priority)
     if fidelity == "analytic":
-        return AnalyticNetwork(env, topology)
+        return AnalyticNetwork(env, topology, priority=priority)
     raise ValueError(f"unknown fidelity {fidelity!r}; choose detailed or analytic")
