@@ -365,15 +365,20 @@ class AnalyticNetwork(Network):
         if not hops or msg.nbytes <= 0:
             msg.start_s = start
             return start
+        service = latency = 0.0
         for st in hops:
             if st.free_at > start:
                 start = st.free_at
-        hold = msg.nbytes * max(st.service for st in hops)
+            if st.service > service:
+                service = st.service
+            latency += st.latency
+        nbytes = msg.nbytes
+        end = start + nbytes * service
         for st in hops:
-            st.free_at = start + hold
-            st.sent_bytes += msg.nbytes
+            st.free_at = end
+            st.sent_bytes += nbytes
         msg.start_s = start
-        return start + hold + sum(st.latency for st in hops)
+        return end + latency
 
     def _inject(self, msg: Message) -> None:
         now = self.env._now

@@ -150,7 +150,7 @@ class ParameterServerScheme(Scheme):
                     ev = ctx.env.event()
                     self.waiting[(r, layer)] = (it - 1, ev)
                     yield ev
-                gpu.compute_seq(run)
+                gpu.enqueue(run)
             mem.alloc("activations", act)
             # Backward: each layer's gradient is pushed as soon as it is computed.
             done = None

@@ -115,7 +115,7 @@ class DataParallel(Scheme):
             # Forward, then backward in runs that end where a bucket fills up; nothing
             # waits in between, so all of it is queued now.
             for _layer, run in ops.forward_runs(it, no_wait):
-                gpu.compute_seq(run)
+                gpu.enqueue(run)
             mem.alloc("activations", activations)
             done = None
             for layer, run in ops.backward_runs(it, ends_bucket):
