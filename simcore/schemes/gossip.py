@@ -138,7 +138,7 @@ def primitive_polynomial(bits: int) -> int:
 
 def virtual_ranks(p: int, cycle: int, rotation: str = "singer") -> list[int]:
     """``pi_c``: the virtual rank of every rank ``0..p-1`` in cycle ``cycle``."""
-    if rotation == "none" or p <= 2:
+    if rotation == "none" or p == 1:
         return list(range(p))
     if rotation == "shift":
         return [(r - cycle) % p for r in range(p)]
@@ -251,7 +251,8 @@ class Gossip(Scheme):
                 self._send(r, it, self.SHUFFLE)
             for layer, run in self.ops.forward_runs(it, has_grad):
                 if layer >= 0 and it > 0:
-                    yield from self._wait_for(r, it - 1, self.slot[layer], gpu)
+                    if self.p > 1:
+                        yield from self._wait_for(r, it - 1, self.slot[layer], gpu)
                     gpu.enqueue([self._update_op(layer, it)])
                 gpu.enqueue(run)
             mem.alloc("activations", act)
