@@ -16,9 +16,11 @@ next lazily (see ``DetailedNetwork._enqueue``), also at one event per chunk and 
 **Analytic** (:class:`AnalyticNetwork`): a message is one event. It waits until every
 link on its route is free, then holds all of them for ``bytes / bottleneck_bandwidth`` and
 arrives after the route's total latency: contention-free transfers take exactly
-``sum(latency) + bytes / min(bandwidth)``, and messages sharing a link are serialised, in
-the order they were sent (FIFO) or, with ``priority=True``, most urgent first among those
-waiting when a link becomes free.
+``sum(latency) + bytes / min(bandwidth)``, and messages sharing a link are serialised in
+the order they were sent. Priority links (P3) cannot be had this way without searching
+the waiting messages at every release, which costs more than the per-link queues save, so
+the analytic fidelity with ``priority=True`` queues whole messages (one chunk each) per
+link direction, as the detailed model does with an unbounded chunk size.
 
 Both keep per-link counters (bytes sent, bytes received) and a record of every message,
 from which the metrics are computed. A link direction's busy time is its bytes sent over
@@ -38,6 +40,9 @@ from simcore.topology import Link, Topology
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 """Default chunk size of the detailed model (1 MiB)."""
+
+WHOLE_MESSAGE = 1 << 62
+"""A chunk size no message reaches: messages move whole."""
 
 _NORMAL = 1
 """SimPy's priority for ordinary events (``simpy.core.NORMAL``)."""
@@ -321,33 +326,17 @@ class DetailedNetwork(Network):
 
 
 class AnalyticNetwork(Network):
-    """One event per message; the route is reserved as a whole (see module docs).
-
-    With ``priority=True`` a message that cannot have its whole route at once waits in the
-    queues of its links, and whenever one of them becomes free the most urgent waiting
-    message (lowest priority number, then first come) whose route is free starts; a
-    message holding its route is never pre-empted.
-    """
+    """One event per message; the route is reserved as a whole (see module docs)."""
 
     fidelity = "analytic"
 
-    def __init__(self, env: Environment, topology: Topology, priority: bool = False) -> None:
-        super().__init__(env, topology)
-        self.priority = priority
-        self._seq = 0
-        self._schedule = env.schedule
-        self._on_release = self._release
-
     def post(self, src: int, dst: int, nbytes: int, tag: str = "", rank_src: int = -1,
              rank_dst: int = -1, iteration: int = -1, payload: Any = None) -> Message:
-        """Send like :meth:`send`, without an arrival callback and without an event: on
-        FIFO links a message's arrival is known when it is sent, so it is returned in
-        ``msg.end_s`` (its bytes are counted as received at once). A scheme that can
-        react to an arrival time instead of an arrival event saves one event per
-        message. Not for priority links (raises ``ValueError``)."""
-        if self.priority:
-            raise ValueError("post() needs FIFO links: on priority links a later, more "
-                             "urgent message may still delay this one")
+        """Send like :meth:`send`, without an arrival callback and without an event: a
+        message's arrival is known when it is sent (routes are reserved in the order
+        messages are sent), so it is returned in ``msg.end_s`` and its bytes are counted
+        as received at once. A scheme that can react to an arrival time instead of an
+        arrival event saves one event per message."""
         msg = Message(self._next_id, src, dst, nbytes, self.hops(src, dst), None, 0.0, tag,
                       rank_src, rank_dst, iteration, payload)
         self._next_id += 1
@@ -382,14 +371,6 @@ class AnalyticNetwork(Network):
 
     def _inject(self, msg: Message) -> None:
         now = self.env._now
-        if self.priority:
-            blocker = self._blocker(msg)
-            if blocker is None:
-                self._start(msg, now)
-            else:
-                self._seq += 1
-                heapq.heappush(blocker.queue, (msg.priority, self._seq, now, msg, 0, msg.nbytes))
-            return
         ev = Timeout(self.env, self._reserve(msg, now) - now, msg)
         ev.callbacks.append(self._arrive)
 
@@ -399,62 +380,16 @@ class AnalyticNetwork(Network):
             st.recv_bytes += msg.nbytes
         self._complete(msg)
 
-    # ---- priority: held routes and waiting messages -----------------------------------
-    # A started message holds every link of its route (``st.busy``) until it releases
-    # them all at once. A message that finds held links waits in the queue of the one
-    # released last; at a release, each freed link takes its waiters most urgent first:
-    # one whose whole route is free starts, one still blocked moves on.
-    # Two events per message: the release and the arrival.
-    def _start(self, msg: Message, now: float) -> None:
-        arrival = self._reserve(msg, now)
-        for st in msg.hops:
-            st.busy = True
-        self._schedule(_Release(self._on_release, msg), _NORMAL, msg.hops[0].free_at - now)
-        ev = Timeout(self.env, arrival - now, msg)
-        ev.callbacks.append(self._arrive)
-
-    def _release(self, ev: _Release) -> None:
-        now = self.env._now
-        hops = ev.msg.hops
-        for st in hops:
-            st.busy = False
-        for st in hops:
-            queue = st.queue
-            while queue and not st.busy:
-                entry = heapq.heappop(queue)
-                blocker = self._blocker(entry[3])
-                if blocker is None:
-                    self._start(entry[3], now)
-                else:
-                    heapq.heappush(blocker.queue, entry)
-
-    @staticmethod
-    def _blocker(msg: Message) -> LinkState | None:
-        """The held link of ``msg``'s route released last (where it waits), or ``None``."""
-        blocker = None
-        for st in msg.hops:
-            if st.busy and (blocker is None or st.free_at > blocker.free_at):
-                blocker = st
-        return blocker
-
-
-class _Release:
-    """A message of the analytic priority model releasing its route (a minimal event)."""
-
-    __slots__ = ("callbacks", "msg")
-    _ok = True
-    _value = None
-
-    def __init__(self, callback: Callable[[_Release], None], msg: Message) -> None:
-        self.callbacks = [callback]
-        self.msg = msg
-
 
 def make_network(env: Environment, topology: Topology, fidelity: str, chunk_bytes: int,
                  priority: bool = False) -> Network:
-    """The network model for ``fidelity`` (``detailed`` or ``analytic``)."""
+    """The network model for ``fidelity`` (``detailed`` or ``analytic``), with priority
+    link queues if ``priority``."""
     if fidelity == "detailed":
         return DetailedNetwork(env, topology, chunk_bytes=chunk_bytes, priority=priority)
     if fidelity == "analytic":
-        return AnalyticNetwork(env, topology, priority=priority)
+        if priority:
+            # Whole messages in per-link priority queues (see module docs).
+            return DetailedNetwork(env, topology, chunk_bytes=WHOLE_MESSAGE, priority=True)
+        return AnalyticNetwork(env, topology)
     raise ValueError(f"unknown fidelity {fidelity!r}; choose detailed or analytic")

@@ -8,7 +8,7 @@ import pytest
 import simpy
 
 from simcore.device import Gpu, JitteryGpu
-from simcore.network import AnalyticNetwork, DetailedNetwork
+from simcore.network import DEFAULT_CHUNK_BYTES, AnalyticNetwork, DetailedNetwork, make_network
 from tests.test_network import LAT, B, line, run_messages
 
 C = 1000          # chunk bytes: 1 µs on the wire, 10 µs latency
@@ -44,16 +44,23 @@ def test_detailed_priority_over_two_hops_keeps_one_event_per_chunk_and_hop():
     assert next(env._eid) == 3 * 2  # 3 chunks x 2 hops
 
 
-def test_analytic_priority_hands_a_released_route_to_the_most_urgent_waiter():
-    n = 10_000                   # 10 µs per message
+def test_analytic_priority_queues_whole_messages_per_link():
+    n = 10_000                   # 10 µs per message and hop
     sends = [(0, 0, 1, n, 5, "bulk"), (1 * US, 0, 1, n, 3, "normal"),
              (2 * US, 0, 1, n, 0, "urgent")]
-    log, _ = run_messages(AnalyticNetwork, line(2), sends, priority=True)
+    env = simpy.Environment()
+    net = make_network(env, line(2), "analytic", DEFAULT_CHUNK_BYTES, priority=True)
+    log = []
+    for at, _s, _d, nbytes, prio, tag in sends:
+        def go(_e, nbytes=nbytes, prio=prio, tag=tag):
+            net.send(0, 2, nbytes, lambda m: log.append((m.tag, env.now)), prio, tag)
+        env.timeout(at).callbacks.append(go)
+    env.run()
     t = n / B
-    assert log == [("bulk", pytest.approx(t + 2 * LAT)), ("urgent", pytest.approx(2 * t + 2 * LAT)),
-                   ("normal", pytest.approx(3 * t + 2 * LAT))]
-    fifo, _ = run_messages(AnalyticNetwork, line(2), sends)
-    assert [tag for tag, _ in fifo] == ["bulk", "normal", "urgent"]
+    assert log == [("bulk", pytest.approx(2 * t + 2 * LAT)),
+                   ("urgent", pytest.approx(3 * t + 2 * LAT)),
+                   ("normal", pytest.approx(4 * t + 2 * LAT))]
+    assert net.chunk_bytes > 1 << 40
 
 
 def test_analytic_post_returns_the_arrival_time_without_an_event():
@@ -67,8 +74,6 @@ def test_analytic_post_returns_the_arrival_time_without_an_event():
     assert second.end_s == pytest.approx(3 * LAT + 15_000 / B)
     assert env.peek() == float("inf")
     assert all(sent == recv for _l, sent, recv, _b in net.link_bytes())
-    with pytest.raises(ValueError, match="FIFO"):
-        AnalyticNetwork(env, topo, priority=True).post(topo.gpus[0], topo.gpus[1], 1)
 
 
 OPS = [(0.5, "forward", f"l{i}", 0, i, -1) for i in range(4)]
