@@ -153,19 +153,13 @@ class ParameterServerScheme(Scheme):
                 gpu.enqueue(run)
             mem.alloc("activations", act)
             # Backward: each layer's gradient is pushed as soon as it is computed.
-            done = None
             for layer, run in self.ops.backward_runs(it, has_shards):
-                done = gpu.compute_seq(run)
+                yield gpu.compute_seq(run)
                 if layer >= 0:
-                    done.callbacks.append(self._push_callback(r, it, layer))
-            if done is not None:
-                yield done
+                    self._push(r, it, layer)
             mem.free("activations", act)
             self.bwd_done[r][it] = True
             self._maybe_done(r, it)
-
-    def _push_callback(self, r: int, it: int, layer: int) -> Any:
-        return lambda _ev: self._push(r, it, layer)
 
     def _push(self, r: int, it: int, layer: int) -> None:
         net = self.ctx.net

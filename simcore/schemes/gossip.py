@@ -47,6 +47,7 @@ from typing import Any
 from simpy import Event
 
 from simcore.config import OPTIMIZERS, ConfigError, SimConfig, option
+from simcore.device import Gpu
 from simcore.network import AnalyticNetwork, Message
 from simcore.records import UPDATE
 from simcore.schemes._ops import LayerOps
@@ -200,7 +201,7 @@ class Gossip(Scheme):
         self.slot = {layer: k for k, layer in enumerate(self.grads)}
         self.shuffle_bytes = (sum(layer.activation_bytes for layer in trace.layers
                                   if layer.kind == "input") if opts.shuffle and p > 1 else 0)
-        self.SHUFFLE = len(self.grads)   # the slot of the shuffled batch
+        self.shuffle_slot = len(self.grads)   # the slot of the shuffled batch
         passes = OPTIMIZERS[ctx.config.optimizer][1] + (AVERAGE_PASSES if p > 1 else 0)
         bw = ctx.topology.gpu_spec.memory_bandwidth_bytes_per_s
         self.update_s = {i: passes * trace.layers[i].param_bytes / bw for i in self.grads}
@@ -246,8 +247,8 @@ class Gossip(Scheme):
             # layer with parameters after its averaged update of the last iteration.
             if self.shuffle_bytes:
                 if it > 0:
-                    yield from self._wait_for(r, it - 1, self.SHUFFLE, gpu)
-                self._send(r, it, self.SHUFFLE)
+                    yield from self._wait_for(r, it - 1, self.shuffle_slot, gpu)
+                self._send(r, it, self.shuffle_slot)
             for layer, run in self.ops.forward_runs(it, has_grad):
                 if layer >= 0 and it > 0:
                     if self.p > 1:
@@ -273,7 +274,7 @@ class Gossip(Scheme):
                                layer, -1)
         return op
 
-    def _wait_for(self, r: int, it: int, slot: int, gpu: Any) -> Any:
+    def _wait_for(self, r: int, it: int, slot: int, gpu: Gpu) -> Any:
         """Wait (a SimPy sub-process) until what rank ``r`` needs from iteration ``it``'s
         exchange in ``slot`` has arrived, or until the GPU is free anyway."""
         env = self.ctx.env
@@ -289,7 +290,7 @@ class Gossip(Scheme):
     def _send(self, r: int, it: int, slot: int) -> None:
         ctx = self.ctx
         dst = self.partners_of(it)[0][r]
-        if slot == self.SHUFFLE:
+        if slot == self.shuffle_slot:
             nbytes, tag = self.shuffle_bytes, "shuffle"
         else:
             layer = self.grads[slot]
@@ -320,7 +321,7 @@ class Gossip(Scheme):
                 ev.succeed()
             else:
                 env.timeout(t - env.now).callbacks.append(lambda _e: ev.succeed())
-        if slot != self.SHUFFLE:
+        if slot != self.shuffle_slot:
             self.left[(r, it)] -= 1
             self._maybe_done(r, it)
 
@@ -329,7 +330,7 @@ class Gossip(Scheme):
         if bwd is None or self.left[(r, it)] > 0:
             return
         arr = self.arrival.get((r, it))
-        end = max([bwd] + (arr[:self.SHUFFLE] if arr else []))
+        end = max([bwd] + (arr[:self.shuffle_slot] if arr else []))
         ctx = self.ctx
         ctx.iteration_end[it][r] = end
         if it == ctx.iterations - 1 and end > ctx.env.now:
