@@ -97,6 +97,54 @@ class Gpu:
                 layer: int = -1, microbatch: int = -1) -> Done:
         """Queue ``duration`` seconds of work on the compute stream; the returned
         :class:`Done` event fires when it is done (a SimPy process yields it)."""
+        ev = Done()
+        self._schedule(ev, 1, self._queue(duration, kind, name, iteration, layer, microbatch)
+                       - self.env._now)
+        return ev
+
+    def compute_seq(self, ops: list[tuple[float, str, str, int, int, int]]) -> Done:
+        """Queue several ops back to back, each ``(duration, kind, name, iteration, layer,
+        microbatch)``; the returned :class:`Done` fires when the last is done.
+
+        Each op is logged and counted as if issued alone by :meth:`compute` the moment
+        the previous one ended, so times and spans are the same, but the whole run costs
+        one event. Only valid when nothing else is queued on this GPU meanwhile, which
+        holds for a worker that owns its GPU's stream."""
+        ev = Done()
+        self._schedule(ev, 1, self.enqueue(ops) - self.env._now)
+        return ev
+
+    def enqueue(self, ops: list[tuple[float, str, str, int, int, int]]) -> float:
+        """Queue ops like :meth:`compute_seq` but without an event, for work nobody has to
+        wait for; returns when the last one ends (seconds)."""
+        now = self.env._now
+        end = self.busy_until
+        if end < now:
+            end = now
+        busy = self._busy
+        log = self._log
+        if log is None:
+            for op in ops:
+                end += op[0]
+                busy += op[0]
+        else:
+            name = self.name
+            for duration, kind, label, iteration, layer, microbatch in ops:
+                begin = end
+                end += duration
+                busy += duration
+                log((name, kind, label, begin, end, iteration, layer, microbatch))
+        if ops:
+            # One contiguous busy stretch: a single entry serves busy_between.
+            self.busy_until = end
+            self._busy = busy
+            self._cum.append(busy)
+            self._ends.append(end)
+        return end
+
+    def _queue(self, duration: float, kind: str, name: str, iteration: int, layer: int,
+               microbatch: int) -> float:
+        """Put one op on the stream and log it; returns when it ends."""
         now = self.env._now
         start = self.busy_until
         if start < now:
@@ -108,9 +156,7 @@ class Gpu:
         self._ends.append(end)
         if self._log is not None:
             self._log((self.name, kind, name, start, end, iteration, layer, microbatch))
-        ev = Done()
-        self._schedule(ev, 1, end - now)
-        return ev
+        return end
 
     def busy_before(self, t: float) -> float:
         """Seconds of compute done before time ``t``."""
@@ -144,12 +190,19 @@ class JitteryGpu(Gpu):
         self._factors: list[float] = []
         self._next = 0
 
-    def compute(self, duration: float, kind: str, name: str = "", iteration: int = -1,
-                layer: int = -1, microbatch: int = -1) -> Done:
+    def _factor(self) -> float:
         if self._next >= len(self._factors):
             s = self._sigma
             self._factors = self._rng.lognormal(-0.5 * s * s, s, 4096).tolist()
             self._next = 0
         factor = self._factors[self._next]
         self._next += 1
-        return super().compute(duration * factor, kind, name, iteration, layer, microbatch)
+        return factor
+
+    def _queue(self, duration: float, kind: str, name: str, iteration: int, layer: int,
+               microbatch: int) -> float:
+        return super()._queue(duration * self._factor(), kind, name, iteration, layer,
+                              microbatch)
+
+    def enqueue(self, ops: list[tuple[float, str, str, int, int, int]]) -> float:
+        return super().enqueue([(d * self._factor(), *rest) for d, *rest in ops])

@@ -10,13 +10,17 @@ built with ``priority=True``; a chunk on the wire is never pre-empted.
 
 For FIFO links the departure of a chunk is known the moment it arrives
 (``max(now, link_free_at) + service``), so each chunk costs one simulation event per hop;
-a one-hop message costs one event in all. Priority links keep a heap and cost two events
-per chunk and hop.
+a one-hop message costs one event in all. Priority links keep a heap and decide what goes
+next lazily (see ``DetailedNetwork._enqueue``), also at one event per chunk and hop.
 
 **Analytic** (:class:`AnalyticNetwork`): a message is one event. It waits until every
 link on its route is free, then holds all of them for ``bytes / bottleneck_bandwidth`` and
 arrives after the route's total latency: contention-free transfers take exactly
-``sum(latency) + bytes / min(bandwidth)``, and messages sharing a link are serialised.
+``sum(latency) + bytes / min(bandwidth)``, and messages sharing a link are serialised in
+the order they were sent. Priority links (P3) cannot be had this way without searching
+the waiting messages at every release, which costs more than the per-link queues save, so
+the analytic fidelity with ``priority=True`` queues whole messages (one chunk each) per
+link direction, as the detailed model does with an unbounded chunk size.
 
 Both keep per-link counters (bytes sent, bytes received) and a record of every message,
 from which the metrics are computed. A link direction's busy time is its bytes sent over
@@ -37,6 +41,9 @@ from simcore.topology import Link, Topology
 DEFAULT_CHUNK_BYTES = 1 << 20
 """Default chunk size of the detailed model (1 MiB)."""
 
+WHOLE_MESSAGE = 1 << 62
+"""A chunk size no message reaches: messages move whole."""
+
 _NORMAL = 1
 """SimPy's priority for ordinary events (``simpy.core.NORMAL``)."""
 
@@ -54,7 +61,7 @@ class LinkState:
         self.free_at = 0.0
         self.sent_bytes = 0
         self.recv_bytes = 0
-        self.queue: list[tuple[float, int, Message, int, int]] = []
+        self.queue: list[tuple[float, int, float, Message, int, int]] = []
         self.busy = False
         self.seq = 0
 
@@ -191,7 +198,6 @@ class DetailedNetwork(Network):
         self.priority = priority
         self._schedule = env.schedule
         self._on_fifo_arrival = self._arrive_fifo
-        self._on_served = self._served
         self._on_prio_arrival = self._arrive_prio
 
     def _inject(self, msg: Message) -> None:
@@ -258,40 +264,65 @@ class DetailedNetwork(Network):
                        end + st.latency - now)
 
     # ---- priority queues -------------------------------------------------------------
+    # A chunk that finds its link idle (free, nobody queued) is served at once. Otherwise
+    # it queues with its arrival time, and the choice of what the link serves next at
+    # ``free_at`` is made lazily by the arrival event of the chunk that was on the wire
+    # (``free_at + latency``): among the chunks that had queued by ``free_at``, the best
+    # (lowest priority number, then first come) goes. Later chunks cannot jump into a
+    # service that had started before they came, and every chunk and hop costs exactly
+    # one event.
     def _enqueue(self, msg: Message, hop: int, size: int) -> None:
         st = msg.hops[hop]
-        if not st.busy:
-            self._serve(st, msg, hop, size)
-        else:
-            st.seq += 1
-            heapq.heappush(st.queue, (msg.priority, st.seq, msg, hop, size))
+        now = self.env._now
+        if st.free_at <= now and not st.queue:
+            self._serve(st, msg, hop, size, now)
+            return
+        st.seq += 1
+        heapq.heappush(st.queue, (msg.priority, st.seq, now, msg, hop, size))
 
-    def _serve(self, st: LinkState, msg: Message, hop: int, size: int) -> None:
-        st.busy = True
+    def _serve(self, st: LinkState, msg: Message, hop: int, size: int, start: float) -> None:
         if msg.start_s < 0:
-            msg.start_s = self.env._now
+            msg.start_s = start
         st.sent_bytes += size
-        ev = Timeout(self.env, size * st.service, (st, msg, hop, size))
-        ev.callbacks.append(self._on_served)
+        end = start + size * st.service
+        st.free_at = end
+        self._schedule(_ChunkArrival(self._on_prio_arrival, msg, hop + 1, size), _NORMAL,
+                       end + st.latency - self.env._now)
 
-    def _served(self, ev: Any) -> None:
-        st, msg, hop, size = ev._value
-        st.busy = False
-        if st.queue:
-            _, _, m2, h2, s2 = heapq.heappop(st.queue)
-            self._serve(st, m2, h2, s2)
-        arr = Timeout(self.env, st.latency, (st, msg, hop, size))
-        arr.callbacks.append(self._on_prio_arrival)
+    def _advance(self, st: LinkState, now: float) -> None:
+        """Start, on free link ``st``, every service that begins by ``now``: each one takes
+        the best chunk that had queued by its start (the link idles until the next chunk
+        came if none had)."""
+        queue = st.queue
+        while queue and st.free_at <= now:
+            start = st.free_at
+            later = []
+            while queue and queue[0][2] > start:
+                later.append(heapq.heappop(queue))
+            if queue:
+                _, _, _, msg, hop, size = heapq.heappop(queue)
+            else:  # the link went idle until the first of the later chunks came
+                first = min(later, key=lambda e: (e[2], e[1]))
+                later.remove(first)
+                _, _, start, msg, hop, size = first
+            for entry in later:
+                heapq.heappush(queue, entry)
+            self._serve(st, msg, hop, size, start)
 
-    def _arrive_prio(self, ev: Any) -> None:
-        st, msg, hop, size = ev._value
-        st.recv_bytes += size
-        if hop + 1 == len(msg.hops):
+    def _arrive_prio(self, ev: _ChunkArrival) -> None:
+        msg = ev.msg
+        hop = ev.hop
+        prev = msg.hops[hop - 1]
+        prev.recv_bytes += ev.size
+        now = self.env._now
+        if prev.queue and prev.free_at <= now:
+            self._advance(prev, now)
+        if hop == len(msg.hops):
             msg.chunks_left -= 1
             if msg.chunks_left == 0:
                 self._complete(msg)
             return
-        self._enqueue(msg, hop + 1, size)
+        self._enqueue(msg, hop, ev.size)
 
 
 class AnalyticNetwork(Network):
@@ -299,17 +330,48 @@ class AnalyticNetwork(Network):
 
     fidelity = "analytic"
 
+    def post(self, src: int, dst: int, nbytes: int, tag: str = "", rank_src: int = -1,
+             rank_dst: int = -1, iteration: int = -1, payload: Any = None) -> Message:
+        """Send like :meth:`send`, without an arrival callback and without an event: a
+        message's arrival is known when it is sent (routes are reserved in the order
+        messages are sent), so it is returned in ``msg.end_s`` and its bytes are counted
+        as received at once. A scheme that can react to an arrival time instead of an
+        arrival event saves one event per message."""
+        msg = Message(self._next_id, src, dst, nbytes, self.hops(src, dst), None, 0.0, tag,
+                      rank_src, rank_dst, iteration, payload)
+        self._next_id += 1
+        self._record(msg)
+        msg.end_s = self._reserve(msg, self.env._now)
+        if nbytes > 0:
+            for st in msg.hops:
+                st.recv_bytes += nbytes
+        return msg
+
+    def _reserve(self, msg: Message, start: float) -> float:
+        """Hold ``msg``'s whole route from ``start`` (at least when every link is free)
+        for bytes / bottleneck bandwidth; returns its arrival time."""
+        hops = msg.hops
+        if not hops or msg.nbytes <= 0:
+            msg.start_s = start
+            return start
+        service = latency = 0.0
+        for st in hops:
+            if st.free_at > start:
+                start = st.free_at
+            if st.service > service:
+                service = st.service
+            latency += st.latency
+        nbytes = msg.nbytes
+        end = start + nbytes * service
+        for st in hops:
+            st.free_at = end
+            st.sent_bytes += nbytes
+        msg.start_s = start
+        return end + latency
+
     def _inject(self, msg: Message) -> None:
         now = self.env._now
-        hops = msg.hops
-        start = max([now] + [st.free_at for st in hops])
-        hold = msg.nbytes * max(st.service for st in hops)
-        for st in hops:
-            st.free_at = start + hold
-            st.sent_bytes += msg.nbytes
-        msg.start_s = start
-        latency = sum(st.latency for st in hops)
-        ev = Timeout(self.env, start + hold + latency - now, msg)
+        ev = Timeout(self.env, self._reserve(msg, now) - now, msg)
         ev.callbacks.append(self._arrive)
 
     def _arrive(self, ev: Any) -> None:
@@ -321,9 +383,13 @@ class AnalyticNetwork(Network):
 
 def make_network(env: Environment, topology: Topology, fidelity: str, chunk_bytes: int,
                  priority: bool = False) -> Network:
-    """The network model for ``fidelity`` (``detailed`` or ``analytic``)."""
+    """The network model for ``fidelity`` (``detailed`` or ``analytic``), with priority
+    link queues if ``priority``."""
     if fidelity == "detailed":
         return DetailedNetwork(env, topology, chunk_bytes=chunk_bytes, priority=priority)
     if fidelity == "analytic":
+        if priority:
+            # Whole messages in per-link priority queues (see module docs).
+            return DetailedNetwork(env, topology, chunk_bytes=WHOLE_MESSAGE, priority=True)
         return AnalyticNetwork(env, topology)
     raise ValueError(f"unknown fidelity {fidelity!r}; choose detailed or analytic")

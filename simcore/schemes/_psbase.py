@@ -28,7 +28,7 @@ from simpy import Event
 
 from simcore.config import ConfigError, SimConfig, option
 from simcore.network import Message
-from simcore.records import BACKWARD, FORWARD
+from simcore.schemes._ops import LayerOps
 from simcore.schemes.base import Scheme
 from simcore.topology import Topology
 
@@ -116,9 +116,7 @@ class ParameterServerScheme(Scheme):
             self.layer_shards.setdefault(sh.layer, []).append(k)
         self.p = ctx.num_ranks
         n_it = ctx.iterations
-        run = [i for i, layer in enumerate(trace.layers) if layer.kind != "input"]
-        self.fwd = [(trace.layers[i].forward_s, trace.layers[i].name, i) for i in run]
-        self.bwd = [(trace.layers[i].backward_s, trace.layers[i].name, i) for i in reversed(run)]
+        self.ops = LayerOps(trace)
         # Per worker: the last iteration whose values have come back, per layer.
         self.avail = [dict.fromkeys(self.layer_shards, -1) for _ in range(self.p)]
         self.left: dict[tuple[int, int, int], int] = {}      # (rank, it, layer) -> shards
@@ -144,18 +142,21 @@ class ParameterServerScheme(Scheme):
         mem = gpu.memory
         act = ctx.trace.activation_bytes
         avail = self.avail[r]
+        has_shards = self.layer_shards.__contains__
         for it in range(ctx.iterations):
-            for dur, name, i in self.fwd:
-                if i in avail and avail[i] < it - 1:
+            # Forward: a layer with parameters waits for its values of the last iteration.
+            for layer, run in self.ops.forward_runs(it, has_shards):
+                if layer >= 0 and avail[layer] < it - 1:
                     ev = ctx.env.event()
-                    self.waiting[(r, i)] = (it - 1, ev)
+                    self.waiting[(r, layer)] = (it - 1, ev)
                     yield ev
-                yield gpu.compute(dur, FORWARD, name, it, i)
+                gpu.enqueue(run)
             mem.alloc("activations", act)
-            for dur, name, i in self.bwd:
-                yield gpu.compute(dur, BACKWARD, name, it, i)
-                if i in self.layer_shards:
-                    self._push(r, it, i)
+            # Backward: each layer's gradient is pushed as soon as it is computed.
+            for layer, run in self.ops.backward_runs(it, has_shards):
+                yield gpu.compute_seq(run)
+                if layer >= 0:
+                    self._push(r, it, layer)
             mem.free("activations", act)
             self.bwd_done[r][it] = True
             self._maybe_done(r, it)
@@ -191,36 +192,57 @@ class ParameterServerScheme(Scheme):
             self.ctx.mark_iteration(r, it)
 
     # ---- server ----------------------------------------------------------------------
-    def _server_work(self, s: int, seconds: float, kind: str, it: int, then: Any,
-                     arg: Any) -> None:
-        env = self.ctx.env
-        now = env.now
-        start = max(now, self.server_busy[s])
+    def _server_time(self, s: int, seconds: float, kind: str, it: int) -> float:
+        """Queue ``seconds`` of work on server ``s``'s stream; returns when it ends."""
+        start = max(self.ctx.env.now, self.server_busy[s])
         end = start + seconds
         self.server_busy[s] = end
         self.ctx.compute_log.append((self.server_name[s], kind, kind, start, end, it, -1, -1))
-        ev = env.timeout(end - now, arg)
+        return end
+
+    def _server_work(self, s: int, seconds: float, kind: str, it: int, then: Any,
+                     arg: Any) -> None:
+        env = self.ctx.env
+        ev = env.timeout(self._server_time(s, seconds, kind, it) - env.now, arg)
         ev.callbacks.append(then)
 
     def _push_arrived(self, msg: Message) -> None:
         k, r, it = msg.payload
         sh = self.shards[k]
-        self._server_work(sh.server, sh.nbytes / self.options.server_bandwidth, "aggregate",
-                          it, self._added, (k, r, it))
+        secs = sh.nbytes / self.options.server_bandwidth
+        if self.fused:
+            # Nothing answers a single push: only the last worker's push of a shard,
+            # added last on the server's in-order stream, needs an event.
+            key = (k, it)
+            n = self.added.get(key, 0) + 1
+            if n < self.p:
+                self.added[key] = n
+                self._server_time(sh.server, secs, "aggregate", it)
+                return
+            self.added.pop(key, None)
+            self._server_work(sh.server, secs, "aggregate", it, self._all_added, (k, it))
+            return
+        self._server_work(sh.server, secs, "aggregate", it, self._added, (k, r, it))
 
     def _added(self, ev: Any) -> None:
         k, r, it = ev._value
         sh = self.shards[k]
-        if not self.fused:
-            self.ctx.net.send(self.server_dev[sh.server], self.ctx.topology.gpus[r],
-                              self.control_bytes, self._acked, priority=sh.priority,
-                              tag="ack", rank_dst=r, iteration=it, payload=(k, r, it))
+        self.ctx.net.send(self.server_dev[sh.server], self.ctx.topology.gpus[r],
+                          self.control_bytes, self._acked, priority=sh.priority,
+                          tag="ack", rank_dst=r, iteration=it, payload=(k, r, it))
         key = (k, it)
         self.added[key] = self.added.get(key, 0) + 1
         if self.added[key] == self.p:
             del self.added[key]
-            secs = self.update_passes * sh.nbytes / self.options.server_bandwidth
-            self._server_work(sh.server, secs, "update", it, self._updated, (k, it))
+            self._update(k, it)
+
+    def _all_added(self, ev: Any) -> None:
+        self._update(*ev._value)
+
+    def _update(self, k: int, it: int) -> None:
+        sh = self.shards[k]
+        secs = self.update_passes * sh.nbytes / self.options.server_bandwidth
+        self._server_work(sh.server, secs, "update", it, self._updated, (k, it))
 
     def _updated(self, ev: Any) -> None:
         k, it = ev._value

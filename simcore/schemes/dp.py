@@ -21,7 +21,8 @@ from simpy import Event
 
 from simcore.collectives import ALLREDUCE_ALGORITHMS
 from simcore.config import option
-from simcore.records import BACKWARD, FORWARD, UPDATE
+from simcore.records import UPDATE
+from simcore.schemes._ops import LayerOps
 from simcore.schemes.base import Scheme
 from traces.model import Trace
 
@@ -74,14 +75,12 @@ class DataParallel(Scheme):
         opts: DPOptions = self.options
         self.buckets = ddp_buckets(trace, opts.bucket_bytes, opts.first_bucket_bytes)
         self.bucket_bytes = [sum(trace.layers[i].param_bytes for i in b) for b in self.buckets]
-        last_of_bucket = {min(b): k for k, b in enumerate(self.buckets)}
-        run = [i for i, layer in enumerate(trace.layers) if layer.kind != "input"]
-        self.fwd = [(trace.layers[i].forward_s, trace.layers[i].name, i) for i in run]
-        self.bwd = [(trace.layers[i].backward_s, trace.layers[i].name, i,
-                     last_of_bucket.get(i, -1) if opts.overlap else -1) for i in reversed(run)]
+        last_of_bucket = {min(b): k for k, b in enumerate(self.buckets)} if opts.overlap else {}
+        self.ops = LayerOps(trace)
+        self.bucket_after = last_of_bucket.get
         # Buckets whose last gradient comes from a layer that does not run (or all, when
         # not overlapping) become ready when backward ends.
-        ran = set(run)
+        ran = {i for _d, _n, i in self.ops.fwd}
         self.at_end = [k for k, b in enumerate(self.buckets)
                        if not opts.overlap or min(b) not in ran]
         p = ctx.num_ranks
@@ -109,16 +108,22 @@ class DataParallel(Scheme):
         gpu = ctx.gpus[rank]
         mem = gpu.memory
         activations = ctx.trace.activation_bytes
-        compute = gpu.compute
-        fwd_kind, bwd_kind = FORWARD, BACKWARD
+        ops = self.ops
+        no_wait = self._no_wait
+        ends_bucket = self._ends_bucket
         for it in range(ctx.iterations):
-            for dur, name, i in self.fwd:
-                yield compute(dur, fwd_kind, name, it, i)
+            # Forward, then backward in runs that end where a bucket fills up; nothing
+            # waits in between, so all of it is queued now.
+            for _layer, run in ops.forward_runs(it, no_wait):
+                gpu.enqueue(run)
             mem.alloc("activations", activations)
-            for dur, name, i, b in self.bwd:
-                yield compute(dur, bwd_kind, name, it, i)
-                if b >= 0:
-                    self._bucket_ready(it, b)
+            done = None
+            for layer, run in ops.backward_runs(it, ends_bucket):
+                done = gpu.compute_seq(run)
+                if layer >= 0:
+                    done.callbacks.append(self._ready_callback(it, self.bucket_after(layer)))
+            if done is not None:
+                yield done
             mem.free("activations", activations)
             for b in self.at_end:
                 self._bucket_ready(it, b)
@@ -127,6 +132,16 @@ class DataParallel(Scheme):
             yield self.reduced[it]
             yield gpu.compute(self.update_s, UPDATE, "optimizer step", it)
             ctx.mark_iteration(rank, it)
+
+    @staticmethod
+    def _no_wait(_layer: int) -> bool:
+        return False
+
+    def _ends_bucket(self, layer: int) -> bool:
+        return self.bucket_after(layer) is not None
+
+    def _ready_callback(self, it: int, b: int) -> Any:
+        return lambda _ev: self._bucket_ready(it, b)
 
     def _bucket_ready(self, it: int, b: int) -> None:
         cnt = self.ready[it]

@@ -1,0 +1,343 @@
+"""``gossip``: GossipGraD (Daily et al., "GossipGraD: Scalable Deep Learning using Gossip
+Communication based Asynchronous Gradient Descent", 2018).
+
+Every iteration each worker exchanges its gradients with one partner instead of
+all-reducing them, so a worker sends one model's worth of bytes per iteration whatever
+the number of workers ``p`` (a power of two).
+
+**Partners.** Iteration ``t`` is step ``h = t mod log2(p)`` of cycle ``c = t div
+log2(p)`` and uses distance ``d = 2**h`` on *virtual* ranks ``v = pi_c(r)``:
+
+* ``hypercube``: exchange with ``v XOR d`` (send to and receive from the same partner);
+* ``dissemination``: send to ``(v - d) mod p``, receive from ``(v + d) mod p``.
+
+After every cycle the virtual ranks rotate (``rotation``):
+
+* ``singer`` (default): ``pi_c(r) = r * x**c`` in the field GF(2**log2 p) (ranks read as
+  polynomials over GF(2)); one step is a shift of the rank's bits with feedback, a
+  rotation of the ``p - 1`` non-zero ranks through a single cycle (a Singer cycle). A
+  hypercube step then pairs ranks whose XOR is ``x**(h - c)``, so over ``p - log2(p)``
+  cycles every pair has exchanged directly; the dissemination schedule was checked to do
+  so within ``p - 1`` cycles for ``p`` up to 1024.
+* ``shift``: ``pi_c(r) = (r - c) mod p``, what the reference code does (matex-org's Caffe,
+  one MPI communicator per rotation). Partners then always differ by ``+-2**h (mod p)``:
+  for ``p >= 8`` some pairs (e.g. ranks 0 and 3) never meet directly, contrary to the
+  rotation's stated purpose; it only changes which of those pairs meet when.
+* ``none``: no rotation.
+
+**Timing.** Each layer's gradient is sent to the partner as soon as backward produces it,
+asynchronously with compute; nothing waits for the whole model. The partner's gradient of
+a layer is averaged into the local one and the layer updated just before the layer's next
+forward, which waits for it if it has not arrived (an op of ``3 + optimizer passes``
+weight-sized memory passes). With ``shuffle``, each worker also sends its input batch to
+its partner while it runs forward (GossipGraD's asynchronous sample shuffle); the batch
+received is the one the next iteration's forward waits for. An iteration of a worker ends
+when its backward is done and all of its partner's gradients are in.
+
+No barrier couples the workers: a worker only ever waits for its partner of the previous
+iteration, so a slow worker delays its partners and only them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from simpy import Event
+
+from simcore.config import OPTIMIZERS, ConfigError, SimConfig, option
+from simcore.device import Gpu
+from simcore.network import AnalyticNetwork, Message
+from simcore.records import UPDATE
+from simcore.schemes._ops import LayerOps
+from simcore.schemes.base import Scheme
+from simcore.topology import Topology
+
+SCHEDULES = ("hypercube", "dissemination")
+"""Partner schedules (see module docs)."""
+
+ROTATIONS = ("singer", "shift", "none")
+"""Rotations of the virtual ranks after each cycle (see module docs)."""
+
+AVERAGE_PASSES = 3
+"""Weight-sized memory passes to average a partner's gradient in: read both, write one."""
+
+
+@dataclass(frozen=True)
+class GossipOptions:
+    """Options of ``gossip``."""
+
+    schedule: str = option("hypercube", "partner schedule: exchange with rank XOR 2^h, or send "
+                                        "to r-2^h and receive from r+2^h", choices=SCHEDULES)
+    rotation: str = option("singer", "how virtual ranks rotate after each cycle of log2(p) "
+                                     "steps (shift: the reference code's)", choices=ROTATIONS)
+    shuffle: bool = option(True, "send the input batch to the partner during forward "
+                                 "(GossipGraD's asynchronous sample shuffle)")
+
+
+# ---- partner schedules -----------------------------------------------------------------
+
+def is_power_of_two(n: int) -> bool:
+    """Whether ``n`` is 1, 2, 4, 8, ..."""
+    return n >= 1 and n & (n - 1) == 0
+
+
+def _gf2_mulmod(a: int, b: int, poly: int, bits: int) -> int:
+    """``a * b`` modulo ``poly`` for polynomials over GF(2) held as bit masks."""
+    out = 0
+    while b:
+        if b & 1:
+            out ^= a
+        b >>= 1
+        a <<= 1
+        if a >> bits:
+            a ^= poly
+    return out
+
+
+def _gf2_xpow(e: int, poly: int, bits: int) -> int:
+    """``x**e`` modulo ``poly`` over GF(2)."""
+    out, base = 1, 2 if bits > 1 else 1
+    while e:
+        if e & 1:
+            out = _gf2_mulmod(out, base, poly, bits)
+        base = _gf2_mulmod(base, base, poly, bits)
+        e >>= 1
+    return out
+
+
+def _prime_factors(n: int) -> list[int]:
+    out, q = [], 2
+    while q * q <= n:
+        if n % q == 0:
+            out.append(q)
+            while n % q == 0:
+                n //= q
+        q += 1
+    if n > 1:
+        out.append(n)
+    return out
+
+
+@cache
+def primitive_polynomial(bits: int) -> int:
+    """The smallest primitive polynomial of degree ``bits`` over GF(2), as a bit mask
+    (bit ``bits`` set): ``x`` has order ``2**bits - 1`` modulo it."""
+    if bits < 1:
+        raise ValueError(f"bits must be at least 1, got {bits}")
+    if bits == 1:
+        return 0b11
+    order = (1 << bits) - 1
+    factors = _prime_factors(order)
+    for poly in range((1 << bits) | 1, 1 << (bits + 1), 2):
+        if _gf2_xpow(order, poly, bits) == 1 and all(
+                _gf2_xpow(order // q, poly, bits) != 1 for q in factors):
+            return poly
+    raise ValueError(f"no primitive polynomial of degree {bits}")  # cannot happen
+
+
+def virtual_ranks(p: int, cycle: int, rotation: str = "singer") -> list[int]:
+    """``pi_c``: the virtual rank of every rank ``0..p-1`` in cycle ``cycle``."""
+    if rotation == "none" or p == 1:
+        return list(range(p))
+    if rotation == "shift":
+        return [(r - cycle) % p for r in range(p)]
+    if rotation != "singer":
+        raise ValueError(f"unknown rotation {rotation!r}; choose one of {', '.join(ROTATIONS)}")
+    bits = p.bit_length() - 1
+    poly = primitive_polynomial(bits)
+    factor = _gf2_xpow(cycle % (p - 1), poly, bits)
+    return [_gf2_mulmod(r, factor, poly, bits) for r in range(p)]
+
+
+def partners(p: int, step: int, schedule: str = "hypercube",
+             rotation: str = "singer") -> tuple[list[int], list[int]]:
+    """``(send_to, recv_from)``: for every rank, whom it sends to and receives from in
+    iteration ``step`` (``p`` a power of two; one worker has no partner: itself)."""
+    if not is_power_of_two(p):
+        raise ValueError(f"gossip needs a power-of-two number of ranks, got {p}")
+    if p == 1:
+        return [0], [0]
+    bits = p.bit_length() - 1
+    d = 1 << (step % bits)
+    pi = virtual_ranks(p, step // bits, rotation)
+    inv = [0] * p
+    for r, v in enumerate(pi):
+        inv[v] = r
+    if schedule == "hypercube":
+        mate = [inv[v ^ d] for v in pi]
+        return mate, mate
+    if schedule == "dissemination":
+        return [inv[(v - d) % p] for v in pi], [inv[(v + d) % p] for v in pi]
+    raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+
+
+# ---- the scheme --------------------------------------------------------------------------
+
+class Gossip(Scheme):
+    """GossipGraD (see module docs)."""
+
+    name = "gossip"
+    summary = ("GossipGraD: per-layer gradient exchange with one rotating partner per "
+               "iteration (hypercube or dissemination), asynchronous")
+    Options = GossipOptions
+
+    @classmethod
+    def check(cls, config: SimConfig, options: Any, topology: Topology) -> None:
+        p = topology.num_gpus
+        if not is_power_of_two(p):
+            lower = 1 << (p.bit_length() - 1)
+            raise ConfigError("gpus", p, f"gossip pairs workers on a hypercube and needs a "
+                                         f"power of two, e.g. {lower} or {2 * lower}")
+
+    def start(self) -> None:
+        ctx = self.ctx
+        trace = ctx.trace
+        opts: GossipOptions = self.options
+        self.p = p = ctx.num_ranks
+        self.ops = LayerOps(trace)
+        self.grads = [i for _d, _n, i in self.ops.fwd if trace.layers[i].param_bytes > 0]
+        self.slot = {layer: k for k, layer in enumerate(self.grads)}
+        self.shuffle_bytes = (sum(layer.activation_bytes for layer in trace.layers
+                                  if layer.kind == "input") if opts.shuffle and p > 1 else 0)
+        self.shuffle_slot = len(self.grads)   # the slot of the shuffled batch
+        passes = OPTIMIZERS[ctx.config.optimizer][1] + (AVERAGE_PASSES if p > 1 else 0)
+        bw = ctx.topology.gpu_spec.memory_bandwidth_bytes_per_s
+        self.update_s = {i: passes * trace.layers[i].param_bytes / bw for i in self.grads}
+        self._updates: dict[int, dict[int, tuple[Any, ...]]] = {}
+        self._partners: dict[int, tuple[list[int], list[int]]] = {}
+        net = ctx.net
+        self.post = net.post if isinstance(net, AnalyticNetwork) else None
+        # Arrival time of each slot per (rank, iteration), -1 until known; what is left;
+        # who waits for which slot; when backward ended.
+        self.arrival: dict[tuple[int, int], list[float]] = {}
+        expected = len(self.grads) if p > 1 else 0
+        self.left = {(r, it): expected for r in range(p) for it in range(ctx.iterations)}
+        self.waiting: dict[tuple[int, int, int], Event] = {}
+        self.bwd_end: dict[tuple[int, int], float] = {}
+        pb = trace.param_bytes
+        for r in range(p):
+            mem = ctx.gpus[r].memory
+            mem.alloc("weights", pb)
+            mem.alloc("gradients", pb)
+            mem.alloc("optimizer", ctx.optimizer_state_bytes(pb))
+            if p > 1:
+                mem.alloc("buffers", pb + self.shuffle_bytes)  # partner's gradient, batch
+            ctx.env.process(self._worker(r))
+
+    def partners_of(self, it: int) -> tuple[list[int], list[int]]:
+        """``(send_to, recv_from)`` of every rank in iteration ``it`` (cached)."""
+        hit = self._partners.get(it)
+        if hit is None:
+            opts: GossipOptions = self.options
+            hit = self._partners[it] = partners(self.p, it, opts.schedule, opts.rotation)
+        return hit
+
+    # ---- worker --------------------------------------------------------------------------
+    def _worker(self, r: int) -> Any:
+        ctx = self.ctx
+        env = ctx.env
+        gpu = ctx.gpus[r]
+        mem = gpu.memory
+        act = ctx.trace.activation_bytes
+        has_grad = self.slot.__contains__
+        for it in range(ctx.iterations):
+            # Forward: the batch shuffled in last iteration, then layer by layer, each
+            # layer with parameters after its averaged update of the last iteration.
+            if self.shuffle_bytes:
+                if it > 0:
+                    yield from self._wait_for(r, it - 1, self.shuffle_slot, gpu)
+                self._send(r, it, self.shuffle_slot)
+            for layer, run in self.ops.forward_runs(it, has_grad):
+                if layer >= 0 and it > 0:
+                    if self.p > 1:
+                        yield from self._wait_for(r, it - 1, self.slot[layer], gpu)
+                    gpu.enqueue([self._update_op(layer, it)])
+                gpu.enqueue(run)
+            mem.alloc("activations", act)
+            # Backward: every layer's gradient goes to the partner as soon as it exists.
+            for layer, run in self.ops.backward_runs(it, has_grad):
+                yield gpu.compute_seq(run)
+                if layer >= 0 and self.p > 1:
+                    self._send(r, it, self.slot[layer])
+            mem.free("activations", act)
+            self.bwd_end[(r, it)] = env.now
+            self._maybe_done(r, it)
+
+    def _update_op(self, layer: int, it: int) -> tuple[Any, ...]:
+        ops = self._updates.setdefault(it, {})
+        op = ops.get(layer)
+        if op is None:
+            op = ops[layer] = (self.update_s[layer], UPDATE,
+                               f"average+update {self.ctx.trace.layers[layer].name}", it,
+                               layer, -1)
+        return op
+
+    def _wait_for(self, r: int, it: int, slot: int, gpu: Gpu) -> Any:
+        """Wait (a SimPy sub-process) until what rank ``r`` needs from iteration ``it``'s
+        exchange in ``slot`` has arrived, or until the GPU is free anyway."""
+        env = self.ctx.env
+        arr = self.arrival.get((r, it))
+        t = arr[slot] if arr is not None else -1.0
+        if t < 0:
+            ev = self.waiting[(r, it, slot)] = env.event()
+            yield ev
+        elif t > env.now and t > gpu.busy_until:
+            yield env.timeout(t - env.now)
+
+    # ---- exchange -----------------------------------------------------------------------
+    def _send(self, r: int, it: int, slot: int) -> None:
+        ctx = self.ctx
+        dst = self.partners_of(it)[0][r]
+        if slot == self.shuffle_slot:
+            nbytes, tag = self.shuffle_bytes, "shuffle"
+        else:
+            layer = self.grads[slot]
+            nbytes, tag = ctx.trace.layers[layer].param_bytes, f"gossip L{layer}"
+        src_dev, dst_dev = ctx.topology.gpus[r], ctx.topology.gpus[dst]
+        if self.post is not None:
+            msg = self.post(src_dev, dst_dev, nbytes, tag, r, dst, it)
+            self._deliver(dst, it, slot, msg.end_s)
+        else:
+            ctx.net.send(src_dev, dst_dev, nbytes, self._arrived, tag=tag, rank_src=r,
+                         rank_dst=dst, iteration=it, payload=(dst, it, slot))
+
+    def _arrived(self, msg: Message) -> None:
+        dst, it, slot = msg.payload
+        self._deliver(dst, it, slot, self.ctx.env.now)
+
+    def _deliver(self, r: int, it: int, slot: int, t: float) -> None:
+        """Rank ``r``'s ``slot`` of iteration ``it`` arrives at time ``t`` (now or, when
+        the network knows it in advance, later)."""
+        env = self.ctx.env
+        arr = self.arrival.get((r, it))
+        if arr is None:
+            arr = self.arrival[(r, it)] = [-1.0] * (len(self.grads) + 1)
+        arr[slot] = t
+        ev = self.waiting.pop((r, it, slot), None)
+        if ev is not None:
+            if t <= env.now:
+                ev.succeed()
+            else:
+                env.timeout(t - env.now).callbacks.append(lambda _e: ev.succeed())
+        if slot != self.shuffle_slot:
+            self.left[(r, it)] -= 1
+            self._maybe_done(r, it)
+
+    def _maybe_done(self, r: int, it: int) -> None:
+        bwd = self.bwd_end.get((r, it))
+        if bwd is None or self.left[(r, it)] > 0:
+            return
+        arr = self.arrival.get((r, it))
+        end = max([bwd] + (arr[:self.shuffle_slot] if arr else []))
+        ctx = self.ctx
+        ctx.iteration_end[it][r] = end
+        if it == ctx.iterations - 1 and end > ctx.env.now:
+            ctx.env.timeout(end - ctx.env.now)  # let the clock reach the last arrival
+
+    def extra_metrics(self) -> dict[str, Any]:
+        per_iteration = (sum(self.ctx.trace.layers[i].param_bytes for i in self.grads)
+                         + self.shuffle_bytes if self.p > 1 else 0)
+        return {"schedule": self.options.schedule, "rotation": self.options.rotation,
+                "exchange_bytes": per_iteration}
