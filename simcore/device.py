@@ -11,7 +11,6 @@ simulated-time order, the finish time of each piece is known when it is issued
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from typing import Any
 
 from simpy import Environment
@@ -74,12 +73,11 @@ class Gpu:
         busy_until: when the compute stream becomes free.
         memory: the :class:`MemoryAccount`.
 
-    Besides the optional compute log (for span records), the GPU keeps the end time and
-    the cumulative busy seconds of every op, so :meth:`busy_between` answers for any
-    window in logarithmic time.
+    Besides the optional compute log (for span records), the GPU sums its busy seconds
+    per iteration label (:attr:`busy_by_iteration`), from which utilisation is computed.
     """
 
-    __slots__ = ("_busy", "_cum", "_ends", "_log", "_schedule", "busy_until", "device", "env",
+    __slots__ = ("_log", "_schedule", "busy_by_iteration", "busy_until", "device", "env",
                  "memory", "name", "rank")
 
     def __init__(self, env: Environment, rank: int, device: int, name: str,
@@ -89,9 +87,8 @@ class Gpu:
         self.memory = MemoryAccount()
         self._log = compute_log.append if compute_log is not None else None
         self._schedule = env.schedule
-        self._busy = 0.0
-        self._cum: list[float] = []
-        self._ends: list[float] = []
+        self.busy_by_iteration: dict[int, float] = {}
+        """Compute seconds queued so far, by the ops' iteration label."""
 
     def compute(self, duration: float, kind: str, name: str = "", iteration: int = -1,
                 layer: int = -1, microbatch: int = -1) -> Done:
@@ -121,25 +118,21 @@ class Gpu:
         end = self.busy_until
         if end < now:
             end = now
-        busy = self._busy
+        by_it = self.busy_by_iteration
         log = self._log
         if log is None:
-            for op in ops:
-                end += op[0]
-                busy += op[0]
+            for duration, _kind, _label, iteration, _layer, _mb in ops:
+                end += duration
+                by_it[iteration] = by_it.get(iteration, 0.0) + duration
         else:
             name = self.name
             for duration, kind, label, iteration, layer, microbatch in ops:
                 begin = end
                 end += duration
-                busy += duration
+                by_it[iteration] = by_it.get(iteration, 0.0) + duration
                 log((name, kind, label, begin, end, iteration, layer, microbatch))
         if ops:
-            # One contiguous busy stretch: a single entry serves busy_between.
             self.busy_until = end
-            self._busy = busy
-            self._cum.append(busy)
-            self._ends.append(end)
         return end
 
     def _queue(self, duration: float, kind: str, name: str, iteration: int, layer: int,
@@ -151,28 +144,16 @@ class Gpu:
             start = now
         end = start + duration
         self.busy_until = end
-        self._busy += duration
-        self._cum.append(self._busy)
-        self._ends.append(end)
+        by_it = self.busy_by_iteration
+        by_it[iteration] = by_it.get(iteration, 0.0) + duration
         if self._log is not None:
             self._log((self.name, kind, name, start, end, iteration, layer, microbatch))
         return end
 
-    def busy_before(self, t: float) -> float:
-        """Seconds of compute done before time ``t``."""
-        ends, cum = self._ends, self._cum
-        k = bisect_right(ends, t)
-        busy = cum[k - 1] if k else 0.0
-        if k < len(ends):
-            dur = cum[k] - busy
-            start = ends[k] - dur
-            if start < t:
-                busy += t - start
-        return busy
-
-    def busy_between(self, t0: float, t1: float) -> float:
-        """Seconds of compute within ``[t0, t1]``."""
-        return max(0.0, self.busy_before(t1) - self.busy_before(t0))
+    def busy_s(self, first: int, last: int) -> float:
+        """Compute seconds of the ops labelled with iterations ``first .. last``."""
+        by_it = self.busy_by_iteration
+        return sum(by_it.get(i, 0.0) for i in range(first, last + 1))
 
 
 class JitteryGpu(Gpu):

@@ -110,11 +110,11 @@ def _event_count(env: Environment) -> int:
 def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology: Topology,
             trace: Any, events: int, wall0: float) -> RunResult:
     ends = metrics.iteration_ends(ctx.iteration_end)
-    t0, t1 = metrics.steady_window(ends, config.warmup_iterations)
-    iter_s = (t1 - t0) / config.iterations
+    iter_s = metrics.steady_iteration_time(ctx.iteration_end, config.warmup_iterations)
     names = [g.name for g in ctx.gpus]
-    busy = [g.busy_between(t0, t1) for g in ctx.gpus]
-    util = metrics.utilization(busy, t0, t1)
+    first, last = config.warmup_iterations, config.total_iterations - 1
+    busy = [g.busy_s(first, last) for g in ctx.gpus]
+    util = metrics.utilization(busy, iter_s * config.iterations)
     gpu_util = sum(util) / len(util)
     replicas = scheme.replicas()
     batch = config.effective_batch_size

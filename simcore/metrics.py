@@ -1,13 +1,23 @@
 """Metrics as pure functions of the run's records.
 
-* Iteration ``i`` ends when the last rank finishes it. The steady-state window runs from
-  the end of the last warm-up iteration (or time 0 without warm-up) to the end of the
-  last iteration; ``iteration_time_s`` is its length over the measured iterations.
-* Utilisation of a GPU is its busy compute time inside the window over the window's
-  length (compute spans of one device never overlap, so busy time is their clipped sum).
-* ``bubble_fraction`` is the mean idle fraction of the GPUs' compute streams in the
-  window (``1 - gpu_utilization``): pipeline fill and drain for pipeline schemes, exposed
-  communication and synchronisation for data-parallel ones.
+* Iteration ``i`` of a rank ends when that rank has done its part of it; the iteration
+  as a whole ends when the last rank has (:func:`iteration_ends`, from which
+  ``iteration_times_s`` come).
+* ``iteration_time_s`` is the steady-state iteration time: for each rank, the time from
+  the end of its last warm-up iteration (or time 0 without warm-up) to the end of its
+  last iteration, over the number of measured iterations; the slowest rank's is the
+  answer (:func:`steady_iteration_time`). In a synchronous scheme every rank gives the
+  same; in an asynchronous pipeline the rank of the bottleneck stage, which is busy all
+  the time, sets the pace, and a rank still running ahead of it after the fill cannot
+  make the pipeline look faster than it can sustain.
+* Utilisation of a GPU is the compute time of its work in the measured iterations (ops
+  carry their iteration) over the measured iterations' length, ``iterations *
+  iteration_time_s``, clamped to [0, 1] (:func:`utilization`). Work done ahead of time,
+  like the next iteration's forward overlapping this iteration's parameter pulls,
+  counts for its own iteration.
+* ``bubble_fraction`` is the mean idle fraction, ``1 - gpu_utilization``: pipeline fill
+  and drain for pipeline schemes, exposed communication and synchronisation for
+  data-parallel ones.
 """
 
 from __future__ import annotations
@@ -21,12 +31,6 @@ def iteration_ends(iteration_end: Sequence[Sequence[float]]) -> list[float]:
     return [max(row) for row in iteration_end]
 
 
-def steady_window(ends: Sequence[float], warmup: int) -> tuple[float, float]:
-    """``(t0, t1)``: from the end of the warm-up iterations to the end of the last one."""
-    t0 = ends[warmup - 1] if warmup > 0 else 0.0
-    return t0, ends[-1]
-
-
 def iteration_durations(ends: Sequence[float]) -> list[float]:
     """Length of each iteration (the first one measured from time 0)."""
     out, prev = [], 0.0
@@ -36,31 +40,39 @@ def iteration_durations(ends: Sequence[float]) -> list[float]:
     return out
 
 
-def busy_seconds(compute_log: Iterable[tuple[Any, ...]], devices: Sequence[str], t0: float,
-                 t1: float) -> list[float]:
-    """Compute-stream busy seconds of each device in ``devices`` within ``[t0, t1]``,
-    from compute-log tuples (:data:`~simcore.records.COMPUTE_LOG_FIELDS`)."""
+def rank_periods(iteration_end: Sequence[Sequence[float]], warmup: int) -> list[float]:
+    """Each rank's mean iteration time over the measured iterations (see module docs);
+    ``iteration_end[i][r]`` is when rank ``r`` finished iteration ``i``."""
+    measured = len(iteration_end) - warmup
+    last = iteration_end[-1]
+    first = iteration_end[warmup - 1] if warmup > 0 else [0.0] * len(last)
+    return [(e - s) / measured for s, e in zip(first, last, strict=True)]
+
+
+def steady_iteration_time(iteration_end: Sequence[Sequence[float]], warmup: int) -> float:
+    """The slowest rank's mean iteration time over the measured iterations."""
+    return max(rank_periods(iteration_end, warmup))
+
+
+def utilization(busy_s: Sequence[float], measured_s: float) -> list[float]:
+    """Busy seconds over the measured time, clamped to [0, 1]."""
+    if measured_s <= 0:
+        return [0.0 for _ in busy_s]
+    return [min(1.0, max(0.0, b / measured_s)) for b in busy_s]
+
+
+def busy_by_device(compute_log: Iterable[tuple[Any, ...]], devices: Sequence[str],
+                   first: int, last: int) -> list[float]:
+    """Compute seconds of each device's ops labelled with iterations ``first .. last``,
+    from compute-log tuples (:data:`~simcore.records.COMPUTE_LOG_FIELDS`); the span view
+    of what each :class:`~simcore.device.Gpu` counts as it runs."""
     pos = {d: i for i, d in enumerate(devices)}
     busy = [0.0] * len(devices)
-    for dev, _kind, _name, s, e, *_rest in compute_log:
+    for dev, _kind, _name, start, end, it, *_rest in compute_log:
         i = pos.get(dev)
-        if i is None:
-            continue
-        if s < t0:
-            s = t0
-        if e > t1:
-            e = t1
-        if e > s:
-            busy[i] += e - s
+        if i is not None and first <= it <= last:
+            busy[i] += end - start
     return busy
-
-
-def utilization(busy: Sequence[float], t0: float, t1: float) -> list[float]:
-    """Busy seconds over the window length, clamped to [0, 1]."""
-    span = t1 - t0
-    if span <= 0:
-        return [0.0 for _ in busy]
-    return [min(1.0, max(0.0, b / span)) for b in busy]
 
 
 def bytes_by_kind(link_counters: Iterable[tuple[Any, int, int, float]]) -> dict[str, int]:

@@ -117,8 +117,8 @@ def test_runs_of_ops_are_timed_and_logged_as_if_issued_one_by_one():
     assert log1 == log2
     # Events: the process's start and end, its timeout, and a single Done for four ops.
     assert ends == [2.0, 3.0] and events == 4
-    for t0, t1 in [(0, 5), (1.2, 2.7), (1.5, 1.75), (2.9, 3.1)]:
-        assert gpu2.busy_between(t0, t1) == pytest.approx(gpu1.busy_between(t0, t1))
+    assert gpu2.busy_by_iteration == pytest.approx(gpu1.busy_by_iteration)
+    assert sum(gpu2.busy_by_iteration.values()) == pytest.approx(sum(op[0] for op in OPS))
 
 
 def test_jittery_runs_draw_the_same_factors_in_the_same_order():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from itertools import accumulate
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -131,3 +132,20 @@ def test_different_seeds_differ_when_there_is_jitter():
     runs = {simulate(SimConfig(trace=trace, topology=topo, seed=s, compute_jitter=0.1))
             .iteration_time_s for s in range(5)}
     assert len(runs) == 5
+
+
+@SETTINGS
+@given(configs())
+def test_gpu_counters_agree_with_the_span_log(cfg):
+    """Utilisation comes from each GPU's running per-iteration counters; the compute spans
+    recorded for the Chrome trace must tell the same story."""
+    from simcore.engine import simulate as sim
+    from simcore.metrics import busy_by_device, utilization
+
+    r = sim(cfg)
+    log = [(s.device, s.kind, s.name, s.start_s, s.end_s, s.iteration, s.layer, s.microbatch)
+           for s in r.span_records() if s.stream == COMPUTE]
+    busy = busy_by_device(log, r.device_names, r.warmup_iterations,
+                          r.warmup_iterations + r.iterations - 1)
+    util = utilization(busy, r.iteration_time_s * r.iterations)
+    assert util == [pytest.approx(u, abs=1e-9) for u in r.per_gpu_utilization]

@@ -21,10 +21,14 @@ micro-batches; iteration ``i`` is micro-batches ``iM .. (i+1)M - 1``. A rank fin
 iteration ``i`` when it has done all of its actions for those micro-batches (for the
 asynchronous 1F1B schemes it is already working on the next iteration by then, so in
 steady state an iteration lasts ``M`` times the slowest stage's time per micro-batch).
-Schemes without a flush run the micro-batches of ``ceil((N-1)/M)`` more iterations than
-are measured (the pipeline's look-ahead), so that the last measured one is in steady
-state too rather than in the drain; their traffic so far counts in the communication
-totals.
+Schemes without a flush also run ``ceil(2(N-1)/M)`` unmeasured *lead* iterations first
+and the micro-batches of ``ceil((N-1)/M)`` iterations after the measured ones (the
+pipeline's look-ahead). Right after the fill, the first stages run at their own pace until
+the slowest stage's back-pressure reaches them, so without the lead an early iteration
+could look faster than the pipeline can sustain; the tail keeps the last measured
+iteration out of the drain. The lead and tail iterations' traffic counts in the
+communication totals; their spans carry negative (lead) or too-large (tail) iteration
+numbers.
 
 **Memory per GPU.** Weights, gradients and optimizer state of its stage; the activations
 of every micro-batch between its forward and its backward (with re-materialisation only
@@ -205,9 +209,17 @@ class PipelineScheme(Scheme):
         self.part = self.make_partition()
         self.M = self.microbatches(self.part)
         stages = stages_from_replicas(self.part.replicas)
+        for k, ranks in enumerate(stages):
+            if self.M % len(ranks):
+                raise ConfigError("scheme.microbatches", self.M,
+                                  f"stage {k} has {len(ranks)} replicas: the micro-batches "
+                                  "per iteration must be a multiple of that")
+        depth = ctx.num_ranks
+        self.lead = 0 if self.flush else -(-2 * (depth - 1) // self.M)
         try:
-            tail = 0 if self.flush else -(-(ctx.num_ranks - 1) // self.M)
-            self.schedule = self.make_schedule(stages, self.M, ctx.iterations + tail, opts)
+            tail = 0 if self.flush else -(-(depth - 1) // self.M)
+            self.schedule = self.make_schedule(stages, self.M,
+                                               self.lead + ctx.iterations + tail, opts)
         except ScheduleError as exc:
             raise ConfigError("scheme.microbatches", self.M, str(exc)) from None
         self.plans = [self._plan(k, st, ranks) for k, (st, ranks) in
@@ -260,9 +272,10 @@ class PipelineScheme(Scheme):
         predict_s = (PREDICT_PASSES * plan.param_bytes
                      / ctx.topology.gpu_spec.memory_bandwidth_bytes_per_s)
         dev = ctx.topology.gpus
+        lead = self.lead
         for i, a in enumerate(acts):
             kind, mb = a.kind, a.mb
-            it = mb // sched.per_iteration
+            it = mb // sched.per_iteration - lead
             if kind == sch.FORWARD:
                 self._on_forward(r, s, mb)
                 mem.alloc("activations", plan.act_bytes + (plan.in_bytes if self.recompute
@@ -313,12 +326,12 @@ class PipelineScheme(Scheme):
         return ev if ev is not None else gpu.compute(0.0, kind, "", it, -1, mb)
 
     def _marks(self, r: int) -> dict[int, list[int]]:
-        """Action index after which rank ``r`` has finished each iteration (``-1``:
-        before its first action, for iterations it has no part in)."""
+        """Action index after which rank ``r`` has finished each measured iteration
+        (``-1``: before its first action, for iterations it has no part in)."""
         sched = self.schedule
         last: dict[int, int] = {}
         for i, a in enumerate(sched.actions[r]):
-            last[sched.iteration_of(a)] = i
+            last[sched.iteration_of(a) - self.lead] = i
         out: dict[int, list[int]] = {}
         prev = -1
         for it in range(self.ctx.iterations):
