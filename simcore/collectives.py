@@ -41,6 +41,9 @@ Step = list[tuple[int, int, int]]
 CostModel = tuple[float, float, list[tuple[int, float]], float]
 """See :meth:`Collectives.cost_model`."""
 
+MessagePlan = tuple[tuple[tuple[tuple[int, int, int], ...], ...], int]
+"""See :meth:`Collectives.message_plan`."""
+
 
 def _split(n: int, parts: int) -> list[int]:
     q, r = divmod(n, parts)
@@ -120,6 +123,7 @@ class Collectives:
         self.topology = net.topology
         self.analytic = isinstance(net, AnalyticNetwork)
         self._costs: dict[tuple[str, tuple[int, ...]], CostModel] = {}
+        self._plans: dict[tuple[str, tuple[int, ...], int], MessagePlan] = {}
         self.records: list[tuple[str, tuple[int, ...], int, float, float, int, str]] = []
         """``(op, ranks, nbytes, start_s, end_s, iteration, tag)`` of each collective."""
 
@@ -194,6 +198,27 @@ class Collectives:
             return hierarchical_steps(list(groups.values()), n)
         return [st for st, rep in self.phases(op, ranks, n) for _ in range(rep)]
 
+    def message_plan(self, op: str, ranks: tuple[int, ...], n: int) -> MessagePlan:
+        """Each position's sends of ``op`` as ``(threshold, dst_position, nbytes)`` in step
+        order, ``threshold`` being how many messages the position must have received before
+        it sends (everything addressed to it in earlier steps), and the total number of
+        messages. Cached: a bucket is reduced with the same plan every iteration."""
+        key = (op, ranks, n)
+        plan = self._plans.get(key)
+        if plan is None:
+            q = len(ranks)
+            sends: list[list[tuple[int, int, int]]] = [[] for _ in range(q)]
+            expected = [0] * q
+            total = 0
+            for step in self.steps(op, ranks, n):
+                for s, d, b in step:
+                    sends[s].append((expected[s], d, b))
+                for _s, d, _b in step:
+                    expected[d] += 1
+                total += len(step)
+            plan = self._plans[key] = (tuple(tuple(x) for x in sends), total)
+        return plan
+
     def _run(self, op: str, ranks: tuple[int, ...], n: int, on_done: Callable[[float], None],
              tag: str, iteration: int) -> None:
         env = self.net.env
@@ -211,7 +236,8 @@ class Collectives:
         if self.analytic:
             self._run_analytic(op, ranks, n, finish)
         else:
-            _StepRunner(self.net, self.topology.gpus, ranks, self.steps(op, ranks, n), finish,
+            _StepRunner(self.net, self.topology.gpus, ranks, self.message_plan(op, ranks, n),
+                        finish,
                         tag, iteration).start()
 
     # analytic fidelity
@@ -297,21 +323,12 @@ class _StepRunner:
     )
 
     def __init__(self, net: Network, gpus: list[int], ranks: tuple[int, ...],
-                 steps: list[Step], finish: Callable[[float], None], tag: str,
+                 plan: MessagePlan, finish: Callable[[float], None], tag: str,
                  iteration: int) -> None:
         self.net, self.gpus, self.ranks, self.finish = net, gpus, ranks, finish
         self.tag, self.iteration = tag, iteration
         q = len(ranks)
-        plan: list[list[tuple[int, int, int]]] = [[] for _ in range(q)]
-        expected = [0] * q
-        total = 0
-        for step in steps:
-            for s, d, b in step:
-                plan[s].append((expected[s], d, b))
-            for _s, d, _b in step:
-                expected[d] += 1
-            total += len(step)
-        self.plan = plan
+        self.plan, total = plan
         self.next_send = [0] * q
         self.arrived = [0] * q
         self.left = total

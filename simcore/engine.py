@@ -101,6 +101,22 @@ def _run_without_gc(env: Environment) -> None:
             gc.enable()
 
 
+def _model_events(ctx: SimContext) -> int:
+    """Events of the simulated system: every compute op finishing, every chunk of a
+    message reaching the end of a link (a whole message in the analytic model, which has
+    no chunks; one per collective computed in closed form). A run of layers or a one-hop
+    message costs the scheduler one event but is as many model events as it simulates."""
+    ops = sum(g.ops for g in ctx.gpus)
+    chunk = getattr(ctx.net, "chunk_bytes", 0)
+    transfers = 0
+    for m in ctx.net.messages:
+        hops = len(m.hops)
+        transfers += max(1, hops * -(-m.nbytes // chunk)) if chunk and hops else 1
+    if ctx.coll.analytic:
+        transfers += sum(1 for rec in ctx.coll.records if len(rec[1]) > 1)
+    return ops + transfers
+
+
 def _event_count(env: Environment) -> int:
     """Events the environment scheduled (SimPy numbers them; the counter is internal)."""
     eid = getattr(env, "_eid", None)
@@ -158,7 +174,8 @@ def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology
         peak_memory_bytes=peaks[worst], per_gpu_peak_memory_bytes=peaks,
         memory_breakdown_bytes=_frozen(ctx.gpus[worst].memory.peak_breakdown),
         memory_capacity_bytes=topology.gpu_spec.memory_bytes,
-        events=events, wall_s=time.perf_counter() - wall0, simulated_s=sim_end,
+        events=events, model_events=_model_events(ctx),
+        wall_s=time.perf_counter() - wall0, simulated_s=sim_end,
         messages=len(ctx.net.messages), gpu_model=topology.gpu_spec.model,
         trace_device=config.trace.meta.device, compute_scale=config.compute_scale,
         device_names=tuple(names), spans=spans,

@@ -32,10 +32,12 @@ from __future__ import annotations
 import heapq
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from heapq import heappush
 from typing import Any
 
 from simpy import Environment, Timeout
 
+from simcore.clock import NORMAL, event_queue
 from simcore.topology import Link, Topology
 
 DEFAULT_CHUNK_BYTES = 1 << 20
@@ -44,8 +46,6 @@ DEFAULT_CHUNK_BYTES = 1 << 20
 WHOLE_MESSAGE = 1 << 62
 """A chunk size no message reaches: messages move whole."""
 
-_NORMAL = 1
-"""SimPy's priority for ordinary events (``simpy.core.NORMAL``)."""
 
 
 class LinkState:
@@ -197,6 +197,7 @@ class DetailedNetwork(Network):
         self.chunk_bytes = int(chunk_bytes)
         self.priority = priority
         self._schedule = env.schedule
+        self._queue, self._eid = event_queue(env)
         self._on_fifo_arrival = self._arrive_fifo
         self._on_prio_arrival = self._arrive_prio
 
@@ -220,25 +221,25 @@ class DetailedNetwork(Network):
         msg.start_s = t
         svc = st.service
         st.sent_bytes += n
-        schedule = self._schedule
+        queue, eid = self._queue, self._eid
         cb = self._on_fifo_arrival
         if len(msg.hops) == 1:
             # One hop: only the arrival of the last byte matters.
             msg.chunks_left = 1
             end = t + n * svc
             st.free_at = end
-            schedule(_ChunkArrival(cb, msg, 1, n), _NORMAL, end + st.latency - now)
+            heappush(queue, (end + st.latency, NORMAL, next(eid), _ChunkArrival(cb, msg, 1, n)))
             return
         full, last = divmod(n, c)
         msg.chunks_left = full + (1 if last else 0)
-        lat = st.latency - now
+        lat = st.latency
         step = c * svc
         for _ in range(full):
             t += step
-            schedule(_ChunkArrival(cb, msg, 1, c), _NORMAL, t + lat)
+            heappush(queue, (t + lat, NORMAL, next(eid), _ChunkArrival(cb, msg, 1, c)))
         if last:
             t += last * svc
-            schedule(_ChunkArrival(cb, msg, 1, last), _NORMAL, t + lat)
+            heappush(queue, (t + lat, NORMAL, next(eid), _ChunkArrival(cb, msg, 1, last)))
         st.free_at = t
 
     def _arrive_fifo(self, ev: _ChunkArrival) -> None:
@@ -260,8 +261,8 @@ class DetailedNetwork(Network):
         end = start + size * st.service
         st.free_at = end
         st.sent_bytes += size
-        self._schedule(_ChunkArrival(self._on_fifo_arrival, msg, hop + 1, size), _NORMAL,
-                       end + st.latency - now)
+        heappush(self._queue, (end + st.latency, NORMAL, next(self._eid),
+                               _ChunkArrival(self._on_fifo_arrival, msg, hop + 1, size)))
 
     # ---- priority queues -------------------------------------------------------------
     # A chunk that finds its link idle (free, nobody queued) is served at once. Otherwise
@@ -286,7 +287,7 @@ class DetailedNetwork(Network):
         st.sent_bytes += size
         end = start + size * st.service
         st.free_at = end
-        self._schedule(_ChunkArrival(self._on_prio_arrival, msg, hop + 1, size), _NORMAL,
+        self._schedule(_ChunkArrival(self._on_prio_arrival, msg, hop + 1, size), NORMAL,
                        end + st.latency - self.env._now)
 
     def _advance(self, st: LinkState, now: float) -> None:

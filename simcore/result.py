@@ -58,6 +58,7 @@ class RunResult:
     memory_breakdown_bytes: Mapping[str, int]
     memory_capacity_bytes: int
     events: int
+    model_events: int
     wall_s: float
     simulated_s: float
     messages: int
@@ -103,7 +104,8 @@ class RunResult:
             "fits_in_memory": self.fits_in_memory,
             "gpu_model": self.gpu_model, "trace_device": self.trace_device,
             "compute_scale": self.compute_scale,
-            "events": self.events, "messages": self.messages,
+            "events": self.events, "model_events": self.model_events,
+            "messages": self.messages,
             "simulated_s": self.simulated_s, "wall_s": self.wall_s,
         }
         for k, v in self.extra.items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from simcore.device import Run
 from simcore.records import BACKWARD, FORWARD
 from traces.model import Trace
 
@@ -68,5 +69,6 @@ class LayerOps:
                 ops = []
         if ops or (before and mark >= 0):
             runs.append((mark, ops))
+        runs = [(mark, Run(it, ops)) for mark, ops in runs]
         self._cache[(key, it)] = runs
         return runs
