@@ -13,11 +13,12 @@ For FIFO links the departure of a chunk is known the moment it arrives
 a one-hop message costs one event in all. Priority links keep a heap and decide what goes
 next lazily (see ``DetailedNetwork._enqueue``), also at one event per chunk and hop.
 
-**Analytic** (:class:`AnalyticNetwork`): a message is one event. It waits until every
-link on its route is free, then holds all of them for ``bytes / bottleneck_bandwidth`` and
-arrives after the route's total latency: contention-free transfers take exactly
-``sum(latency) + bytes / min(bandwidth)``, and messages sharing a link are serialised in
-the order they were sent. Priority links (P3) cannot be had this way without searching
+**Analytic** (:class:`AnalyticNetwork`): a message is one event, its route reserved when
+it is sent, link by link, cut-through at message granularity: on each link its head
+starts once it is there and the link is free, and its tail leaves ``bytes / bandwidth``
+later but not before it came in over the previous link. Contention-free transfers take
+exactly ``sum(latency) + bytes / min(bandwidth)``; messages sharing a link are serialised
+in the order they were sent. Priority links (P3) cannot be had this way without searching
 the waiting messages at every release, which costs more than the per-link queues save, so
 the analytic fidelity with ``priority=True`` queues whole messages (one chunk each) per
 link direction, as the detailed model does with an unbounded chunk size.
@@ -327,7 +328,8 @@ class DetailedNetwork(Network):
 
 
 class AnalyticNetwork(Network):
-    """One event per message; the route is reserved as a whole (see module docs)."""
+    """One event per message; its route is reserved link by link when it is sent (see
+    module docs)."""
 
     fidelity = "analytic"
 
@@ -349,26 +351,36 @@ class AnalyticNetwork(Network):
         return msg
 
     def _reserve(self, msg: Message, start: float) -> float:
-        """Hold ``msg``'s whole route from ``start`` (at least when every link is free)
-        for bytes / bottleneck bandwidth; returns its arrival time."""
+        """Reserve ``msg``'s route hop by hop, cut-through at message granularity, in the
+        order messages are sent; returns its arrival time.
+
+        On each link the message's head starts once it has reached the link and the link
+        is free; its tail leaves ``bytes / bandwidth`` later, but not before the tail has
+        come in over the previous link. Without contention this is exactly
+        ``sum(latency) + bytes / min(bandwidth)``; a busy link delays the message from
+        that hop on, without holding the other links idle."""
         hops = msg.hops
-        if not hops or msg.nbytes <= 0:
+        nbytes = msg.nbytes
+        if not hops or nbytes <= 0:
             msg.start_s = start
             return start
-        service = latency = 0.0
+        head = start
+        tail = 0.0
+        first = True
         for st in hops:
-            if st.free_at > start:
-                start = st.free_at
-            if st.service > service:
-                service = st.service
-            latency += st.latency
-        nbytes = msg.nbytes
-        end = start + nbytes * service
-        for st in hops:
-            st.free_at = end
+            if st.free_at > head:
+                head = st.free_at
+            if first:
+                msg.start_s = head
+                first = False
+            leave = head + nbytes * st.service
+            if leave < tail:
+                leave = tail
+            st.free_at = leave
             st.sent_bytes += nbytes
-        msg.start_s = start
-        return end + latency
+            head += st.latency
+            tail = leave + st.latency
+        return tail
 
     def _inject(self, msg: Message) -> None:
         now = self.env._now

@@ -85,8 +85,7 @@ def test_more_bandwidth_never_costs_more_than_fifo_reordering(cfg, factor):
     faster link changes the order in which flows reach a shared queue further on, and a
     small message can end up behind bulk data (head-of-line blocking). Our model has this
     too, e.g. 8 workers pushing 8 x 8 shards to dedicated servers through one box NIC
-    ran 0.14% slower at twice the InfiniBand rate; the analytic model, which reserves a
-    whole route per message, shows up to about 0.75%. This bounds such effects."""
+    ran 0.14% slower at twice the InfiniBand rate. This bounds such effects."""
     slow = simulate(cfg)
     fast = simulate(with_bandwidth(cfg, factor))
     for t_fast, t_slow in zip(iteration_ends(fast), iteration_ends(slow), strict=True):
