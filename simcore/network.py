@@ -197,7 +197,6 @@ class DetailedNetwork(Network):
             raise ValueError(f"chunk_bytes must be at least 1, got {chunk_bytes}")
         self.chunk_bytes = int(chunk_bytes)
         self.priority = priority
-        self._schedule = env.schedule
         self._queue, self._eid = event_queue(env)
         self._on_fifo_arrival = self._arrive_fifo
         self._on_prio_arrival = self._arrive_prio
@@ -288,8 +287,8 @@ class DetailedNetwork(Network):
         st.sent_bytes += size
         end = start + size * st.service
         st.free_at = end
-        self._schedule(_ChunkArrival(self._on_prio_arrival, msg, hop + 1, size), NORMAL,
-                       end + st.latency - self.env._now)
+        heappush(self._queue, (end + st.latency, NORMAL, next(self._eid),
+                               _ChunkArrival(self._on_prio_arrival, msg, hop + 1, size)))
 
     def _advance(self, st: LinkState, now: float) -> None:
         """Start, on free link ``st``, every service that begins by ``now``: each one takes

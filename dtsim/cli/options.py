@@ -18,7 +18,7 @@ from dtsim.spec import (
     load_config_file,
     parse_set,
 )
-from simcore.schemes import registry
+from simcore.schemes import scheme_names
 
 SPEC_FLAGS = ("scheme", "gpus", "model", "topology", "bandwidth", "batch_size", "iterations",
               "seed", "fidelity")
@@ -27,7 +27,7 @@ SPEC_FLAGS = ("scheme", "gpus", "model", "topology", "bandwidth", "batch_size", 
 
 def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate a command with the options that describe one run."""
-    schemes = list(registry())
+    schemes = list(scheme_names())
     opts = [
         click.option("--gpus", type=click.IntRange(min=1), default=DEFAULT_GPUS,
                      show_default=True, help="Number of GPUs."),

@@ -2,7 +2,10 @@
 
 The registry key is the module name and the CLI string (``sim run --scheme dp``). A scheme
 module defines a :class:`~simcore.schemes.base.Scheme` subclass with ``name`` equal to the
-module name; adding a module here is all it takes to add a scheme.
+module name; adding a module here is all it takes to add a scheme. Because the module
+name is the scheme name, :func:`scheme_names` lists the schemes without importing them
+and :func:`get_scheme` imports only the one asked for (the pipeline schemes pull in the
+partitioner and numpy, which ``sim run --scheme dp`` does not need).
 """
 
 from __future__ import annotations
@@ -16,33 +19,36 @@ from simcore.schemes.base import Scheme
 
 _NOT_SCHEMES = {"base"}
 
+ORDER = ("dp", "ps", "p3", "gossip", "mp", "gpipe", "pipedream", "spectrain")
+"""Display order of the schemes (others follow by name)."""
+
 
 @cache
-def registry() -> dict[str, type[Scheme]]:
-    """All schemes by name, in a stable order (the order of :data:`ORDER`, then others)."""
-    found: dict[str, type[Scheme]] = {}
-    for mod in pkgutil.iter_modules(__path__):
-        if mod.name.startswith("_") or mod.name in _NOT_SCHEMES:
-            continue
-        module = importlib.import_module(f"{__name__}.{mod.name}")
-        for obj in vars(module).values():
-            if (isinstance(obj, type) and issubclass(obj, Scheme) and obj is not Scheme
-                    and obj.name == mod.name):
-                found[obj.name] = obj
-    ordered = [n for n in ORDER if n in found] + sorted(n for n in found if n not in ORDER)
-    return {n: found[n] for n in ordered}
+def scheme_names() -> tuple[str, ...]:
+    """The names of all schemes, in display order, without importing their modules."""
+    found = {mod.name for mod in pkgutil.iter_modules(__path__)
+             if not mod.name.startswith("_") and mod.name not in _NOT_SCHEMES}
+    return tuple([n for n in ORDER if n in found] + sorted(found - set(ORDER)))
 
 
-ORDER = ("dp", "ps", "p3", "gossip", "mp", "gpipe", "pipedream", "spectrain")
-"""Display order of the schemes."""
-
-
+@cache
 def get_scheme(name: str) -> type[Scheme]:
     """The scheme class called ``name`` (``ConfigError`` listing the known names)."""
-    reg = registry()
-    if name not in reg:
-        raise ConfigError("scheme", name, f"choose one of: {', '.join(reg)}")
-    return reg[name]
+    names = scheme_names()
+    if name not in names:
+        raise ConfigError("scheme", name, f"choose one of: {', '.join(names)}")
+    module = importlib.import_module(f"{__name__}.{name}")
+    for obj in vars(module).values():
+        if (isinstance(obj, type) and issubclass(obj, Scheme) and obj is not Scheme
+                and obj.name == name):
+            return obj
+    raise ConfigError("scheme", name, f"module simcore.schemes.{name} defines no Scheme "
+                                      f"subclass named {name!r}")
 
 
-__all__ = ["ORDER", "Scheme", "get_scheme", "registry"]
+def registry() -> dict[str, type[Scheme]]:
+    """All schemes by name, in display order (imports every scheme module)."""
+    return {name: get_scheme(name) for name in scheme_names()}
+
+
+__all__ = ["ORDER", "Scheme", "get_scheme", "registry", "scheme_names"]
