@@ -1,5 +1,5 @@
 # Two entry points, each creating .venv and installing what it needs on first use:
-#   make demo   simulate the main job on built-in defaults (the simulator needs no torch)
+#   make demo   simulate the main job (sim run --gpus 8 --scheme p3) on built-in defaults
 #   make test   lint and run the whole test suite (installs torch==2.13.0 for real runs)
 PYTHON ?= python3
 VENV   := .venv
@@ -23,7 +23,7 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	touch $@ $(SIM_STAMP)
 
 demo: $(SIM_STAMP)
-	$(BIN)/sim run --gpus 8 --scheme dp
+	$(BIN)/sim run --gpus 8 --scheme p3
 
 test: $(TEST_STAMP)
 	$(BIN)/ruff check .

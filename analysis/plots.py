@@ -389,7 +389,7 @@ def gantt_plot(trace: Mapping[str, Any], *, where: Mapping[str, str] | None = No
 
 def save_figure(fig: Any, path: str) -> None:
     """Write ``fig`` to ``path`` (``.png``, ``.svg`` or ``.pdf``) atomically and close it."""
-    from analysis.store import atomic_path
+    from traces.atomic import atomic_path
 
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in FIGURE_SUFFIXES:

@@ -423,7 +423,7 @@ def build_report(out_dir: str, *, quick: bool = False, jobs: int = 1,
     if quick:
         head.insert(2, "*Quick mode:* fewer models, bandwidths and GPU counts than the full "
                        "report.\n")
-    from analysis.store import atomic_path
+    from traces.atomic import atomic_path
 
     path = os.path.join(out_dir, "report.md")
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:

@@ -27,10 +27,11 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from simcore.config import ConfigError
+from traces.atomic import atomic_path
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 """Output file suffixes and their formats."""
@@ -49,25 +50,6 @@ def output_format(path: str) -> str:
     if suffix not in FORMATS:
         raise ConfigError("--out", path, "expected a file name ending in .parquet or .csv")
     return FORMATS[suffix]
-
-
-@contextlib.contextmanager
-def atomic_path(path: str) -> Iterator[str]:
-    """A temporary path beside ``path`` to write to; renamed over ``path`` (after an
-    ``fsync``) when the block succeeds, removed when it fails."""
-    d = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        yield tmp
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _drop_missing(rec: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 from typing import Any
 
 import torch
@@ -20,6 +19,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from realrun import zoo
 from realrun.graph import LayerGraph, layer_graph, tensors_in
+from traces.atomic import atomic_path
 from traces.kineto import METADATA_KEY, RANGE_PREFIX
 
 
@@ -84,14 +84,8 @@ def record_trace(model: torch.nn.Module, inputs: tuple[Any, ...], path: str, *, 
             prof.step()
         prof.add_metadata_json(METADATA_KEY, json.dumps(
             graph_metadata(graph, model=name, batch_size=batch_size, device=device)))
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
-                       f".{os.path.basename(path)}.tmp-{os.getpid()}.json")
-    try:
+    with atomic_path(path, suffix=".json") as tmp:
         prof.export_chrome_trace(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def record_zoo_trace(name: str, batch_size: int, path: str, *, device: str = "cpu",

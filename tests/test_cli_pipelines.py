@@ -8,15 +8,8 @@ import re
 
 import pytest
 
-from dtsim.cli import main
 from simcore.result import CONTRACT_KEYS
-
-
-def run_main(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as ex:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return ex.value.code, out, err
+from tests.test_cli import run_main
 
 
 def test_partition_prints_stages_bottleneck_and_speedups(capsys):

@@ -25,6 +25,7 @@ import math
 import os
 from typing import Any
 
+from traces.atomic import write_text
 from traces.errors import TraceFormatError
 from traces.model import LAYER_KINDS, Layer, Trace, TraceMeta
 from traces.toposort import sort_layers
@@ -59,15 +60,7 @@ def to_dict(trace: Trace) -> dict[str, Any]:
 
 def save(trace: Trace, path: str | os.PathLike[str]) -> None:
     """Write ``trace`` to ``path`` atomically (a temporary file renamed into place)."""
-    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(to_dict(trace), fh, indent=1)
-            fh.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_text(path, json.dumps(to_dict(trace), indent=1) + "\n")
 
 
 def load(path: str | os.PathLike[str]) -> Trace:

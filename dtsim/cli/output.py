@@ -3,30 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from simcore.units import format_bytes, format_rate, format_time
+from traces.atomic import write_text
 
 
 def write_atomic(path: str, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file renamed into place, so a failure
     never leaves a half-written file."""
-    d = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_text(path, text)
 
 
 def write_json(path: str, data: Any) -> None:
     """Write ``data`` as JSON, atomically."""
-    write_json_text = json.dumps(data, separators=(",", ":"))
-    write_atomic(path, write_json_text + "\n")
+    write_text(path, json.dumps(data, separators=(",", ":")) + "\n")
 
 
 def table(rows: list[tuple[str, str]], indent: int = 2) -> str:

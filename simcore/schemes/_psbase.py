@@ -128,7 +128,7 @@ class ParameterServerScheme(Scheme):
         self.ready: set[tuple[int, int]] = set()
         self.pulls: dict[tuple[int, int], list[int]] = {}
         pb = trace.param_bytes
-        self.update_passes = ctx.update_s(1) * topo.gpu_spec.memory_bandwidth_bytes_per_s
+        self.update_passes = ctx.update_passes
         for r in range(self.p):
             mem = ctx.gpus[r].memory
             mem.alloc("weights", pb)

@@ -71,11 +71,16 @@ class SimContext:
         """Bytes of optimizer state for ``param_bytes`` of weights."""
         return OPTIMIZERS[self.config.optimizer][0] * param_bytes
 
+    @property
+    def update_passes(self) -> int:
+        """Weight-sized memory passes of one optimizer step (see ``OPTIMIZERS``)."""
+        return OPTIMIZERS[self.config.optimizer][1]
+
     def update_s(self, param_bytes: int) -> float:
         """Seconds for an optimizer step over ``param_bytes`` of weights on one GPU
         (memory-bound: weight-sized passes over DRAM, see ``OPTIMIZERS``)."""
-        passes = OPTIMIZERS[self.config.optimizer][1]
-        return passes * param_bytes / self.topology.gpu_spec.memory_bandwidth_bytes_per_s
+        return (self.update_passes * param_bytes
+                / self.topology.gpu_spec.memory_bandwidth_bytes_per_s)
 
 
 class Scheme(ABC):
