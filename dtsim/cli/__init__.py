@@ -55,7 +55,7 @@ def cli() -> None:
     Simulates data-parallel, parameter-server and pipeline training schemes on modelled
     GPU clusters from profiled layer traces. Start with:
 
-        sim run --gpus 8 --scheme dp
+        sim run --gpus 8 --scheme p3
     """
 
 
