@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analysis.plots import save_figure, throughput_plot, xy_plot
-from analysis.sweep import FLAG_FIELDS, plan_sweep, run_sweep
+from analysis.sweep import plan_sweep, run_sweep
+from dtsim.spec import FLAG_FIELDS
 
 PAPER_MODELS = ("vgg16", "resnet18", "resnet50", "resnet101", "alexnet", "resnext50",
                 "resnext101", "inception_v3", "densenet121", "squeezenet1_0")

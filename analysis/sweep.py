@@ -44,10 +44,6 @@ columns; every other list or mapping is stored as JSON text."""
 
 OPTION_PREFIX = "scheme."
 
-FLAG_FIELDS = ("scheme", "gpus", "model", "topology", "bandwidth", "batch_size", "iterations",
-               "seed", "fidelity")
-"""Fields that ``sim run`` and ``sim sweep`` take as flags (``--batch-size``...); the
-others are given with ``--set``."""
 
 CONNECT_TIMEOUT_S = 10.0
 """How long :func:`run_dask` waits for the scheduler to answer."""

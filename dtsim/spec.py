@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ class RunSpec:
     iterations: int = _f(5, "measured iterations", "int", minimum=1)
     warmup_iterations: int = _f(1, "warm-up iterations left out of the metrics", "int",
                                 minimum=0)
-    seed: int = _f(0, "random seed (compute jitter)", "int")
+    seed: int = _f(0, "random seed (compute jitter)", "int", minimum=0)
     fidelity: str = _f("detailed", "network model: detailed (chunked queues) or analytic "
                                    "(closed forms)", choices=("detailed", "analytic"))
     chunk_bytes: str = _f("1MiB", "message chunk size of the detailed model", "size")
@@ -74,6 +75,11 @@ class RunSpec:
 FIELDS = {f.name: f for f in dataclasses.fields(RunSpec)}
 """The spec's fields by name."""
 
+FLAG_FIELDS = ("scheme", "gpus", "model", "topology", "bandwidth", "batch_size", "iterations",
+               "seed", "fidelity")
+"""Fields that ``sim run`` and ``sim sweep`` take as flags (``--batch-size``...); the others
+are given with ``--set``."""
+
 
 def _convert(name: str, value: Any) -> Any:
     """``value`` converted to field ``name``'s type and checked against its limits."""
@@ -86,6 +92,8 @@ def _convert(name: str, value: Any) -> Any:
             if isinstance(value, bool):
                 raise ValueError
             out = float(value)
+            if not math.isfinite(out):
+                raise ValueError
         elif typ == "bool":
             out = parse_bool(value, name)
         elif typ == "size":

@@ -10,6 +10,7 @@ is allowed.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,9 @@ from typing import Any
 from simcore.topology import Topology, TopologySpec
 from simcore.units import UnitError, parse_rate, parse_size, parse_time
 from traces.model import Trace
+
+MIN_CHUNK_BYTES = 4096
+"""Smallest chunk of the detailed network model."""
 
 FIDELITIES = ("detailed", "analytic")
 """Network fidelities: chunked queues, or closed forms (see :mod:`simcore.network`)."""
@@ -30,7 +34,7 @@ moments); passes drive the update time, ``passes * param_bytes / memory_bandwidt
 """
 
 
-TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false",
+TYPE_WORDS = {"int": "an integer", "float": "a finite number", "bool": "true or false",
               "str": "a string"}
 """How messages name the type a value should have had."""
 
@@ -84,6 +88,8 @@ def parse_field(f: dataclasses.Field, value: Any, where: str) -> Any:
             if isinstance(value, bool):
                 raise ValueError
             out = float(value)
+            if not math.isfinite(out):
+                raise ValueError
         else:
             out = str(value)
     except UnitError as exc:
@@ -190,12 +196,16 @@ class SimConfig:
             raise ConfigError("fidelity", self.fidelity, f"choose one of: {', '.join(FIDELITIES)}")
         if self.batch_size is not None and self.batch_size < 1:
             raise ConfigError("batch_size", self.batch_size, "must be at least 1")
-        if self.chunk_bytes < 1:
-            raise ConfigError("chunk_bytes", self.chunk_bytes, "must be at least 1 byte")
+        if self.chunk_bytes < MIN_CHUNK_BYTES:
+            raise ConfigError("chunk_bytes", self.chunk_bytes,
+                              f"must be at least {MIN_CHUNK_BYTES} bytes (4KiB): smaller chunks "
+                              "only multiply events")
         if not 0 <= self.compute_jitter < 10:
             raise ConfigError("compute_jitter", self.compute_jitter, "must be in [0, 10)")
-        if not self.compute_scale > 0:
-            raise ConfigError("compute_scale", self.compute_scale, "must be positive")
+        if not 0 < self.compute_scale < math.inf:
+            raise ConfigError("compute_scale", self.compute_scale, "must be positive and finite")
+        if self.seed < 0:
+            raise ConfigError("seed", self.seed, "must be at least 0")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError("optimizer", self.optimizer,
                               f"choose one of: {', '.join(OPTIMIZERS)}")

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import click
 
-from dtsim.spec import FIELDS
+from dtsim.spec import FLAG_FIELDS
 from simcore.config import ConfigError
 from simcore.engine import SimulationError
 from simcore.topology import TopologyError
@@ -18,8 +18,9 @@ USER_ERRORS = (ConfigError, TraceError, TopologyError, UnitError)
 
 
 def flag_name(field: str) -> str:
-    """``batch_size`` -> ``--batch-size`` for spec fields; other names unchanged."""
-    return "--" + field.replace("_", "-") if field in FIELDS else field
+    """``batch_size`` -> ``--batch-size`` for the fields that are flags; other names (set
+    with ``--set``) unchanged."""
+    return "--" + field.replace("_", "-") if field in FLAG_FIELDS else field
 
 
 def exit_code_and_message(exc: BaseException) -> tuple[int | None, str]:

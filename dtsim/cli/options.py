@@ -13,16 +13,13 @@ from click.core import ParameterSource
 from dtsim.spec import (
     DEFAULT_GPUS,
     DEFAULT_TOPOLOGY,
+    FLAG_FIELDS,
     RunSpec,
     apply_settings,
     load_config_file,
     parse_set,
 )
 from simcore.schemes import scheme_names
-
-SPEC_FLAGS = ("scheme", "gpus", "model", "topology", "bandwidth", "batch_size", "iterations",
-              "seed", "fidelity")
-"""Run options that map one-to-one onto :class:`RunSpec` fields."""
 
 
 def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -72,7 +69,7 @@ def spec_from_params(ctx: click.Context, params: dict[str, Any]) -> RunSpec:
             raise click.BadParameter(f"{params['config_file']!r} does not exist",
                                      param_hint="'--config'")
         merged.update(load_config_file(params["config_file"]))
-    for name in SPEC_FLAGS:
+    for name in FLAG_FIELDS:
         source = ctx.get_parameter_source(name)
         if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT) \
                 or name not in merged:

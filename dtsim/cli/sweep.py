@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from analysis.sweep import FLAG_FIELDS as SWEEP_FLAGS
+from dtsim.spec import FLAG_FIELDS as SWEEP_FLAGS
 
 _HELP = {
     "scheme": "Schemes, e.g. dp,ps (see 'sim schemes').",

@@ -79,7 +79,7 @@ class P3(ParameterServerScheme):
     def make_shards(self, num_servers: int) -> list[Shard]:
         trace = self.ctx.trace
         layers = [(i, layer.param_bytes) for i, layer in enumerate(trace.layers)
-                  if layer.param_bytes > 0]
+                  if layer.param_bytes > 0 and layer.kind != "input"]
         opts: P3Options = self.options
         return p3_slices(layers, num_servers, opts.slice_params * trace.dtype_bytes,
                          opts.round_robin)

@@ -49,5 +49,5 @@ class ParameterServer(ParameterServerScheme):
 
     def make_shards(self, num_servers: int) -> list[Shard]:
         layers = [(i, layer.param_bytes) for i, layer in enumerate(self.ctx.trace.layers)
-                  if layer.param_bytes > 0]
+                  if layer.param_bytes > 0 and layer.kind != "input"]
         return mxnet_shards(layers, num_servers, self.options.big_array_bytes)
