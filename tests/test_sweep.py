@@ -103,7 +103,7 @@ def test_plan_has_one_point_per_combination(gpus, seeds, schemes):
                                    "(dp) takes this option"),
     (["--scheme", "dp,ps", "--set", "scheme.algorithm=ring,star"],
      "scheme.algorithm: 'star' is not allowed; choose one of"),
-    (["--set", "chunk_bytes=1MiB,huge"], "--chunk-bytes: 'huge' is not allowed; expected a size"),
+    (["--set", "chunk_bytes=1MiB,huge"], "chunk_bytes: 'huge' is not allowed; expected a size"),
     (["--set", "gpus"], "--set: 'gpus' is not allowed; expected KEY=VALUE"),
     (["--out", "results.txt"], "--out: 'results.txt' is not allowed; expected a file name "
                                "ending in .parquet or .csv"),
