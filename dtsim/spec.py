@@ -138,14 +138,15 @@ def apply_settings(spec: RunSpec, settings: Mapping[str, Any]) -> RunSpec:
     return dataclasses.replace(spec, **changes)
 
 
-def parse_set(items: tuple[str, ...] | list[str]) -> dict[str, str]:
-    """``["a=1", "scheme.b=x"]`` -> ``{"a": "1", "scheme.b": "x"}`` (``ConfigError`` for
-    an item without ``=``)."""
+def parse_set(items: tuple[str, ...] | list[str], flag: str = "--set",
+              example: str = "scheme.algorithm=tree") -> dict[str, str]:
+    """``["a=1", "scheme.b=x"]`` -> ``{"a": "1", "scheme.b": "x"}`` (``ConfigError`` naming
+    ``flag`` for an item without ``=``)."""
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError("--set", item, "expected KEY=VALUE, e.g. --set scheme.algorithm=tree")
+            raise ConfigError(flag, item, f"expected KEY=VALUE, e.g. {flag} {example}")
         out[key.strip()] = value.strip()
     return out
 

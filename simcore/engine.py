@@ -147,7 +147,7 @@ def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology
     for op, ranks, n, _s, _e, _it, _tag in ctx.coll.records:
         if ctx.coll.analytic and len(ranks) > 1:
             payload += round(ctx.coll.payload_factor(op, ranks) * n)
-    peaks = tuple(g.memory.peak for g in ctx.gpus)
+    peaks = tuple(round(g.memory.peak) for g in ctx.gpus)
     worst = max(range(len(peaks)), key=peaks.__getitem__)
 
     spans: tuple[tuple[Any, ...], ...] = ()
@@ -172,7 +172,8 @@ def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology
         comm_bytes_by_link=_frozen(by_link), comm_bytes_received_by_link=_frozen(received),
         link_utilization=_frozen(link_util),
         peak_memory_bytes=peaks[worst], per_gpu_peak_memory_bytes=peaks,
-        memory_breakdown_bytes=_frozen(ctx.gpus[worst].memory.peak_breakdown),
+        memory_breakdown_bytes=_frozen({k: round(v) for k, v in
+                                        ctx.gpus[worst].memory.peak_breakdown.items()}),
         memory_capacity_bytes=topology.gpu_spec.memory_bytes,
         events=events, model_events=_model_events(ctx),
         wall_s=time.perf_counter() - wall0, simulated_s=sim_end,

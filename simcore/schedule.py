@@ -345,12 +345,19 @@ def replica_of(stages: Sequence[Sequence[int]], stage: int, mb: int) -> int:
     return ranks[mb % len(ranks)]
 
 
+def version_difference(stage: int, stages: int, forward: bool) -> int:
+    """SpecTrain's prediction distance for a pass at ``stage`` of ``stages`` (its reference
+    code): ``floor(k/2) + N - k - 1`` before a forward, ``floor(k/2)`` before a backward.
+    A pass with distance 0 needs no prediction."""
+    return stage // 2 + (stages - stage - 1 if forward else 0)
+
+
 def _forward(stages: Sequence[Sequence[int]], s: int, m: int, predict: bool,
              recompute: bool = False) -> list[Action]:
     out = []
     if s > 0:
         out.append(Action(RECV_ACT, s, m, replica_of(stages, s - 1, m)))
-    if predict:
+    if predict and version_difference(s, len(stages), True) > 0:
         out.append(Action(PREDICT, s, m))
     out.append(Action(FORWARD, s, m))
     if s < len(stages) - 1:
@@ -367,7 +374,7 @@ def _backward(stages: Sequence[Sequence[int]], s: int, m: int, *, stash: bool,
         out.append(Action(RECOMPUTE, s, m))
     if stash:
         out.append(Action(LOAD, s, m))
-    if predict:
+    if predict and version_difference(s, len(stages), False) > 0:
         out.append(Action(PREDICT, s, m))
     out.append(Action(BACKWARD, s, m))
     if s > 0:
@@ -419,7 +426,8 @@ def one_f_one_b(stages: Sequence[Sequence[int]], microbatches: int, iterations: 
     ``N - k - 1`` warm-up forwards at stage ``k`` of a straight pipeline, then one forward
     and one backward in turn, then the remaining backwards (drain). ``stash`` loads the
     weight version of the micro-batch's forward before its backward; ``predict`` adds
-    SpecTrain's weight prediction before every pass.
+    SpecTrain's weight prediction before every pass that predicts ahead
+    (:func:`version_difference` > 0).
     """
     _check_shape(stages, microbatches, iterations)
     total = microbatches * iterations

@@ -12,10 +12,10 @@ from simcore import SimConfig, simulate
 from simcore.config import ConfigError
 from simcore.device import MEMORY_KINDS, MemoryAccount
 from simcore.records import BACKWARD, FORWARD, RECOMPUTE
+from simcore.schedule import version_difference
 from simcore.schemes.gpipe import GPipeOptions
 from simcore.schemes.mp import ModelParallel
 from simcore.schemes.pipedream import PipeDreamOptions
-from simcore.schemes.spectrain import version_difference
 from simcore.topology import ring_topology
 from traces import Layer, TraceMeta, chain, load_builtin
 

@@ -12,9 +12,10 @@ from simcore.config import ConfigError
 from simcore.engine import SimulationError
 from simcore.topology import TopologyError
 from simcore.units import UnitError
+from traces.atomic import OutputPathError
 from traces.errors import TraceError
 
-USER_ERRORS = (ConfigError, TraceError, TopologyError, UnitError)
+USER_ERRORS = (ConfigError, TraceError, TopologyError, UnitError, OutputPathError)
 
 
 def flag_name(field: str) -> str:

@@ -43,7 +43,7 @@ def plot(results: str, kind: str, x: str | None, y: str | None, hue: str | None,
     from analysis.plots import plot_results, save_figure
     from dtsim.spec import parse_set
 
-    filters = parse_set(where) if where else {}
+    filters = parse_set(where, flag="--where", example="model=vgg16") if where else {}
     fig = plot_results(results, kind, x=x, y=y, hue=hue, col=col, where=filters, title=title)
     if out is None:
         stem = os.path.splitext(results)[0]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import click
@@ -10,6 +9,7 @@ import click
 from dtsim.cli.errors import BadInput, reported
 from realrun import zoo
 from realrun.options import DEFAULT_EFFICIENCY, DEVICES, DTYPES
+from traces.atomic import check_writable
 
 
 @click.command("profile")
@@ -72,9 +72,7 @@ def profile(model_name: str, batch_size: int, device: str, dtype: str, out: str 
         flops_rate = parse_flop_rate(device_flops) if device_flops else 0.0
         mem_rate = parse_rate(memory_bandwidth) if memory_bandwidth else 0.0
     path = out or f"{model_name}-{'analytic' if analytic else device}-b{batch_size}.json"
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise BadInput(f"--out {path!r}: folder {folder!r} does not exist")
+    check_writable(path)
     from realrun.profiler import ProfileConfig, ProfileError, profile_model
     from traces import save_trace
 

@@ -9,6 +9,7 @@ import click
 
 from dtsim.cli.options import run_options, spec_from_params
 from dtsim.cli.output import run_table, write_json
+from traces.atomic import check_writable
 
 
 @click.command("run")
@@ -29,6 +30,8 @@ def run(ctx: click.Context, as_json: bool, trace_out: str | None, **params: Any)
     from dtsim.resolve import build_config
     from simcore.engine import simulate
 
+    if trace_out:
+        check_writable(trace_out)
     spec = spec_from_params(ctx, params)
     config = build_config(spec, record_spans=trace_out is not None)
     result = simulate(config)

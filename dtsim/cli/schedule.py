@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
 PIPELINE_SCHEMES = ("mp", "gpipe", "pipedream", "spectrain")
 
@@ -63,6 +64,11 @@ def schedule(scheme: str, stages: int, replicas: str, microbatches: int, iterati
             else:
                 reps = [1] * stages
             cls = get_scheme(scheme)
+            source = click.get_current_context().get_parameter_source("microbatches")
+            if scheme == "mp" and source == ParameterSource.COMMANDLINE:
+                raise click.BadParameter("mp runs one batch at a time, without "
+                                         "micro-batches; use gpipe or pipedream",
+                                         param_hint="'--microbatches'")
             given = {k.removeprefix("scheme."): v for k, v in parse_set(settings).items()}
             opts = options_from_mapping(cls.Options, given, prefix="--set ")
             s = cls.make_schedule(stages_from_replicas(reps), microbatches, iterations, opts)
@@ -73,8 +79,9 @@ def schedule(scheme: str, stages: int, replicas: str, microbatches: int, iterati
             click.echo("\n".join(lines[1:]), err=True)
         raise click.UsageError(f"invalid schedule: {lines[0]}") from None
     shape = "+".join(str(len(r)) for r in s.stages)
-    click.echo(f"{s.name}: {len(s.stages)} stages ({shape} GPUs), {s.microbatches} "
-               f"micro-batches, valid")
+    mbs = "micro-batch" if s.microbatches == 1 else "micro-batches"
+    click.echo(f"{s.name}: {len(s.stages)} stages ({shape} GPUs), {s.microbatches} {mbs}, "
+               "valid")
     click.echo(s.grid(steps))
     if actions:
         click.echo("")

@@ -133,9 +133,11 @@ def convert(source: str, dest: str, from_fmt: str, batch_size: int | None, to_fm
     """
     from dtsim.cli.output import write_json
     from traces import save_trace
+    from traces.atomic import check_writable
     from traces.model import Trace
 
     with reported():
+        check_writable(dest)
         tr = _load(source, from_fmt, batch_size)
         if model_name:
             tr = Trace(dataclasses.replace(tr.meta, model=model_name), tr.layers, tr.edges)

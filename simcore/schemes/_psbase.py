@@ -197,7 +197,9 @@ class ParameterServerScheme(Scheme):
         start = max(self.ctx.env.now, self.server_busy[s])
         end = start + seconds
         self.server_busy[s] = end
-        self.ctx.compute_log.append((self.server_name[s], kind, kind, start, end, it, -1, -1))
+        if self.ctx.config.record_spans:
+            self.ctx.compute_log.append((self.server_name[s], kind, kind, start, end, it, -1,
+                                         -1))
         return end
 
     def _server_work(self, s: int, seconds: float, kind: str, it: int, then: Any,

@@ -19,11 +19,6 @@ from simcore.schedule import Schedule, one_f_one_b
 from simcore.schemes._pipeline import MicrobatchOptions, PipelineScheme
 
 
-def version_difference(stage: int, stages: int, forward: bool) -> int:
-    """SpecTrain's prediction distance ``s`` for a pass at ``stage`` of ``stages``."""
-    return stage // 2 + (stages - stage - 1 if forward else 0)
-
-
 class SpecTrain(PipelineScheme):
     """SpecTrain (see module docs)."""
 
