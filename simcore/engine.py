@@ -143,10 +143,20 @@ def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology
     received = {link.name: recv for link, _s, recv, _b in counters if recv}
     link_util = {link.name: (b / sim_end if sim_end > 0 else 0.0)
                  for link, sent, _r, b in counters if sent}
-    payload = sum(m.nbytes for m in ctx.net.messages)
-    for op, ranks, n, _s, _e, _it, _tag in ctx.coll.records:
-        if ctx.coll.analytic and len(ranks) > 1:
-            payload += round(ctx.coll.payload_factor(op, ranks) * n)
+    # Payload bytes: all of the run, and those of the measured iterations.
+    first, last = config.warmup_iterations, config.total_iterations - 1
+    payload = measured = 0
+    for m in ctx.net.messages:
+        payload += m.nbytes
+        if first <= m.iteration <= last:
+            measured += m.nbytes
+    if ctx.coll.analytic:
+        for op, ranks, n, _s, _e, it, _tag in ctx.coll.records:
+            if len(ranks) > 1:
+                moved = round(ctx.coll.payload_factor(op, ranks) * n)
+                payload += moved
+                if first <= it <= last:
+                    measured += moved
     peaks = tuple(round(g.memory.peak) for g in ctx.gpus)
     worst = max(range(len(peaks)), key=peaks.__getitem__)
 
@@ -167,7 +177,8 @@ def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology
         gpu_utilization=gpu_util, per_gpu_utilization=tuple(util),
         bubble_fraction=max(0.0, 1.0 - gpu_util),
         comm_bytes_total=payload,
-        comm_bytes_per_iteration=payload / config.total_iterations,
+        comm_bytes_per_iteration=measured / config.iterations,
+        simulated_iterations=ctx.simulated_iterations,
         comm_bytes_by_link_kind=_frozen(metrics.bytes_by_kind(counters)),
         comm_bytes_by_link=_frozen(by_link), comm_bytes_received_by_link=_frozen(received),
         link_utilization=_frozen(link_util),

@@ -49,6 +49,7 @@ class RunResult:
     bubble_fraction: float
     comm_bytes_total: int
     comm_bytes_per_iteration: float
+    simulated_iterations: int
     comm_bytes_by_link_kind: Mapping[str, int]
     comm_bytes_by_link: Mapping[str, int]
     comm_bytes_received_by_link: Mapping[str, int]
@@ -94,6 +95,7 @@ class RunResult:
             "bubble_fraction": self.bubble_fraction,
             "comm_bytes_total": self.comm_bytes_total,
             "comm_bytes_per_iteration": self.comm_bytes_per_iteration,
+            "simulated_iterations": self.simulated_iterations,
             "comm_bytes_by_link_kind": dict(self.comm_bytes_by_link_kind),
             "comm_bytes_by_link": dict(self.comm_bytes_by_link),
             "link_utilization": dict(self.link_utilization),

@@ -253,3 +253,18 @@ def test_partition_option_picks_the_method():
     assert [x[2] for x in lay.extra["stage_layers"]] == [11, 10, 10, 10]
     assert ant.throughput_samples_s > lay.throughput_samples_s
     assert load_builtin("vgg16").meta.batch_size == ant.batch_size
+
+
+def test_traffic_per_iteration_counts_measured_iterations_only():
+    """PipeDream and SpecTrain also simulate a lead-in and a drain; their traffic per
+    iteration must equal GPipe's on the same stages and micro-batches."""
+    trace = layers([(0.01, 0.02)] * 8, act=1_000_000)
+    per_it = {
+        scheme: run(trace, scheme, 4, opts).comm_bytes_per_iteration
+        for scheme, opts in (("gpipe", GPipeOptions(microbatches=4)),
+                             ("pipedream", PipeDreamOptions(microbatches=4, straight=True)),
+                             ("spectrain", None))
+    }
+    assert per_it["gpipe"] > 0
+    assert per_it["pipedream"] == pytest.approx(per_it["gpipe"])
+    assert per_it["spectrain"] == pytest.approx(per_it["gpipe"])

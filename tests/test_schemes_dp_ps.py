@@ -130,3 +130,15 @@ def test_ps_on_builtin_vgg16_four_hosts_runs_every_layer():
     vgg = load_builtin("vgg16")
     assert r.comm_bytes_total > 2 * 4 * vgg.param_bytes   # push and pull per worker
     assert all(0 < u <= 1 for u in r.per_gpu_utilization)
+
+
+@pytest.mark.parametrize("scheme", ["ps", "p3"])
+def test_an_input_node_with_parameters_does_not_stall_parameter_servers(scheme):
+    """Input nodes never run backward, so their parameters are never pushed; they must not
+    be sharded (it used to stall the run)."""
+    trace = chain(TraceMeta("m", "V100", 1),
+                  [Layer("in", 0.001, 0.0, param_bytes=1_000_000, kind="input"),
+                   Layer("l1", 0.01, 0.02, param_bytes=2_000_000)])
+    r = simulate(SimConfig(trace=trace, topology=star_topology(2, B, LAT), scheme=scheme,
+                           iterations=2))
+    assert r.iteration_time_s > 0

@@ -29,7 +29,7 @@ def table(rows: list[tuple[str, str]], indent: int = 2) -> str:
 def run_table(r: Any) -> str:
     """The compact summary of a :class:`~simcore.result.RunResult`."""
     util = r.per_gpu_utilization
-    comm_kinds = ", ".join(f"{k} {format_bytes(v / (r.iterations + r.warmup_iterations))}"
+    comm_kinds = ", ".join(f"{k} {format_bytes(v / r.simulated_iterations)}"
                            for k, v in sorted(r.comm_bytes_by_link_kind.items()))
     fits = "fits" if r.fits_in_memory else "DOES NOT FIT"
     head = (f"{r.scheme} | {r.model} | {r.gpus} GPU{'s' if r.gpus != 1 else ''} "

@@ -72,7 +72,8 @@ def profile(model_name: str, batch_size: int, device: str, dtype: str, out: str 
         flops_rate = parse_flop_rate(device_flops) if device_flops else 0.0
         mem_rate = parse_rate(memory_bandwidth) if memory_bandwidth else 0.0
     path = out or f"{model_name}-{'analytic' if analytic else device}-b{batch_size}.json"
-    check_writable(path)
+    with reported():
+        check_writable(path)
     from realrun.profiler import ProfileConfig, ProfileError, profile_model
     from traces import save_trace
 

@@ -220,6 +220,7 @@ class PipelineScheme(Scheme):
             tail = 0 if self.flush else -(-(depth - 1) // self.M)
             self.schedule = self.make_schedule(stages, self.M,
                                                self.lead + ctx.iterations + tail, opts)
+            ctx.simulated_iterations = self.lead + ctx.iterations + tail
         except ScheduleError as exc:
             raise ConfigError("scheme.microbatches", self.M, str(exc)) from None
         self.plans = [self._plan(k, st, ranks) for k, (st, ranks) in

@@ -52,6 +52,10 @@ class SimContext:
         self.spans: list[tuple[Any, ...]] = []
         self.iteration_end = [[-1.0] * len(gpus) for _ in range(config.total_iterations)]
         self.extra: dict[str, Any] = {}
+        self.simulated_iterations = config.total_iterations
+        """Iterations' worth of work the run simulates (a scheme that runs more than the
+        warm-up and measured ones, like an asynchronous pipeline's lead-in and drain, says
+        so here; per-iteration link totals divide by it)."""
 
     @property
     def num_ranks(self) -> int:
