@@ -140,12 +140,13 @@ class Gpu:
         by_it = self.busy_by_iteration
         log = self._log
         if log is None and type(ops) is Run:
-            # Same additions in the same order as op by op: identical times.
-            start = end
+            # The same additions in the same order as op by op: identical times and sums.
+            it = ops.iteration
+            busy = by_it.get(it, 0.0)
             for duration in ops.durations:
                 end += duration
-            it = ops.iteration
-            by_it[it] = by_it.get(it, 0.0) + (end - start)
+                busy += duration
+            by_it[it] = busy
         elif log is None:
             for duration, _kind, _label, iteration, _layer, _mb in ops:
                 end += duration

@@ -148,3 +148,19 @@ def test_gpu_counters_agree_with_the_span_log(cfg):
                           r.warmup_iterations + r.iterations - 1)
     util = utilization(busy, r.iteration_time_s * r.iterations)
     assert util == [pytest.approx(u, abs=1e-9) for u in r.per_gpu_utilization]
+
+
+@pytest.mark.parametrize("scheme", ["dp", "ps", "p3", "gossip", "mp", "gpipe", "pipedream",
+                                    "spectrain"])
+@pytest.mark.parametrize("jitter", [0.0, 0.2])
+def test_recording_spans_does_not_change_the_result(scheme, jitter):
+    """--trace-out only adds records: the simulated run is the same with or without."""
+    trace = chain(TraceMeta("m", "V100", 8),
+                  [Layer(f"l{i}", 0.002 * (i + 1), 0.004, param_bytes=3_000_000,
+                         activation_bytes=500_000) for i in range(6)])
+    base = SimConfig(trace=trace, topology=TopologySpec(load_preset("pcie"), gpus=4),
+                     scheme=scheme, iterations=2, seed=5, compute_jitter=jitter)
+    with_spans = simulate(base).to_dict()
+    without = simulate(SimConfig(**{**base.__dict__, "record_spans": False})).to_dict()
+    with_spans.pop("wall_s"), without.pop("wall_s")
+    assert with_spans == without

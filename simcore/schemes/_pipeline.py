@@ -49,6 +49,7 @@ from simpy import Event
 from simcore import schedule as sch
 from simcore.collectives import ALLREDUCE_ALGORITHMS
 from simcore.config import ConfigError, SimConfig, option
+from simcore.device import Run
 from simcore.network import Message
 from simcore.partition import METHODS, Partition, PartitionError, partition
 from simcore.records import BACKWARD, FORWARD, PREDICT, RECOMPUTE, UPDATE
@@ -315,16 +316,12 @@ class PipelineScheme(Scheme):
 
     def _pass(self, gpu: Any, layers: list[tuple[float, str, int]], kind: str, it: int,
               mb: int) -> Any:
-        """Queue a pass; the event of its end (what the rank yields). Layer by layer when
-        spans are recorded (one span per layer), else as one piece of work of the same
-        length (one event instead of one per layer)."""
-        if not self.ctx.config.record_spans:
-            return gpu.compute(sum(d for d, _n, _i in layers), kind, kind, it, -1, mb)
-        ev = None
-        compute = gpu.compute
-        for dur, name, i in layers:
-            ev = compute(dur, kind, name, it, i, mb)
-        return ev if ev is not None else gpu.compute(0.0, kind, "", it, -1, mb)
+        """Queue a pass, layer by layer, as one run (one event; one span per layer when
+        spans are recorded, and with compute jitter one factor per layer either way);
+        returns the event of its end (what the rank yields)."""
+        if not layers:
+            return gpu.compute(0.0, kind, "", it, -1, mb)
+        return gpu.compute_seq(Run(it, [(dur, kind, name, it, i, mb) for dur, name, i in layers]))
 
     def _marks(self, r: int) -> dict[int, list[int]]:
         """Action index after which rank ``r`` has finished each measured iteration
