@@ -179,16 +179,25 @@ class PipelineScheme(Scheme):
 
     def microbatches(self, part: Partition) -> int:
         """Micro-batches per iteration: the option, or the scheme's automatic choice
-        (capped at the batch size)."""
+        (capped at the batch size; for replicated stages, a multiple of every stage's
+        replica count)."""
         m = getattr(self.options, "microbatches", 1)      # mp: one, and no option
         if m > 0:
             return m
+        batch = self.ctx.config.effective_batch_size
         if self.per_gpu_microbatches:
+            # Whole rounds: a multiple of every stage's replica count, within the batch.
             lcm = math.lcm(*part.replicas)
+            if batch < lcm:
+                raise ConfigError("batch_size", batch,
+                                  f"the partition replicates stages {list(part.replicas)} "
+                                  f"times, which needs at least {lcm} micro-batches of one "
+                                  "sample; use a larger --batch-size or --set "
+                                  "scheme.straight=true")
             m = -(-self.per_gpu_microbatches * part.gpus // lcm) * lcm
-        else:
-            m = self.per_stage_microbatches * len(part.stages)
-        return max(1, min(m, self.ctx.config.effective_batch_size))
+            return min(m, batch // lcm * lcm)
+        m = self.per_stage_microbatches * len(part.stages)
+        return max(1, min(m, batch))
 
     @classmethod
     def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,
