@@ -15,14 +15,15 @@ Algorithms (``p`` ranks, ``n`` bytes, ``alpha`` per-message latency, ``B`` bandw
 **Detailed** fidelity turns an algorithm into its point-to-point messages on the
 network; a rank sends the message of step ``s`` as soon as it has received everything
 addressed to it in earlier steps, so ranks progress independently and contend for links.
-**Analytic** fidelity gives the closed form above for the group, with ``alpha`` the
-largest route latency among the algorithm's sends and ``B`` the smallest bandwidth share
-a send gets (a link direction used by ``k`` sends of one step gives each ``1/k`` of it).
-It charges the same bytes to every link as the detailed model, in one event. It is
-step-synchronous: each step lasts as long as its slowest send. On uniform links this is
-exactly the detailed result (up to chunk pipelining); where one step mixes fast and slow
-links (DGX-1's single and double NVLinks) it is a few percent slower than the detailed
-model, in which a rank moves on as soon as its own inputs have arrived.
+**Analytic** fidelity computes each collective in one event. Ring phases take the closed
+form above, with ``alpha`` the largest route latency among the step's sends and ``B`` the
+smallest bandwidth share a send gets (a link direction used by ``k`` sends of one step
+gives each ``1/k`` of it). Trees and broadcasts are walked send by send (see
+:meth:`Collectives.duration`): a rank sends as soon as it has what it needs, and routes
+are reserved cut-through on the collective's links, so uniform powers of two give exactly
+the closed form and other groups and mixed links match the detailed model within a
+percent. Analytic collectives charge every link the same bytes as the detailed model but
+do not contend with other traffic.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from simcore.network import AnalyticNetwork, Message, Network
+from simcore.topology import Link
 
 ALLREDUCE_ALGORITHMS = ("ring", "tree", "hierarchical")
 """All-reduce algorithms a scheme may ask for."""
@@ -124,6 +126,7 @@ class Collectives:
         self.analytic = isinstance(net, AnalyticNetwork)
         self._costs: dict[tuple[str, tuple[int, ...]], CostModel] = {}
         self._plans: dict[tuple[str, tuple[int, ...], int], MessagePlan] = {}
+        self._durations: dict[tuple[str, tuple[int, ...], int], float] = {}
         self.records: list[tuple[str, tuple[int, ...], int, float, float, int, str]] = []
         """``(op, ranks, nbytes, start_s, end_s, iteration, tag)`` of each collective."""
 
@@ -243,8 +246,8 @@ class Collectives:
     # analytic fidelity
     def _run_analytic(self, op: str, ranks: tuple[int, ...], n: int,
                       finish: Callable[[float], None]) -> None:
-        fixed_s, per_byte_s, link_factors, _payload = self.cost_model(op, ranks)
-        duration = fixed_s + per_byte_s * n
+        _fixed, _per_byte, link_factors, _payload = self.cost_model(op, ranks)
+        duration = self.duration(op, ranks, n)
         states = self.net.state
         for idx, factor in link_factors:
             st = states[idx]
@@ -264,6 +267,51 @@ class Collectives:
         if hit is None:
             hit = self._costs[key] = self._plan_cost(op, ranks)
         return hit
+
+    def duration(self, op: str, ranks: tuple[int, ...], n: int) -> float:
+        """The analytic duration of ``op`` on ``ranks`` for ``n`` bytes, seconds. Cached.
+
+        Ring phases (identical steps) take their closed form, ``repeat`` times the slowest
+        send's ``latency + bytes / bandwidth share``. Other steps (trees, broadcasts) are
+        walked send by send in step order: a send starts once its sender has received
+        everything addressed to it in earlier steps, and its route is reserved link by
+        link, cut-through (as in :class:`~simcore.network.AnalyticNetwork`), on links
+        only this collective uses. So a rank with nothing to wait for goes at once, as in
+        the detailed model, and sends that meet on a link queue there.
+        """
+        key = (op, ranks, n)
+        d = self._durations.get(key)
+        if d is None:
+            d = self._durations[key] = self._walk(op, ranks, n)
+        return d
+
+    def _walk(self, op: str, ranks: tuple[int, ...], n: int) -> float:
+        phases = self.phases(op, ranks, n)
+        if all(repeat > 1 for _step, repeat in phases):
+            fixed, per_byte, _factors, _payload = self.cost_model(op, ranks)
+            return fixed + per_byte * n
+        topo = self.topology
+        gpus = topo.gpus
+        ready = [0.0] * len(ranks)
+        free: dict[int, float] = {}
+        for step, repeat in phases:
+            routes = [topo.route(gpus[ranks[s]], gpus[ranks[d]]) for s, d, _b in step]
+            if repeat > 1:
+                # A ring phase: it starts when all its members are ready.
+                members = {s for s, _d, _b in step} | {d for _s, d, _b in step}
+                start = max(ready[m] for m in members)
+                end = start + repeat * _slowest_send(step, routes)
+                for m in members:
+                    ready[m] = end
+                continue
+            arrivals = []
+            for k in sorted(range(len(step)), key=lambda k: ready[step[k][0]]):
+                s, d, b = step[k]
+                arrivals.append((d, _reserve(routes[k], b, ready[s], free)))
+            for d, t in arrivals:
+                if t > ready[d]:
+                    ready[d] = t
+        return max(ready)
 
     def payload_factor(self, op: str, ranks: tuple[int, ...]) -> float:
         """Bytes the algorithm's messages carry per byte of input."""
@@ -301,6 +349,42 @@ class Collectives:
             fixed += step_alpha * repeat
             per_byte += step_time * repeat
         return fixed, per_byte, sorted(factors.items()), payload
+
+
+def _slowest_send(step: Step, routes: list[tuple[Link, ...]]) -> float:
+    """The longest ``latency + bytes / bandwidth share`` among a step's sends, a link used
+    by ``k`` of them giving each ``1/k`` of its bandwidth."""
+    use: dict[int, int] = {}
+    for route in routes:
+        for link in route:
+            use[link.index] = use.get(link.index, 0) + 1
+    slowest = 0.0
+    for (_s, _d, b), route in zip(step, routes, strict=True):
+        if route:
+            share = min(link.bandwidth / use[link.index] for link in route)
+            slowest = max(slowest, sum(link.latency for link in route) + b / share)
+    return slowest
+
+
+def _reserve(route: tuple[Link, ...], nbytes: int, start: float,
+             free: dict[int, float]) -> float:
+    """Arrival time of ``nbytes`` sent at ``start`` over ``route``, reserving each link
+    cut-through in ``free`` (link index -> when it is free)."""
+    if not route or nbytes <= 0:
+        return start
+    head = start
+    tail = 0.0
+    for link in route:
+        busy = free.get(link.index, 0.0)
+        if busy > head:
+            head = busy
+        leave = head + nbytes / link.bandwidth
+        if leave < tail:
+            leave = tail
+        free[link.index] = leave
+        head += link.latency
+        tail = leave + link.latency
+    return tail
 
 
 class _StepRunner:

@@ -53,12 +53,31 @@ def test_tree_allreduce_closed_form(p):
     topo = star_topology(p, B, LAT / 2, kind="nvlink")   # two hops of LAT/2 = one alpha
     expected = closed_form_tree_allreduce(p, n, LAT, B)
     analytic, _ = run_collective(topo, "analytic", "allreduce", n, algorithm="tree")
-    assert analytic == pytest.approx(expected, rel=1e-12)
-    # detailed: each message is store-and-forward over two hops in 1 MiB chunks
+    # detailed: each message is store-and-forward over two hops in small chunks
     detailed, _ = run_collective(topo, "detailed", "allreduce", n, algorithm="tree",
                                  chunk=n // 256)
     assert detailed == pytest.approx(expected, rel=0.01)
+    if p & (p - 1) == 0:
+        assert analytic == pytest.approx(expected, rel=1e-12)
+    else:
+        # With 5 ranks on one switch the root's link serialises the extra sends in both
+        # models; the analytic walk overlaps their first hop (one latency less).
+        assert analytic == pytest.approx(detailed, rel=0.01)
     assert len(tree_reduce_steps(p, 1)) == math.ceil(math.log2(p))
+
+
+@pytest.mark.parametrize("gpus", [3, 5, 6, 11, 16])
+@pytest.mark.parametrize("algorithm", ["tree", "hierarchical"])
+def test_analytic_walk_matches_detailed_without_contention(gpus, algorithm):
+    """Trees over a group that is not a power of two, on DGX-1's mixed NVLinks: a rank
+    with nothing to receive sends at once in both models (the closed form's synchronous
+    steps would be up to twice as slow)."""
+    topo = build_topology(TopologySpec(load_preset("dgx1"), gpus=gpus))
+    n = 64 * 2**20
+    analytic, _ = run_collective(topo, "analytic", "allreduce", n, algorithm=algorithm)
+    detailed, _ = run_collective(topo, "detailed", "allreduce", n, algorithm=algorithm,
+                                 chunk=64 * 1024)
+    assert analytic == pytest.approx(detailed, rel=0.01)
 
 
 def test_reduce_scatter_and_allgather_closed_form():
@@ -78,18 +97,6 @@ def test_hierarchical_on_uniform_boxes_agrees_across_fidelities():
                                  chunk=n // 512)
     # Detailed adds (hops - 1) * chunk / B per multi-hop message (store and forward).
     assert detailed == pytest.approx(analytic, rel=0.02)
-
-
-def test_analytic_is_step_synchronous_on_mixed_links():
-    """DGX-1 mixes single and double NVLinks inside one tree step; the analytic model
-    waits for each step's slowest send, the detailed one lets a GPU go on as soon as its
-    own inputs are in, so analytic is the (slightly) slower of the two."""
-    topo = build_topology(TopologySpec(load_preset("dgx1"), gpus=16))
-    n = 50 * 2**20
-    analytic, _ = run_collective(topo, "analytic", "allreduce", n, algorithm="hierarchical")
-    detailed, _ = run_collective(topo, "detailed", "allreduce", n, algorithm="hierarchical",
-                                 chunk=n // 512)
-    assert detailed < analytic < 1.25 * detailed
 
 
 def test_analytic_charges_the_same_bytes_as_detailed():

@@ -24,7 +24,8 @@ from dtsim.spec import DEFAULT_GPUS
               help="Bandwidth between stages and among a stage's replicas.")
 @click.option("--activations", is_flag=True,
               help="Count activation and gradient transfers between stages (PipeDream's "
-                   "flat optimizer does, its hierarchical one does not).")
+                   "flat optimizer does, its hierarchical one does not; the pipeline "
+                   "schemes of 'sim run' do, so add it to preview their stages).")
 @click.option("--memory-limit", default="", metavar="SIZE",
               help="Memory per GPU a stage may use, e.g. 16GiB (antichain only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
@@ -101,3 +102,7 @@ def partition(model: str, gpus: int, method: str, straight: bool, bandwidth: str
                     f"({format_time(p.data_parallel_s)})"),
         ("search", f"{search} in {format_time(p.wall_s)}"),
     ]))
+    if not activations:
+        click.echo("  (without the activation-transfer term, as PipeDream's hierarchical "
+                   "optimizer; sim run's pipelines use it: add --activations to see their "
+                   "stages)")
