@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,10 +179,6 @@ class Topology:
         if r is None:
             r = self._routes[key] = self._compute_route(src, dst)
         return r
-
-    def path_latency(self, src: int, dst: int) -> float:
-        """Sum of link latencies on the route, seconds."""
-        return sum(link.latency for link in self.route(src, dst))
 
     def path_bandwidth(self, src: int, dst: int) -> float:
         """Bottleneck bandwidth on the route, bytes/s (``inf`` for ``src == dst``)."""
@@ -458,11 +454,3 @@ def star_topology(hosts: int, bandwidth: float, latency: float, kind: str = "eth
         srv.append(b.device(f"ps{s}", "server", -1))
         b.link(srv[-1], sw, kind, bandwidth, latency)
     return b.build(gpus, gpu_spec=gpu or GpuSpec(), hosts=list(gpus), servers=srv)
-
-
-def links_by_kind(links: Iterable[Link]) -> dict[str, list[Link]]:
-    """Group links by kind."""
-    out: dict[str, list[Link]] = {}
-    for link in links:
-        out.setdefault(link.kind, []).append(link)
-    return out

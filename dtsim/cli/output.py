@@ -9,12 +9,6 @@ from simcore.units import format_bytes, format_rate, format_time
 from traces.atomic import write_text
 
 
-def write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file renamed into place, so a failure
-    never leaves a half-written file."""
-    write_text(path, text)
-
-
 def write_json(path: str, data: Any) -> None:
     """Write ``data`` as JSON, atomically."""
     write_text(path, json.dumps(data, separators=(",", ":")) + "\n")
@@ -71,4 +65,4 @@ def extra_row(key: str, value: Any) -> tuple[str, str]:
     return label, str(value)
 
 
-__all__ = ["format_rate", "run_table", "table", "write_atomic", "write_json"]
+__all__ = ["format_rate", "run_table", "table", "write_json"]
