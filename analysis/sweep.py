@@ -35,8 +35,8 @@ from types import MappingProxyType
 from typing import Any
 
 from dtsim.spec import FIELDS, RunSpec, apply_settings
-from simcore.config import ConfigError, parse_field
-from simcore.units import UnitError, parse_rate
+from simcore.config import ConfigError, parse_field, parse_quantity
+from simcore.units import parse_rate
 
 FLATTENED = ("comm_bytes_by_link_kind", "memory_breakdown_bytes")
 """Result keys whose mappings (over a few link or memory kinds) become ``KEY.SUBKEY``
@@ -140,10 +140,7 @@ def _check_named(name: str, value: Any) -> None:
     elif name == "topology":
         load_preset(value)
     elif name == "bandwidth" and value:
-        try:
-            parse_rate(value)
-        except UnitError as exc:
-            raise ConfigError(name, value, f"expected {exc.expected}") from None
+        parse_quantity(parse_rate, value, name)
 
 
 def _option_fields(scheme: str) -> dict[str, dataclasses.Field]:

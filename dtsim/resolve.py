@@ -15,10 +15,10 @@ from typing import Any
 import yaml
 
 from dtsim.spec import RunSpec
-from simcore.config import ConfigError, SimConfig, options_from_mapping
+from simcore.config import ConfigError, SimConfig, options_from_mapping, parse_quantity
 from simcore.schemes import get_scheme
 from simcore.topology import TopologySpec
-from simcore.units import UnitError, parse_rate, parse_size
+from simcore.units import parse_rate, parse_size
 from traces import default_model, load_trace
 from traces.errors import UnknownModelError
 from traces.model import Trace
@@ -105,10 +105,7 @@ def build_config(spec: RunSpec, *, record_spans: bool = True) -> SimConfig:
     options = options_from_mapping(scheme.Options, spec.scheme_options, prefix="scheme.")
     trace = resolve_trace(spec.model)
     preset = load_preset(spec.topology)
-    try:
-        bandwidth = parse_rate(spec.bandwidth) if spec.bandwidth else None
-    except UnitError as exc:
-        raise ConfigError("bandwidth", spec.bandwidth, f"expected {exc.expected}") from None
+    bandwidth = parse_quantity(parse_rate, spec.bandwidth, "bandwidth") if spec.bandwidth else None
     topo = TopologySpec(preset=preset, gpus=spec.gpus, bandwidth_bytes_per_s=bandwidth,
                         nic_per_gpu=spec.nic_per_gpu)
     scale = spec.compute_scale

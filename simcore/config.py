@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,15 @@ class ConfigError(ValueError):
         if self.unknown:
             return f"{shown_name}: unknown setting; {self.allowed}"
         return f"{shown_name}: {self.value!r} is not allowed; {self.allowed}"
+
+
+def parse_quantity(parse: Callable[[Any], Any], value: Any, field_name: str) -> Any:
+    """``parse(value)`` (a parser of :mod:`simcore.units`), with a :class:`ConfigError`
+    naming ``field_name``, the value and the accepted forms when it does not parse."""
+    try:
+        return parse(value)
+    except UnitError as exc:
+        raise ConfigError(field_name, value, f"expected {exc.expected}") from None
 
 
 def option(default: Any, help: str, *, unit: str | None = None,

@@ -40,6 +40,19 @@ class LazyGroup(click.Group):
         module = importlib.import_module(COMMANDS[cmd_name][0])
         return getattr(module, cmd_name.replace("-", "_"))
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the subcommand; a user error it raises (bad trace file, unit, config...)
+        becomes a one-line click error, whoever called the group (``main``, CliRunner)."""
+        from dtsim.cli.errors import as_click_error
+
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            err = as_click_error(exc)
+            if err is None or err is exc:
+                raise
+            raise err from None
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_) for name, (_m, help_) in COMMANDS.items()]
         with formatter.section("Commands"):
@@ -60,19 +73,14 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: runs the group and turns every user error into one line on stderr
-    and a non-zero exit (2 for bad input), without a traceback."""
-    from dtsim.cli.errors import exit_code_and_message
-
+    """Entry point: runs the group; a user error (see :meth:`LazyGroup.invoke`) is one line
+    on stderr and a non-zero exit (2 for bad input), without a traceback."""
     try:
         rv: Any = cli.main(args=argv, prog_name="sim", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
-    except Exception as exc:
-        code, message = exit_code_and_message(exc)
-        if code is None:
-            raise
-        click.echo(f"Error: {message}", err=True)
-        sys.exit(code)
+    except click.ClickException as exc:
+        click.echo(f"Error: {' '.join(exc.format_message().split())}", err=True)
+        sys.exit(exc.exit_code)
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import click
 
 from dtsim.spec import FLAG_FIELDS
@@ -46,19 +43,14 @@ class BadInput(click.ClickException):
     exit_code = 2
 
 
-@contextmanager
-def reported() -> Iterator[None]:
-    """Inside a command: turn user errors (bad trace files, units, configs) into
-    :class:`BadInput` (or the error's own exit code), so the command fails with one line
-    and no traceback even when called without :func:`dtsim.cli.main` (e.g. by CliRunner)."""
-    try:
-        yield
-    except click.ClickException:
-        raise
-    except Exception as exc:
-        code, message = exit_code_and_message(exc)
-        if code is None:
-            raise
-        err = BadInput(message)
-        err.exit_code = code
-        raise err from None
+def as_click_error(exc: Exception) -> click.ClickException | None:
+    """The one-line :class:`click.ClickException` for a user-facing error (with its exit
+    code), or ``None`` for a bug, which should surface with its traceback."""
+    if isinstance(exc, click.ClickException):
+        return exc
+    code, message = exit_code_and_message(exc)
+    if code is None:
+        return None
+    err = BadInput(message)
+    err.exit_code = code
+    return err

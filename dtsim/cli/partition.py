@@ -45,11 +45,10 @@ def partition(model: str, gpus: int, method: str, straight: bool, bandwidth: str
     """
     from dtsim.cli.output import table
     from dtsim.resolve import resolve_trace
-    from simcore.config import ConfigError
+    from simcore.config import parse_quantity
     from simcore.partition import PartitionError
     from simcore.partition import partition as run_partition
     from simcore.units import (
-        UnitError,
         format_bytes,
         format_rate,
         format_time,
@@ -57,16 +56,8 @@ def partition(model: str, gpus: int, method: str, straight: bool, bandwidth: str
         parse_size,
     )
 
-    try:
-        bw = parse_rate(bandwidth)
-    except UnitError as exc:
-        raise ConfigError("bandwidth", bandwidth, f"expected {exc.expected}") from None
-    limit = None
-    if memory_limit:
-        try:
-            limit = parse_size(memory_limit)
-        except UnitError as exc:
-            raise ConfigError("memory_limit", memory_limit, f"expected {exc.expected}") from None
+    bw = parse_quantity(parse_rate, bandwidth, "bandwidth")
+    limit = parse_quantity(parse_size, memory_limit, "--memory-limit") if memory_limit else None
     trace = resolve_trace(model)
     try:
         p = run_partition(trace, gpus, bw, method=method, straight=straight,

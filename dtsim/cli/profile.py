@@ -6,7 +6,7 @@ import time
 
 import click
 
-from dtsim.cli.errors import BadInput, reported
+from dtsim.cli.errors import BadInput
 from realrun import zoo
 from realrun.options import DEFAULT_EFFICIENCY, DEVICES, DTYPES
 from traces.atomic import check_writable
@@ -64,16 +64,14 @@ def profile(model_name: str, batch_size: int, device: str, dtype: str, out: str 
     from realrun.options import parse_flop_rate
     from simcore.units import format_bytes, format_time, parse_rate
 
-    with reported():
-        if analytic and not device_flops:
-            raise BadInput("--analytic needs --device-flops RATE (e.g. 15.7e12 for a V100)")
-        if not analytic and (device_flops or memory_bandwidth):
-            raise BadInput("--device-flops and --memory-bandwidth only apply with --analytic")
-        flops_rate = parse_flop_rate(device_flops) if device_flops else 0.0
-        mem_rate = parse_rate(memory_bandwidth) if memory_bandwidth else 0.0
+    if analytic and not device_flops:
+        raise BadInput("--analytic needs --device-flops RATE (e.g. 15.7e12 for a V100)")
+    if not analytic and (device_flops or memory_bandwidth):
+        raise BadInput("--device-flops and --memory-bandwidth only apply with --analytic")
+    flops_rate = parse_flop_rate(device_flops) if device_flops else 0.0
+    mem_rate = parse_rate(memory_bandwidth) if memory_bandwidth else 0.0
     path = out or f"{model_name}-{'analytic' if analytic else device}-b{batch_size}.json"
-    with reported():
-        check_writable(path)
+    check_writable(path)
     from realrun.profiler import ProfileConfig, ProfileError, profile_model
     from traces import save_trace
 
@@ -86,8 +84,7 @@ def profile(model_name: str, batch_size: int, device: str, dtype: str, out: str 
         trace = profile_model(model_name, config)
     except ProfileError as exc:
         raise BadInput(str(exc)) from None
-    with reported():
-        save_trace(trace, path)
+    save_trace(trace, path)
     click.echo(
         f"wrote {path}: {model_name}, {len(trace.layers)} layers, batch {batch_size} on "
         f"{trace.meta.device}; forward {format_time(trace.forward_s)} + backward "

@@ -10,8 +10,6 @@ from typing import Any
 
 import click
 
-from dtsim.cli.errors import reported
-
 FROM_FORMATS = ("auto", "dtsim", "pipedream", "kineto")
 TO_FORMATS = ("dtsim", "chrome")
 
@@ -64,8 +62,7 @@ def show(source: str, from_fmt: str, batch_size: int | None, top: int, as_json: 
     """
     from traces.summary import summarize
 
-    with reported():
-        tr = _load(source, from_fmt, batch_size)
+    tr = _load(source, from_fmt, batch_size)
     s = summarize(tr, top)
     if as_json:
         click.echo(json.dumps({"meta": dataclasses.asdict(tr.meta), **dataclasses.asdict(s)},
@@ -136,16 +133,15 @@ def convert(source: str, dest: str, from_fmt: str, batch_size: int | None, to_fm
     from traces.atomic import check_writable
     from traces.model import Trace
 
-    with reported():
-        check_writable(dest)
-        tr = _load(source, from_fmt, batch_size)
-        if model_name:
-            tr = Trace(dataclasses.replace(tr.meta, model=model_name), tr.layers, tr.edges)
-        if to_fmt == "chrome":
-            from traces.summary import to_chrome
+    check_writable(dest)
+    tr = _load(source, from_fmt, batch_size)
+    if model_name:
+        tr = Trace(dataclasses.replace(tr.meta, model=model_name), tr.layers, tr.edges)
+    if to_fmt == "chrome":
+        from traces.summary import to_chrome
 
-            write_json(dest, to_chrome(tr))
-        else:
-            save_trace(tr, dest)
+        write_json(dest, to_chrome(tr))
+    else:
+        save_trace(tr, dest)
     click.echo(f"wrote {dest}: {tr.meta.model} ({tr.meta.source_format} -> {to_fmt}), "
                f"{len(tr.layers)} layers, batch {tr.meta.batch_size}")
