@@ -54,19 +54,21 @@ def _split(n: int, parts: int) -> list[int]:
 
 # ---- algorithms as lists of steps, over positions 0..q-1 ------------------------------
 
+def ring_step(q: int, n: int, s: int = 0) -> Step:
+    """Step ``s`` of a ring over ``q`` positions moving ``n/q``-byte segments: position
+    ``i`` sends segment ``i - s`` to ``i + 1``."""
+    seg = _split(n, q)
+    return [(i, (i + 1) % q, seg[(i - s) % q]) for i in range(q)]
+
+
 def ring_allreduce_steps(q: int, n: int) -> list[Step]:
     """Ring all-reduce: ``2(q-1)`` steps; position ``i`` sends to ``i+1``."""
-    seg = _split(n, q)
-    steps: list[Step] = []
-    for s in range(2 * (q - 1)):
-        steps.append([(i, (i + 1) % q, seg[(i - s) % q]) for i in range(q)])
-    return steps
+    return [ring_step(q, n, s) for s in range(2 * (q - 1))]
 
 
 def ring_half_steps(q: int, n: int) -> list[Step]:
     """Ring reduce-scatter (or all-gather): ``q-1`` steps of ``n/q`` bytes."""
-    seg = _split(n, q)
-    return [[(i, (i + 1) % q, seg[(i - s) % q]) for i in range(q)] for s in range(q - 1)]
+    return [ring_step(q, n, s) for s in range(q - 1)]
 
 
 def tree_reduce_steps(q: int, n: int) -> list[Step]:
@@ -162,7 +164,7 @@ class Collectives:
         pairs (a ring's identical steps appear once, with their count)."""
         q = len(ranks)
         if op == "allreduce-ring":
-            return [(ring_allreduce_steps(q, n)[0], 2 * (q - 1))] if q > 1 else []
+            return [(ring_step(q, n), 2 * (q - 1))] if q > 1 else []
         if op == "allreduce-tree":
             return [(st, 1) for st in tree_reduce_steps(q, n) + tree_broadcast_steps(q, n)]
         if op == "allreduce-hierarchical":
@@ -174,11 +176,11 @@ class Collectives:
             leaders = [g[0] for g in members]
             reduce_ = _merge([_lift(tree_reduce_steps(len(g), n), g) for g in members])
             bcast = _merge([_lift(tree_broadcast_steps(len(g), n), g) for g in members])
-            across = ([(_lift([ring_allreduce_steps(len(leaders), n)[0]], leaders)[0],
+            across = ([(_lift([ring_step(len(leaders), n)], leaders)[0],
                         2 * (len(leaders) - 1))] if len(leaders) > 1 else [])
             return [(st, 1) for st in reduce_] + across + [(st, 1) for st in bcast]
         if op == "ring-half":
-            return [(ring_half_steps(q, n)[0], q - 1)] if q > 1 else []
+            return [(ring_step(q, n), q - 1)] if q > 1 else []
         if op == "broadcast-tree":
             return [(st, 1) for st in tree_broadcast_steps(q, n)]
         if op == "broadcast-flat":

@@ -78,6 +78,7 @@ def simulate(config: SimConfig) -> RunResult:
     scheme.start()
     _run_without_gc(env)
     events = _event_count(env)
+    scheme.finish()
 
     for it, row in enumerate(ctx.iteration_end):
         for r, t in enumerate(row):
@@ -157,6 +158,9 @@ def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology
                 payload += moved
                 if first <= it <= last:
                     measured += moved
+    if ctx.traffic_scale != 1.0:
+        payload = round(payload * ctx.traffic_scale)
+        measured *= ctx.traffic_scale
     peaks = tuple(round(g.memory.peak) for g in ctx.gpus)
     worst = max(range(len(peaks)), key=peaks.__getitem__)
 

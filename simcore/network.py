@@ -179,6 +179,15 @@ class Network(ABC):
         """Put a routed, non-empty message on its first link."""
 
     # ---- counters --------------------------------------------------------------------
+    def copy_counters(self, pairs: list[tuple[int, int]]) -> None:
+        """Give link ``a`` the byte counters of link ``b`` for every ``(a, b)`` of
+        ``pairs`` (link indices): how a run that simulates some boxes of a symmetric
+        cluster accounts for the others' traffic."""
+        state = self.state
+        for a, b in pairs:
+            state[a].sent_bytes = state[b].sent_bytes
+            state[a].recv_bytes = state[b].recv_bytes
+
     def link_bytes(self) -> list[tuple[Link, int, int, float]]:
         """``(link, sent_bytes, received_bytes, busy_s)`` for every link direction."""
         return [(s.link, s.sent_bytes, s.recv_bytes, s.sent_bytes * s.service)

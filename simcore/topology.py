@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,6 +162,46 @@ class Topology:
         for r, g in enumerate(self.gpus):
             out[self.devices[g].box].append(r)
         return [b for b in out if b]
+
+    def box_twins(self, twin_box: Callable[[int], int]) -> list[tuple[int, int]] | None:
+        """Match every link of every box ``b`` to the link in the same place of box
+        ``twin_box(b)``: ``(link index, twin link index)`` for each link of a box whose twin
+        box differs, a link to a fabric device (box -1) counting as its box's. A device's
+        place is its position among its box's devices. ``None`` if some box is not built
+        like its twin (a link missing, or of another kind, bandwidth or latency)."""
+        place: list[Any] = []
+        seen: dict[int, int] = {}
+        for i, dev in enumerate(self.devices):
+            if dev.box < 0:
+                place.append(("fabric", i))
+            else:
+                place.append(seen.get(dev.box, 0))
+                seen[dev.box] = place[-1] + 1
+        if len(set(seen.values())) > 1:
+            return None
+        by_key: dict[tuple[Any, ...], Link] = {}
+        owned: list[tuple[int, Link]] = []
+        per_box: dict[int, int] = {}
+        for link in self.links:
+            box = max(self.devices[link.src].box, self.devices[link.dst].box)
+            if box < 0:
+                continue
+            by_key[(box, place[link.src], place[link.dst])] = link
+            owned.append((box, link))
+            per_box[box] = per_box.get(box, 0) + 1
+        if len(set(per_box.values())) > 1:
+            return None
+        pairs: list[tuple[int, int]] = []
+        for box, link in owned:
+            tb = twin_box(box)
+            if tb == box:
+                continue
+            twin = by_key.get((tb, place[link.src], place[link.dst]))
+            if twin is None or (twin.kind, twin.bandwidth, twin.latency) != (
+                    link.kind, link.bandwidth, link.latency):
+                return None
+            pairs.append((link.index, twin.index))
+        return pairs
 
     def link_kinds(self) -> list[str]:
         """The link kinds present, in :data:`LINK_KINDS` order."""

@@ -49,7 +49,7 @@ def run_table(r: Any) -> str:
                else "times used as measured; --set compute_scale=X rescales them")
         rows.append(("compute", f"trace measured on {r.trace_device}; {how}"))
     for k, v in r.extra.items():
-        if isinstance(v, int | float | str) and not isinstance(v, bool):
+        if isinstance(v, int | float | str):
             rows.append(extra_row(k, v))
     return head + "\n" + table(rows)
 
@@ -57,6 +57,8 @@ def run_table(r: Any) -> str:
 def extra_row(key: str, value: Any) -> tuple[str, str]:
     """A scheme extra as a table row, formatted by its unit suffix (``_s``, ``_bytes``)."""
     label = key.replace("_", " ")
+    if isinstance(value, bool):
+        return label, "yes" if value else "no"
     if isinstance(value, int | float) and not isinstance(value, bool):
         if key.endswith("_s"):
             return label[:-2], format_time(value)

@@ -16,6 +16,27 @@ Two protocols:
 
 Servers run on host CPUs (``colocated``: one per machine by default, on the machines'
 hosts) or on dedicated hosts attached to the fabric (``dedicated``).
+
+**Mean-field model** (``mean_field=auto`` where a scheme offers it; analytic fidelity on a
+cluster of identical machines with one co-located server each). Every worker pushes every
+shard, so the full model sends ``2 * workers * shards`` messages per iteration, about 1.2
+million for ResNet-50's P3 slices on 1024 GPUs. When the workers run in lockstep and every
+server keeps ``1/machines`` of every shard (instead of whole shards dealt round-robin),
+all machines carry the same traffic, and two of them stand for all: machine ``a``'s
+workers push each shard as a ``1/machines`` part to their own server and the rest to the
+server of machine ``1 - a``, which therefore sees exactly the bytes a real server's NIC
+and PCIe links see from all remote workers (and sends the same back). The other machines'
+workers follow their twin on machine 0 or 1: they compute the same ops and wait for the
+twin's values; their links get the twin's byte counters and the payload totals are scaled
+by ``machines / 2``. Messages per iteration no longer grow with the cluster.
+
+What the mean field leaves out is the imbalance of whole shards: which server keeps the
+urgent first layers, bursts of pushes of one slice onto one server. When the links are not
+the bottleneck the two models agree within 0.1%; when bandwidth is the bottleneck the full
+model can fall into alternating slow and fast iterations the mean field does not have, and
+the mean field is then up to a third faster (``bench/p3_mean_field.py`` measures it). The
+``ps`` baseline keeps the full model: its hash placement of whole arrays is uneven by
+design, and that imbalance is the cost P3 removes.
 """
 
 from __future__ import annotations
@@ -33,6 +54,9 @@ from simcore.schemes.base import Scheme
 from simcore.topology import Topology
 
 PLACEMENTS = ("colocated", "dedicated")
+MEAN_FIELD = ("auto", "off")
+"""``auto``: the mean-field model in the analytic fidelity where the cluster allows it;
+``off``: every worker and server, always (see module docs)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +97,49 @@ def server_count(options: Any, topology: Topology) -> int:
     return max(1, len(topology.hosts))
 
 
+@dataclass(frozen=True)
+class MeanField:
+    """How a mean-field run maps the cluster onto the two machines it simulates.
+
+    Attributes:
+        per_box: GPUs (workers) per machine.
+        boxes: machines in the cluster (one server each).
+        twins: ``(link, twin link)`` for every link of the machines not simulated, the
+            twin being the same link of the simulated machine they mirror.
+    """
+
+    per_box: int
+    boxes: int
+    twins: list[tuple[int, int]]
+
+
+def mean_field_plan(config: SimConfig, options: Any, topology: Topology) -> MeanField | None:
+    """The :class:`MeanField` mapping when ``options`` ask for the mean-field model
+    (``mean_field=auto``; see module docs) and the cluster allows it, else ``None``:
+    analytic fidelity, no compute jitter, servers co-located one per machine, at least two
+    machines, all built alike with the same number of GPUs, ranks numbered machine by
+    machine."""
+    if (getattr(options, "mean_field", "off") != "auto" or config.fidelity != "analytic"
+            or config.compute_jitter > 0 or options.placement != "colocated"):
+        return None
+    boxes = topology.ranks_by_box()
+    nboxes = len(boxes)
+    if nboxes < 2 or server_count(options, topology) != nboxes:
+        return None
+    per_box = len(boxes[0])
+    if any(b != list(range(i * per_box, (i + 1) * per_box)) for i, b in enumerate(boxes)):
+        return None
+    devs = topology.devices
+    if len(topology.hosts) != nboxes or any(devs[h].box != devs[topology.gpus[b[0]]].box
+                                            for h, b in zip(topology.hosts, boxes,
+                                                            strict=True)):
+        return None
+    twins = topology.box_twins(lambda b: b % 2)
+    if twins is None:
+        return None
+    return MeanField(per_box, nboxes, twins)
+
+
 class ParameterServerScheme(Scheme):
     """Base of ``ps`` and ``p3``: subclasses choose the shards and the protocol."""
 
@@ -102,31 +169,40 @@ class ParameterServerScheme(Scheme):
         topo = ctx.topology
         trace = ctx.trace
         self.S = server_count(self.options, topo)
-        if self.options.placement == "dedicated":
-            devs = topo.servers
-            self.server_dev = [devs[s % len(devs)] for s in range(self.S)]
-        else:
-            self.server_dev = [topo.hosts[s % len(topo.hosts)] for s in range(self.S)]
-        self.server_name = [f"{topo.devices[d].name}/ps{s}" for s, d in
-                            enumerate(self.server_dev)]
-        self.server_busy = [0.0] * self.S
+        self.p = ctx.num_ranks
         self.shards = self.make_shards(self.S)
         self.layer_shards: dict[int, list[int]] = {}
         for k, sh in enumerate(self.shards):
             self.layer_shards.setdefault(sh.layer, []).append(k)
-        self.p = ctx.num_ranks
+        self.mean_field = mean_field_plan(ctx.config, self.options, topo)
+        if self.mean_field is None:
+            self._plan_every_worker(topo)
+        else:
+            self._plan_mean_field(self.mean_field, topo)
+        self.server_name = [f"{topo.devices[d].name}/ps{s}" for s, d in
+                            enumerate(self.server_dev)]
+        self.server_busy = [0.0] * len(self.server_dev)
+        # Server s's pushes of shard k per iteration: expected[k][s].
+        self.expected: list[dict[int, int]] = []
+        for parts in self.parts:
+            exp: dict[int, int] = {}
+            for c, plist in enumerate(parts):
+                for s, _nb in plist:
+                    exp[s] = exp.get(s, 0) + len(self.class_ranks[c])
+            self.expected.append(exp)
         n_it = ctx.iterations
         self.ops = LayerOps(trace)
-        # Per worker: the last iteration whose values have come back, per layer.
+        self.follower_ops = LayerOps(trace)
+        # Per pushing worker: the last iteration whose values have come back, per layer.
         self.avail = [dict.fromkeys(self.layer_shards, -1) for _ in range(self.p)]
-        self.left: dict[tuple[int, int, int], int] = {}      # (rank, it, layer) -> shards
+        self.left: dict[tuple[int, int, int], int] = {}      # (rank, it, layer) -> parts
         self.layers_left = [[len(self.layer_shards)] * n_it for _ in range(self.p)]
         self.bwd_done = [[False] * n_it for _ in range(self.p)]
-        self.waiting: dict[tuple[int, int], tuple[int, Event]] = {}
-        # Per server shard and iteration: pushes added, value ready, pending pulls.
-        self.added: dict[tuple[int, int], int] = {}
-        self.ready: set[tuple[int, int]] = set()
-        self.pulls: dict[tuple[int, int], list[int]] = {}
+        self.waiting: dict[tuple[int, int], list[tuple[int, Event]]] = {}
+        # Per (shard, server, iteration): pushes added, value ready, pending pulls.
+        self.added: dict[tuple[int, int, int], int] = {}
+        self.ready: set[tuple[int, int, int]] = set()
+        self.pulls: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
         pb = trace.param_bytes
         self.update_passes = ctx.update_passes
         for r in range(self.p):
@@ -135,28 +211,70 @@ class ParameterServerScheme(Scheme):
             mem.alloc("gradients", pb)
             ctx.env.process(self._worker(r))
 
+    def _plan_every_worker(self, topo: Topology) -> None:
+        """Every worker pushes every shard whole to the server that keeps it."""
+        if self.options.placement == "dedicated":
+            devs = topo.servers
+            self.server_dev = [devs[s % len(devs)] for s in range(self.S)]
+        else:
+            self.server_dev = [topo.hosts[s % len(topo.hosts)] for s in range(self.S)]
+        self.leader = list(range(self.p))
+        self.rank_class = [0] * self.p
+        self.class_ranks = [list(range(self.p))]
+        self.parts = [(((sh.server, sh.nbytes),),) for sh in self.shards]
+        self.share = [float(sh.nbytes) for sh in self.shards]
+
+    def _plan_mean_field(self, mf: MeanField, topo: Topology) -> None:
+        """Machines 0 and 1 simulated, each server holding ``1/boxes`` of every shard; a
+        worker's push of a shard is a part for its own machine's server and the rest for
+        the other machine's (both parts empty-free); everyone else follows its twin."""
+        g, h = mf.per_box, mf.boxes
+        self.server_dev = [topo.hosts[0], topo.hosts[1]]
+        self.leader = [(r // g % 2) * g + r % g for r in range(self.p)]
+        self.rank_class = [r // g if r < 2 * g else -1 for r in range(self.p)]
+        self.class_ranks = [list(range(g)), list(range(g, 2 * g))]
+        self.parts = []
+        for sh in self.shards:
+            local = round(sh.nbytes / h)
+            remote = sh.nbytes - local
+            self.parts.append(tuple(tuple((s, nb) for s, nb in ((c, local), (1 - c, remote))
+                                          if nb > 0) for c in (0, 1)))
+        self.share = [sh.nbytes / h for sh in self.shards]
+        self.ctx.traffic_scale = h / 2
+
+    def finish(self) -> None:
+        if self.mean_field is not None:
+            self.ctx.net.copy_counters(self.mean_field.twins)
+
     # ---- worker ----------------------------------------------------------------------
     def _worker(self, r: int) -> Any:
+        """Rank ``r``'s iterations. A follower (mean-field model) computes like its leader
+        and waits for the leader's values instead of pushing its own."""
         ctx = self.ctx
         gpu = ctx.gpus[r]
         mem = gpu.memory
         act = ctx.trace.activation_bytes
-        avail = self.avail[r]
+        q = self.leader[r]
+        avail = self.avail[q]
         has_shards = self.layer_shards.__contains__
         for it in range(ctx.iterations):
             # Forward: a layer with parameters waits for its values of the last iteration.
             for layer, run in self.ops.forward_runs(it, has_shards):
                 if layer >= 0 and avail[layer] < it - 1:
                     ev = ctx.env.event()
-                    self.waiting[(r, layer)] = (it - 1, ev)
+                    self.waiting.setdefault((q, layer), []).append((it - 1, ev))
                     yield ev
                 gpu.enqueue(run)
             mem.alloc("activations", act)
-            # Backward: each layer's gradient is pushed as soon as it is computed.
-            for layer, run in self.ops.backward_runs(it, has_shards):
-                yield gpu.compute_seq(run)
-                if layer >= 0:
-                    self._push(r, it, layer)
+            if q == r:
+                # Backward: each layer's gradient is pushed as soon as it is computed.
+                for layer, run in self.ops.backward_runs(it, has_shards):
+                    yield gpu.compute_seq(run)
+                    if layer >= 0:
+                        self._push(r, it, layer)
+            else:
+                for _layer, run in self.follower_ops.backward_runs(it, _never):
+                    yield gpu.compute_seq(run)
             mem.free("activations", act)
             self.bwd_done[r][it] = True
             self._maybe_done(r, it)
@@ -164,15 +282,18 @@ class ParameterServerScheme(Scheme):
     def _push(self, r: int, it: int, layer: int) -> None:
         net = self.ctx.net
         src = self.ctx.topology.gpus[r]
-        self.left[(r, it, layer)] = len(self.layer_shards[layer])
+        c = self.rank_class[r]
+        n = 0
         for k in self.layer_shards[layer]:
             sh = self.shards[k]
-            net.send(src, self.server_dev[sh.server], sh.nbytes, self._push_arrived,
-                     priority=sh.priority, tag=f"push L{layer}", rank_src=r, iteration=it,
-                     payload=(k, r, it))
+            for s, nb in self.parts[k][c]:
+                n += 1
+                net.send(src, self.server_dev[s], nb, self._push_arrived, priority=sh.priority,
+                         tag=f"push L{layer}", rank_src=r, iteration=it, payload=(k, s, r, it))
+        self.left[(r, it, layer)] = n
 
     def _value_arrived(self, msg: Message) -> None:
-        k, r, it = msg.payload
+        k, _s, r, it = msg.payload
         layer = self.shards[k].layer
         key = (r, it, layer)
         self.left[key] -= 1
@@ -180,15 +301,27 @@ class ParameterServerScheme(Scheme):
             return
         del self.left[key]
         self.avail[r][layer] = it
-        w = self.waiting.get((r, layer))
-        if w is not None and w[0] <= it:
-            del self.waiting[(r, layer)]
-            w[1].succeed()
+        waiters = self.waiting.pop((r, layer), None)
+        if waiters:
+            later = [w for w in waiters if w[0] > it]
+            for w_it, ev in waiters:
+                if w_it <= it:
+                    ev.succeed()
+            if later:
+                self.waiting[(r, layer)] = later
         self.layers_left[r][it] -= 1
-        self._maybe_done(r, it)
+        if self.layers_left[r][it] == 0:
+            for f in self.followers(r):
+                self._maybe_done(f, it)
+
+    def followers(self, r: int) -> list[int]:
+        """Rank ``r`` and the ranks that follow it (mean-field model)."""
+        if self.mean_field is None:
+            return [r]
+        return list(range(r, self.p, 2 * self.mean_field.per_box))
 
     def _maybe_done(self, r: int, it: int) -> None:
-        if self.bwd_done[r][it] and self.layers_left[r][it] == 0:
+        if self.bwd_done[r][it] and self.layers_left[self.leader[r]][it] == 0:
             self.ctx.mark_iteration(r, it)
 
     # ---- server ----------------------------------------------------------------------
@@ -209,72 +342,83 @@ class ParameterServerScheme(Scheme):
         ev.callbacks.append(then)
 
     def _push_arrived(self, msg: Message) -> None:
-        k, r, it = msg.payload
-        sh = self.shards[k]
-        secs = sh.nbytes / self.options.server_bandwidth
+        k, s, r, it = msg.payload
+        secs = msg.nbytes / self.options.server_bandwidth
+        key = (k, s, it)
         if self.fused:
             # Nothing answers a single push: only the last worker's push of a shard,
             # added last on the server's in-order stream, needs an event.
-            key = (k, it)
             n = self.added.get(key, 0) + 1
-            if n < self.p:
+            if n < self.expected[k][s]:
                 self.added[key] = n
-                self._server_time(sh.server, secs, "aggregate", it)
+                self._server_time(s, secs, "aggregate", it)
                 return
             self.added.pop(key, None)
-            self._server_work(sh.server, secs, "aggregate", it, self._all_added, (k, it))
+            self._server_work(s, secs, "aggregate", it, self._all_added, key)
             return
-        self._server_work(sh.server, secs, "aggregate", it, self._added, (k, r, it))
+        self._server_work(s, secs, "aggregate", it, self._added, (k, s, r, it, msg.nbytes))
 
     def _added(self, ev: Any) -> None:
-        k, r, it = ev._value
-        sh = self.shards[k]
-        self.ctx.net.send(self.server_dev[sh.server], self.ctx.topology.gpus[r],
-                          self.control_bytes, self._acked, priority=sh.priority,
-                          tag="ack", rank_dst=r, iteration=it, payload=(k, r, it))
-        key = (k, it)
+        k, s, r, it, nb = ev._value
+        self.ctx.net.send(self.server_dev[s], self.ctx.topology.gpus[r], self.control_bytes,
+                          self._acked, priority=self.shards[k].priority, tag="ack", rank_dst=r,
+                          iteration=it, payload=(k, s, r, it, nb))
+        key = (k, s, it)
         self.added[key] = self.added.get(key, 0) + 1
-        if self.added[key] == self.p:
+        if self.added[key] == self.expected[k][s]:
             del self.added[key]
-            self._update(k, it)
+            self._update(key)
 
     def _all_added(self, ev: Any) -> None:
-        self._update(*ev._value)
+        self._update(ev._value)
 
-    def _update(self, k: int, it: int) -> None:
-        sh = self.shards[k]
-        secs = self.update_passes * sh.nbytes / self.options.server_bandwidth
-        self._server_work(sh.server, secs, "update", it, self._updated, (k, it))
+    def _update(self, key: tuple[int, int, int]) -> None:
+        k, s, it = key
+        secs = self.update_passes * self.share[k] / self.options.server_bandwidth
+        self._server_work(s, secs, "update", it, self._updated, key)
 
     def _updated(self, ev: Any) -> None:
-        k, it = ev._value
+        key = ev._value
+        k, s, it = key
         if self.fused:
-            for r in range(self.p):
-                self._send_value(k, r, it)
+            for c, plist in enumerate(self.parts[k]):
+                for s2, nb in plist:
+                    if s2 == s:
+                        for r in self.class_ranks[c]:
+                            self._send_value(k, s, r, it, nb)
             return
-        self.ready.add((k, it))
-        for r in self.pulls.pop((k, it), []):
-            self._send_value(k, r, it)
+        self.ready.add(key)
+        for r, nb in self.pulls.pop(key, []):
+            self._send_value(k, s, r, it, nb)
 
     def _acked(self, msg: Message) -> None:
-        k, r, it = msg.payload
-        sh = self.shards[k]
-        self.ctx.net.send(self.ctx.topology.gpus[r], self.server_dev[sh.server],
-                          self.control_bytes, self._pull_arrived, priority=sh.priority,
-                          tag="pull request", rank_src=r, iteration=it, payload=(k, r, it))
+        k, s, r, it, _nb = msg.payload
+        self.ctx.net.send(self.ctx.topology.gpus[r], self.server_dev[s], self.control_bytes,
+                          self._pull_arrived, priority=self.shards[k].priority,
+                          tag="pull request", rank_src=r, iteration=it, payload=msg.payload)
 
     def _pull_arrived(self, msg: Message) -> None:
-        k, r, it = msg.payload
-        if (k, it) in self.ready:
-            self._send_value(k, r, it)
+        k, s, r, it, nb = msg.payload
+        if (k, s, it) in self.ready:
+            self._send_value(k, s, r, it, nb)
         else:
-            self.pulls.setdefault((k, it), []).append(r)
+            self.pulls.setdefault((k, s, it), []).append((r, nb))
 
-    def _send_value(self, k: int, r: int, it: int) -> None:
+    def _send_value(self, k: int, s: int, r: int, it: int, nbytes: int) -> None:
         sh = self.shards[k]
-        self.ctx.net.send(self.server_dev[sh.server], self.ctx.topology.gpus[r], sh.nbytes,
+        self.ctx.net.send(self.server_dev[s], self.ctx.topology.gpus[r], nbytes,
                           self._value_arrived, priority=sh.priority, tag=f"pull L{sh.layer}",
-                          rank_dst=r, iteration=it, payload=(k, r, it))
+                          rank_dst=r, iteration=it, payload=(k, s, r, it))
 
     def extra_metrics(self) -> dict[str, Any]:
-        return {"servers": self.S, "shards": len(self.shards)}
+        out: dict[str, Any] = {"servers": self.S, "shards": len(self.shards)}
+        if hasattr(self.options, "mean_field"):
+            mf = self.mean_field
+            out["mean_field"] = mf is not None
+            out["simulated_workers"] = self.p if mf is None else 2 * mf.per_box
+        return out
+
+
+def _never(_layer: int) -> bool:
+    """A follower's backward is one run: it pushes nothing."""
+    return False

@@ -56,6 +56,10 @@ class SimContext:
         """Iterations' worth of work the run simulates (a scheme that runs more than the
         warm-up and measured ones, like an asynchronous pipeline's lead-in and drain, says
         so here; per-iteration link totals divide by it)."""
+        self.traffic_scale = 1.0
+        """Real payload bytes per simulated message byte: a scheme that simulates the
+        messages of a part of a symmetric cluster and mirrors them onto the rest sets it
+        (the payload totals are multiplied by it)."""
 
     @property
     def num_ranks(self) -> int:
@@ -125,6 +129,11 @@ class Scheme(ABC):
     def start(self) -> None:
         """Create the processes for ``ctx.iterations`` iterations. Each rank must call
         ``ctx.mark_iteration(rank, i)`` when it finishes iteration ``i``."""
+
+    def finish(self) -> None:
+        """Called once the simulation has run, before the metrics are computed (the base
+        does nothing)."""
+        return None
 
     def extra_metrics(self) -> dict[str, Any]:
         """Scheme-specific results added to the run's JSON (e.g. pipeline stages)."""

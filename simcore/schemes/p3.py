@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simcore.config import option
-from simcore.schemes._psbase import ParameterServerScheme, ServerOptions, Shard
+from simcore.schemes._psbase import MEAN_FIELD, ParameterServerScheme, ServerOptions, Shard
 
 ROUND_ROBIN = ("global", "per-key")
 """How slices are dealt to servers (see module docs)."""
@@ -45,6 +45,10 @@ class P3Options(ServerOptions):
     round_robin: str = option("global", "slice placement: one round-robin counter over all "
                                         "slices (reference code) or restarted per array",
                               choices=ROUND_ROBIN)
+    mean_field: str = option("auto", "analytic fidelity on a symmetric cluster: simulate two "
+                                     "machines whose servers each keep an equal share of "
+                                     "every slice, mirrored onto the rest (auto), or every "
+                                     "worker and server (off)", choices=MEAN_FIELD)
 
 
 def p3_slices(layer_bytes: list[tuple[int, int]], servers: int, slice_bytes: int,
