@@ -167,8 +167,9 @@ class Topology:
         """Match every link of every box ``b`` to the link in the same place of box
         ``twin_box(b)``: ``(link index, twin link index)`` for each link of a box whose twin
         box differs, a link to a fabric device (box -1) counting as its box's. A device's
-        place is its position among its box's devices. ``None`` if some box is not built
-        like its twin (a link missing, or of another kind, bandwidth or latency)."""
+        place is its position among its box's devices. ``None`` unless every box is built
+        like box 0 (the same links in the same places, of the same kind, bandwidth and
+        latency)."""
         place: list[Any] = []
         seen: dict[int, int] = {}
         for i, dev in enumerate(self.devices):
@@ -193,14 +194,13 @@ class Topology:
             return None
         pairs: list[tuple[int, int]] = []
         for box, link in owned:
-            tb = twin_box(box)
-            if tb == box:
-                continue
-            twin = by_key.get((tb, place[link.src], place[link.dst]))
-            if twin is None or (twin.kind, twin.bandwidth, twin.latency) != (
-                    link.kind, link.bandwidth, link.latency):
-                return None
-            pairs.append((link.index, twin.index))
+            for tb in (0, twin_box(box)):
+                twin = by_key.get((tb, place[link.src], place[link.dst]))
+                if twin is None or (twin.kind, twin.bandwidth, twin.latency) != (
+                        link.kind, link.bandwidth, link.latency):
+                    return None
+            if twin_box(box) != box:
+                pairs.append((link.index, twin.index))
         return pairs
 
     def link_kinds(self) -> list[str]:

@@ -17,8 +17,9 @@ Two protocols:
 Servers run on host CPUs (``colocated``: one per machine by default, on the machines'
 hosts) or on dedicated hosts attached to the fabric (``dedicated``).
 
-**Mean-field model** (``mean_field=auto`` where a scheme offers it; analytic fidelity on a
-cluster of identical machines with one co-located server each). Every worker pushes every
+**Mean-field model** (``mean_field`` where a scheme offers it; analytic fidelity on a
+cluster of identical machines with one co-located server each, see
+:func:`mean_field_plan` and :func:`use_mean_field`). Every worker pushes every
 shard, so the full model sends ``2 * workers * shards`` messages per iteration, about 1.2
 million for ResNet-50's P3 slices on 1024 GPUs. When the workers run in lockstep and every
 server keeps ``1/machines`` of every shard (instead of whole shards dealt round-robin),
@@ -31,10 +32,10 @@ twin's values; their links get the twin's byte counters and the payload totals a
 by ``machines / 2``. Messages per iteration no longer grow with the cluster.
 
 What the mean field leaves out is the imbalance of whole shards: which server keeps the
-urgent first layers, bursts of pushes of one slice onto one server. When the links are not
-the bottleneck the two models agree within 0.1%; when bandwidth is the bottleneck the full
-model can fall into alternating slow and fast iterations the mean field does not have, and
-the mean field is then up to a third faster (``bench/p3_mean_field.py`` measures it). The
+urgent first layers, bursts of pushes of one slice onto one server. Where the full model
+keeps a steady period the two agree within 1%; when bandwidth is the bottleneck the full
+model can swing between slow and fast iterations; the mean field does not swing and gives
+the fast ones, 11-28% below the full model's mean in ``bench/p3_mean_field.py``. The
 ``ps`` baseline keeps the full model: its hash placement of whole arrays is uneven by
 design, and that imbalance is the cost P3 removes.
 """
@@ -54,9 +55,10 @@ from simcore.schemes.base import Scheme
 from simcore.topology import Topology
 
 PLACEMENTS = ("colocated", "dedicated")
-MEAN_FIELD = ("auto", "off")
-"""``auto``: the mean-field model in the analytic fidelity where the cluster allows it;
-``off``: every worker and server, always (see module docs)."""
+MEAN_FIELD = ("auto", "on", "off")
+"""``auto``: the mean-field model in the analytic fidelity where the cluster allows it
+and it saves work; ``on``: wherever the cluster allows it; ``off``: every worker and
+server, always (see module docs and :func:`use_mean_field`)."""
 
 
 @dataclass(frozen=True)
@@ -113,31 +115,64 @@ class MeanField:
     twins: list[tuple[int, int]]
 
 
-def mean_field_plan(config: SimConfig, options: Any, topology: Topology) -> MeanField | None:
-    """The :class:`MeanField` mapping when ``options`` ask for the mean-field model
-    (``mean_field=auto``; see module docs) and the cluster allows it, else ``None``:
-    analytic fidelity, no compute jitter, servers co-located one per machine, at least two
-    machines, all built alike with the same number of GPUs, ranks numbered machine by
-    machine."""
-    if (getattr(options, "mean_field", "off") != "auto" or config.fidelity != "analytic"
-            or config.compute_jitter > 0 or options.placement != "colocated"):
-        return None
+MEAN_FIELD_MIN_MACHINES = 5
+"""``mean_field=auto`` uses the mean field from this many machines on: it sends about
+``8 x GPUs per machine x shards`` messages per iteration against ``2 x GPUs x shards``
+for the full model, so below five machines the full model is cheaper (and exact)."""
+
+
+def mean_field_plan(config: SimConfig, options: Any, topology: Topology) -> MeanField | str:
+    """The :class:`MeanField` mapping if the mean-field model can run (see module docs),
+    else why not: analytic fidelity, no compute jitter, slices dealt by one global
+    round-robin counter (if the scheme has the option), servers co-located one per
+    machine, at least two machines, all built alike with the same number of GPUs, ranks
+    numbered machine by machine, the machines' NICs on one switch."""
+    if config.fidelity != "analytic":
+        return "it is a model of the analytic fidelity"
+    if config.compute_jitter > 0:
+        return "compute jitter breaks the workers' lockstep"
+    if getattr(options, "round_robin", "global") != "global":
+        return "per-key placement is uneven by design; the mean field would balance it"
+    if options.placement != "colocated":
+        return "it needs servers co-located on the machines"
     boxes = topology.ranks_by_box()
     nboxes = len(boxes)
-    if nboxes < 2 or server_count(options, topology) != nboxes:
-        return None
+    if nboxes < 2:
+        return "it needs at least two machines"
+    if server_count(options, topology) != nboxes:
+        return "it needs one server per machine"
     per_box = len(boxes[0])
     if any(b != list(range(i * per_box, (i + 1) * per_box)) for i, b in enumerate(boxes)):
-        return None
+        return "it needs every machine full, ranks numbered machine by machine"
     devs = topology.devices
     if len(topology.hosts) != nboxes or any(devs[h].box != devs[topology.gpus[b[0]]].box
                                             for h, b in zip(topology.hosts, boxes,
                                                             strict=True)):
-        return None
+        return "it needs one host per machine"
+    if any(devs[link.src].box < 0 and devs[link.dst].box < 0 for link in topology.links):
+        return "it needs the machines on one switch"
     twins = topology.box_twins(lambda b: b % 2)
     if twins is None:
-        return None
+        return "the machines are not built alike"
     return MeanField(per_box, nboxes, twins)
+
+
+def use_mean_field(config: SimConfig, options: Any, topology: Topology) -> MeanField | None:
+    """The mean-field mapping if ``options.mean_field`` asks for it and it can run:
+    ``on`` wherever it can (:class:`ConfigError` saying why not elsewhere), ``auto``
+    from :data:`MEAN_FIELD_MIN_MACHINES` machines on, ``off`` (or a scheme without the
+    option) never."""
+    mode = getattr(options, "mean_field", "off")
+    if mode == "off":
+        return None
+    plan = mean_field_plan(config, options, topology)
+    if isinstance(plan, str):
+        if mode == "on":
+            raise ConfigError("scheme.mean_field", "on", plan)
+        return None
+    if mode == "auto" and plan.boxes < MEAN_FIELD_MIN_MACHINES:
+        return None
+    return plan
 
 
 class ParameterServerScheme(Scheme):
@@ -158,6 +193,7 @@ class ParameterServerScheme(Scheme):
         if options.placement == "colocated" and not topology.hosts:
             raise ConfigError("scheme.placement", "colocated",
                               f"topology {topology.name!r} has no host CPUs; use dedicated")
+        use_mean_field(config, options, topology)
 
     @abstractmethod
     def make_shards(self, num_servers: int) -> list[Shard]:
@@ -174,7 +210,7 @@ class ParameterServerScheme(Scheme):
         self.layer_shards: dict[int, list[int]] = {}
         for k, sh in enumerate(self.shards):
             self.layer_shards.setdefault(sh.layer, []).append(k)
-        self.mean_field = mean_field_plan(ctx.config, self.options, topo)
+        self.mean_field = use_mean_field(ctx.config, self.options, topo)
         if self.mean_field is None:
             self._plan_every_worker(topo)
         else:

@@ -45,10 +45,11 @@ class P3Options(ServerOptions):
     round_robin: str = option("global", "slice placement: one round-robin counter over all "
                                         "slices (reference code) or restarted per array",
                               choices=ROUND_ROBIN)
-    mean_field: str = option("auto", "analytic fidelity on a symmetric cluster: simulate two "
-                                     "machines whose servers each keep an equal share of "
-                                     "every slice, mirrored onto the rest (auto), or every "
-                                     "worker and server (off)", choices=MEAN_FIELD)
+    mean_field: str = option("auto", "analytic fidelity: simulate two machines whose "
+                                     "servers keep an equal share of every slice and mirror "
+                                     "them onto the rest; auto: from 5 identical machines, "
+                                     "on: wherever the cluster allows, off: every worker "
+                                     "and server", choices=MEAN_FIELD)
 
 
 def p3_slices(layer_bytes: list[tuple[int, int]], servers: int, slice_bytes: int,
