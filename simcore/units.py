@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 
 _PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
            "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
@@ -69,17 +70,23 @@ def parse_rate(value: str | float | int) -> float:
     return rate
 
 
+def _number_with_unit(value: str | float | int, pattern: re.Pattern[str],
+                      scale: Callable[[str], float], examples: str) -> float:
+    """A plain number, or the number and unit ``pattern`` captures times ``scale(unit)``;
+    :class:`UnitError` naming ``examples`` for anything else (booleans included)."""
+    if isinstance(value, bool):
+        raise UnitError(f"{value!r} is not {examples}", examples)
+    if isinstance(value, int | float):
+        return float(value)
+    m = pattern.match(value)
+    if not m:
+        raise UnitError(f"{value!r} is not {examples}", examples)
+    return float(m.group(1)) * scale(m.group(2))
+
+
 def parse_size(value: str | float | int) -> int:
     """Bytes from ``25MiB``, ``1.5GB``, ``4096`` (rounded to a whole byte, >= 0)."""
-    if isinstance(value, bool):
-        raise UnitError(f"{value!r} is not {SIZE_EXAMPLES}", SIZE_EXAMPLES)
-    if isinstance(value, int | float):
-        size = float(value)
-    else:
-        m = _SIZE.match(value)
-        if not m:
-            raise UnitError(f"{value!r} is not {SIZE_EXAMPLES}", SIZE_EXAMPLES)
-        size = float(m.group(1)) * _PREFIX[m.group(2)]
+    size = _number_with_unit(value, _SIZE, _PREFIX.__getitem__, SIZE_EXAMPLES)
     if size < 0 or size == float("inf"):
         raise UnitError(f"size must be non-negative and finite, got {value!r}",
                         "a non-negative, finite size")
@@ -88,15 +95,7 @@ def parse_size(value: str | float | int) -> int:
 
 def parse_time(value: str | float | int) -> float:
     """Seconds from ``2us``, ``0.5ms``, ``1e-6`` (>= 0)."""
-    if isinstance(value, bool):
-        raise UnitError(f"{value!r} is not {TIME_EXAMPLES}", TIME_EXAMPLES)
-    if isinstance(value, int | float):
-        t = float(value)
-    else:
-        m = _TIME.match(value)
-        if not m:
-            raise UnitError(f"{value!r} is not {TIME_EXAMPLES}", TIME_EXAMPLES)
-        t = float(m.group(1)) * _TIME_SCALE[m.group(2)]
+    t = _number_with_unit(value, _TIME, _TIME_SCALE.__getitem__, TIME_EXAMPLES)
     if t < 0 or t == float("inf"):
         raise UnitError(f"duration must be non-negative and finite, got {value!r}",
                         "a non-negative, finite duration")
@@ -108,15 +107,8 @@ def parse_flop_rate(value: str | float | int) -> float:
 
     Raises :class:`UnitError` for anything else or a rate that is not positive and finite.
     """
-    if isinstance(value, bool):
-        raise UnitError(f"{value!r} is not {FLOP_RATE_EXAMPLES}", FLOP_RATE_EXAMPLES)
-    if isinstance(value, int | float):
-        rate = float(value)
-    else:
-        m = _FLOP_RATE.match(value)
-        if not m:
-            raise UnitError(f"{value!r} is not {FLOP_RATE_EXAMPLES}", FLOP_RATE_EXAMPLES)
-        rate = float(m.group(1)) * _FLOP_SCALE[m.group(2).lower()]
+    rate = _number_with_unit(value, _FLOP_RATE, lambda u: _FLOP_SCALE[u.lower()],
+                             FLOP_RATE_EXAMPLES)
     if not (rate > 0 and math.isfinite(rate)):
         raise UnitError(f"the compute rate must be positive and finite, got {value!r}",
                         FLOP_RATE_EXAMPLES)
