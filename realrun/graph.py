@@ -46,6 +46,8 @@ class LayerNode:
         param_bytes: bytes of the trainable parameters it owns (each counted once).
         activation_bytes: bytes of its output for the example batch.
         needs_grad: whether its output takes part in backward (depends on parameters).
+        param_names: qualified names (in the traced module, the same as in the model) of
+            the parameters counted in ``param_bytes``, in the order they are charged.
     """
 
     name: str
@@ -56,6 +58,7 @@ class LayerNode:
     param_bytes: int
     activation_bytes: int
     needs_grad: bool
+    param_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,7 @@ def _build(gm: fx.GraphModule, values: dict[str, Any]) -> LayerGraph:
     names: dict[str, str] = {}       # fx node name -> layer name (layers only)
     sources: dict[str, tuple[str, ...]] = {}   # fx node name -> layer names it carries
     grad: dict[str, bool] = {}       # fx node name -> output depends on parameters
-    pending_params: dict[str, int] = {}        # get_attr node -> parameter bytes not charged
+    pending_params: dict[str, list[str]] = {}  # node -> names of parameters not charged
     seen_params: set[int] = set()
     calls: dict[str, int] = {}
     used_names: set[str] = set()
@@ -182,26 +185,27 @@ def _build(gm: fx.GraphModule, values: dict[str, Any]) -> LayerGraph:
             grad[n.name] = is_param
             if is_param and id(attr) not in seen_params:
                 seen_params.add(id(attr))
-                pending_params[n.name] = nbytes(attr)
+                pending_params[n.name] = [str(n.target)]
             sources[n.name] = ()
             continue
         own_grad = False
-        param_bytes = 0
+        charged: list[str] = []
         if n.op == "call_module":
             mod = gm.get_submodule(str(n.target))
-            for p in mod.parameters():
+            for pname, p in mod.named_parameters():
                 if p.requires_grad:
                     own_grad = True
                     if id(p) not in seen_params:
                         seen_params.add(id(p))
-                        param_bytes += nbytes(p)
+                        charged.append(f"{n.target}.{pname}")
         for i in ins:
-            param_bytes += pending_params.pop(i.name, 0)
+            charged.extend(pending_params.pop(i.name, ()))
+        param_bytes = sum(nbytes(gm.get_parameter(q)) for q in charged)
         grad[n.name] = own_grad or any(grad.get(i.name, False) for i in ins)
         if n.op == "output" or not is_layer_node(n, values):
             sources[n.name] = tuple(dict.fromkeys(s for i in ins for s in sources[i.name]))
-            if param_bytes:  # a folded node passes parameters on to its consumer
-                pending_params[n.name] = param_bytes
+            if charged:  # a folded node passes parameters on to its consumer
+                pending_params[n.name] = charged
             continue
         name = _layer_name(n, calls, used_names)
         names[n.name] = name
@@ -212,7 +216,7 @@ def _build(gm: fx.GraphModule, values: dict[str, Any]) -> LayerGraph:
             preds=tuple(dict.fromkeys(s for i in ins for s in sources[i.name])),
             param_bytes=param_bytes,
             activation_bytes=nbytes(used_output(n, values[n.name])),
-            needs_grad=grad[n.name],
+            needs_grad=grad[n.name], param_names=tuple(charged),
         ))
     return LayerGraph(gm, tuple(layers), values, frozenset(k for k, v in grad.items() if v))
 

@@ -36,6 +36,9 @@ PUBLISHED = {
     "seq2seq": (2 * 8000 * 256 + 2 * _lstm(256, 128) + 2 * _lstm(256, 256)
                 + _linear(512, 256) + _linear(256, 8000)),
     "snn": _linear(784, 2048) + 7 * _linear(2048, 2048) + _linear(2048, 10),
+    # our own small models (realrun/zoo/small.py)
+    "mlp_small": _linear(64, 256) + _linear(256, 256) + _linear(256, 10),
+    "cnn_small": (1 * 9 * 16 + 16) + (16 * 9 * 32 + 32) + _linear(512, 10),
 }
 
 

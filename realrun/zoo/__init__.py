@@ -83,6 +83,10 @@ REGISTRY: dict[str, ZooModel] = dict([
            "Sockeye-like RNN translation model with dot attention (256 units, 8k words)"),
     _entry("snn", "mlp", "snn", (InputSpec((784,)),),
            "Self-normalising MLP: 8 SELU layers of 2048 units with alpha dropout"),
+    _entry("mlp_small", "small", "mlp_small", (InputSpec((64,)),),
+           "Small MLP for quick real runs: 64-256-256-10"),
+    _entry("cnn_small", "small", "cnn_small", (InputSpec((1, 16, 16)),),
+           "Small CNN for quick real runs: two 3x3 convolutions on 1x16x16, 10 classes"),
 ])
 """All zoo models by name."""
 

@@ -14,6 +14,7 @@ them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,15 +42,24 @@ class DPOptions:
 
 
 def ddp_buckets(trace: Trace, bucket_bytes: int, first_bucket_bytes: int) -> list[list[int]]:
+    """Layer indices per bucket, as DDP assigns them (:func:`ddp_bucket_layout` of the
+    trace's layer parameter bytes)."""
+    return ddp_bucket_layout([layer.param_bytes for layer in trace.layers], bucket_bytes,
+                             first_bucket_bytes)
+
+
+def ddp_bucket_layout(param_bytes: Sequence[int], bucket_bytes: int,
+                      first_bucket_bytes: int) -> list[list[int]]:
     """Layer indices per bucket, as DDP assigns them: walking the layers with parameters
-    from last to first, a bucket is closed once it holds at least its cap (the first
-    bucket's cap is ``first_bucket_bytes``)."""
+    (``param_bytes[i] > 0``) from last to first, a bucket is closed once it holds at least
+    its cap (the first bucket's cap is ``first_bucket_bytes``). The real runtime hands
+    these sizes to DDP as ``bucket_cap_mb_list``."""
     buckets: list[list[int]] = []
     current: list[int] = []
     size = 0
     cap = first_bucket_bytes
-    for i in range(len(trace.layers) - 1, -1, -1):
-        pb = trace.layers[i].param_bytes
+    for i in range(len(param_bytes) - 1, -1, -1):
+        pb = param_bytes[i]
         if pb <= 0:
             continue
         current.append(i)

@@ -1,0 +1,490 @@
+"""What every rank of a real run shares: the model and its layers, the data, the loss,
+span recording, and point-to-point messages with a priority send queue.
+
+**Layers.** The model's layers are those of :func:`realrun.graph.layer_graph`, the same
+names and order as the traces the profiler writes, so the simulator's bucket, shard and
+slice layouts (computed on a trace) apply to the real parameters: a layer's parameters,
+flattened in :attr:`~realrun.graph.LayerNode.param_names` order and concatenated, are the
+"array" that the simulator's layer ``param_bytes`` stands for.
+
+**Data.** Worker ``r``'s batch of iteration ``i`` is drawn from a generator seeded with
+``(seed, r, i)`` (:func:`batch`); labels are drawn the same way. A single process that
+concatenates the workers' batches sees exactly the data of the distributed run.
+
+**Messages** (:class:`Messenger`): every message is a 64-byte header (kind, key,
+iteration, element count, sequence number) followed by a payload tensor unless it is a
+control message. One sender thread per process takes messages from a priority queue
+(lower first, FIFO among equals) and sends each whole before the next (a message on the
+wire is never pre-empted); one receiver thread per peer reads headers and payloads in
+order and hands them to a callback. gloo keeps the order of the messages of one tag
+between two ranks, so no polling is needed.
+
+**Clock.** Each rank's zero is the moment it leaves the start barrier; on one machine
+(local or network namespaces) ranks read the same monotonic clock and leave the barrier
+within microseconds of each other.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import resource
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from realrun import zoo
+from realrun.graph import layer_graph, tensors_in
+from realrun.job import Job
+from simcore.records import BACKWARD, COMPUTE, FORWARD, RECV, SEND
+
+HEADER_WORDS = 8
+"""int64 words of a message header: 64 bytes, the simulator's control message size."""
+
+HEADER_BYTES = HEADER_WORDS * 8
+
+PUSH, VALUE, ACK, PULL, GRAD, BATCH, STOP = 1, 2, 3, 4, 5, 6, 9
+"""Message kinds."""
+
+KIND_NAMES = {PUSH: "push", VALUE: "pull", ACK: "ack", PULL: "pull request", GRAD: "grad",
+              BATCH: "batch", STOP: "stop"}
+
+WAIT = "wait"
+"""Kind of a compute-stream span during which a rank waits for data (not busy)."""
+
+BUSY_KINDS = frozenset({FORWARD, BACKWARD, "update", "aggregate"})
+"""Compute-stream kinds that count as busy for utilisation."""
+
+
+# ---- recording ---------------------------------------------------------------------------
+
+class Recorder:
+    """Spans (tuples in :class:`simcore.records.Span` field order) and byte counts of one
+    rank, on the rank's clock (see module docs). Thread-safe for appends."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.t0 = time.monotonic()
+        self.spans: list[tuple[Any, ...]] = []
+        self.sent: list[tuple[int, int, int, str]] = []   # (dst rank, iteration, bytes, kind)
+        self.header_bytes = 0
+        self.iteration_end: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def start_clock(self) -> None:
+        """Set this rank's zero to now."""
+        self.t0 = time.monotonic()
+
+    def now(self) -> float:
+        """Seconds since this rank's zero."""
+        return time.monotonic() - self.t0
+
+    def span(self, stream: str, kind: str, name: str, start: float, end: float,
+             iteration: int = -1, layer: int = -1, nbytes: int = 0, flow: int = -1) -> None:
+        """Record one span."""
+        self.spans.append((self.device, stream, kind, name, start, end, iteration, layer, -1,
+                           nbytes, flow))
+
+    def count_sent(self, dst: int, iteration: int, nbytes: int, kind: str) -> None:
+        """Count ``nbytes`` of application data sent to rank ``dst``."""
+        with self._lock:
+            self.sent.append((dst, iteration, nbytes, kind))
+
+    def end_iteration(self, iteration: int, t: float | None = None) -> None:
+        """Mark this rank's part of ``iteration`` done (now, or at ``t`` if later than a
+        mark already made)."""
+        t = self.now() if t is None else t
+        with self._lock:
+            self.iteration_end[iteration] = max(t, self.iteration_end.get(iteration, 0.0))
+
+    def record(self, **extra: Any) -> dict[str, Any]:
+        """Everything recorded, as a JSON-able dictionary."""
+        return {"device": self.device, "spans": [list(s) for s in self.spans],
+                "sent": [list(s) for s in self.sent], "header_bytes": self.header_bytes,
+                "iteration_end": {str(k): v for k, v in sorted(self.iteration_end.items())},
+                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                **extra}
+
+
+# ---- model, layers, data ---------------------------------------------------------------------
+
+@dataclass
+class RealLayer:
+    """A layer with parameters.
+
+    Attributes:
+        index: the layer's index in the trace (input layers included).
+        name: its name in traces.
+        params: its parameters, in the order their flattened values are concatenated.
+        numel: elements of all of them.
+        module: the module whose forward hooks mark the layer's forward (``None`` for
+            parameters read directly by a functional op).
+    """
+
+    index: int
+    name: str
+    params: list[nn.Parameter]
+    numel: int
+    module: nn.Module | None
+
+    def flat_grad(self) -> torch.Tensor:
+        """The layer's gradients, flattened and concatenated (zeros where none)."""
+        parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                 for p in self.params]
+        return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+
+    def flat_values(self) -> torch.Tensor:
+        """The layer's parameter values, flattened and concatenated (a copy)."""
+        return torch.cat([p.detach().reshape(-1) for p in self.params])
+
+    def load_flat(self, flat: torch.Tensor) -> None:
+        """Copy ``flat`` (as :meth:`flat_values`) into the parameters."""
+        off = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                p.copy_(flat[off:off + n].view_as(p))
+                off += n
+
+    def set_grad(self, flat: torch.Tensor) -> None:
+        """Set the parameters' gradients from ``flat``."""
+        off = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = flat[off:off + n].view_as(p).clone()
+            off += n
+
+
+@dataclass
+class ModelSetup:
+    """A zoo model built for training, with its layers and trace-shaped description.
+
+    Attributes:
+        model: the module (on the compute device).
+        layers: layers with parameters, in forward order.
+        trace_layers: ``(name, param_bytes)`` of every trace layer (input layers too), in
+            trace order: what the simulator's layouts are computed from.
+        input_bytes: bytes of one batch of inputs.
+        device: the compute device.
+    """
+
+    model: nn.Module
+    layers: list[RealLayer]
+    trace_layers: list[tuple[str, int, str]]
+    input_bytes: int
+    device: torch.device
+
+
+def build_model(job: Job, device: torch.device) -> ModelSetup:
+    """The zoo model of ``job`` with initial weights from ``job.seed`` (equal on every
+    rank) and its layers (see module docs)."""
+    torch.manual_seed(job.seed)
+    model = zoo.build(job.model)
+    with torch.device("meta"):
+        meta_model = zoo.build(job.model)
+    meta_inputs = zoo.example_inputs(job.model, job.batch_size, "meta")
+    graph = layer_graph(meta_model, meta_inputs)
+    params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
+    layers = []
+    for i, node in enumerate(graph.layers):
+        if not node.param_names or node.kind == "input":
+            continue
+        ps = [params[n] for n in node.param_names]
+        module = modules.get(str(node.node.target)) if node.node.op == "call_module" else None
+        layers.append(RealLayer(i, node.name, ps, sum(p.numel() for p in ps), module))
+    trace_layers = [(n.name, n.param_bytes, n.kind) for n in graph.layers]
+    input_bytes = sum(t.numel() * t.element_size() for t in meta_inputs)
+    return ModelSetup(model.to(device), layers, trace_layers, input_bytes, device)
+
+
+def _seed(job: Job, rank: int, iteration: int, salt: int) -> int:
+    return ((job.seed * 1_000_003 + rank) * 1_000_033 + iteration) * 7 + salt
+
+
+def batch(job: Job, rank: int, iteration: int, num_classes: int,
+          label_shape: tuple[int, ...]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """Worker ``rank``'s inputs and labels of ``iteration`` (CPU; see module docs)."""
+    inputs = zoo.example_inputs(job.model, job.batch_size, seed=_seed(job, rank, iteration, 1))
+    gen = torch.Generator().manual_seed(_seed(job, rank, iteration, 2))
+    labels = torch.randint(0, num_classes, (job.batch_size, *label_shape), generator=gen)
+    return inputs, labels
+
+
+def output_shape(job: Job) -> tuple[int, tuple[int, ...]]:
+    """``(classes, label shape per sample)`` of the model's (first) output."""
+    with torch.device("meta"):
+        m = zoo.build(job.model)
+    out = next(iter(tensors_in(m(*zoo.example_inputs(job.model, 1, "meta")))))
+    return int(out.shape[-1]), tuple(int(s) for s in out.shape[1:-1])
+
+
+def loss_of(output: Any, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of every output shaped like the labels plus a class dimension (the
+    mean over samples); any other output adds its mean square."""
+    total: torch.Tensor | None = None
+    for out in tensors_in(output):
+        if not out.is_floating_point():
+            continue
+        if tuple(out.shape[:-1]) == tuple(labels.shape):
+            term = F.cross_entropy(out.reshape(-1, out.shape[-1]).float(),
+                                   labels.reshape(-1).to(out.device))
+        else:
+            term = out.float().pow(2).mean()
+        total = term if total is None else total + term
+    if total is None:
+        raise ValueError("the model produced no floating-point output to train on")
+    return total
+
+
+def make_optimizer(job: Job, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    """``job.optimizer`` over ``params`` (``momentum`` is SGD with momentum 0.9)."""
+    if job.optimizer == "adam":
+        return torch.optim.Adam(params, lr=job.lr, foreach=False)
+    momentum = 0.9 if job.optimizer == "momentum" else 0.0
+    return torch.optim.SGD(params, lr=job.lr, momentum=momentum, foreach=False)
+
+
+# ---- hooks that time layers ------------------------------------------------------------------
+
+class LayerTimer:
+    """Forward spans per layer module (forward pre- and post-hooks, each rank's wait
+    callback run first) and backward spans ending where each layer's gradients are
+    complete (post-accumulate-grad hooks)."""
+
+    def __init__(self, setup: ModelSetup, rec: Recorder, record_layers: bool) -> None:
+        self.rec = rec
+        self.record_layers = record_layers
+        self.iteration = -1
+        self.before_forward: Callable[[RealLayer], None] | None = None
+        self.on_grad_ready: Callable[[RealLayer], None] | None = None
+        self._fwd_start: dict[int, float] = {}
+        self._pending: dict[int, int] = {}
+        self._last_ready = 0.0
+        self._ready: set[int] = set()
+        self.layers = setup.layers
+        for layer in setup.layers:
+            if layer.module is not None:
+                layer.module.register_forward_pre_hook(self._pre_hook(layer))
+                layer.module.register_forward_hook(self._post_hook(layer))
+            for p in layer.params:
+                p.register_post_accumulate_grad_hook(self._grad_hook(layer))
+
+    def start_forward(self, iteration: int) -> None:
+        """Begin ``iteration``: the layers without a module get their wait now."""
+        self.iteration = iteration
+        self._ready.clear()
+        self._pending = {layer.index: len(layer.params) for layer in self.layers}
+        if self.before_forward is not None:
+            for layer in self.layers:
+                if layer.module is None:
+                    self.before_forward(layer)
+
+    def start_backward(self) -> None:
+        """Backward begins now."""
+        self._last_ready = self.rec.now()
+
+    def finish_backward(self) -> list[RealLayer]:
+        """After ``backward()``: the layers whose gradients never arrived (unused in this
+        pass), now handed to ``on_grad_ready`` in backward order."""
+        left = [layer for layer in reversed(self.layers) if layer.index not in self._ready]
+        for layer in left:
+            self._ready.add(layer.index)
+            if self.on_grad_ready is not None:
+                self.on_grad_ready(layer)
+        return left
+
+    def _pre_hook(self, layer: RealLayer) -> Callable[..., None]:
+        def hook(_module: nn.Module, _args: Any) -> None:
+            if self.before_forward is not None:
+                self.before_forward(layer)
+            self._fwd_start[layer.index] = self.rec.now()
+        return hook
+
+    def _post_hook(self, layer: RealLayer) -> Callable[..., None]:
+        def hook(_module: nn.Module, _args: Any, _out: Any) -> None:
+            if self.record_layers:
+                start = self._fwd_start.pop(layer.index, None)
+                if start is not None:
+                    self.rec.span(COMPUTE, FORWARD, layer.name, start, self.rec.now(),
+                                  self.iteration, layer.index)
+        return hook
+
+    def _grad_hook(self, layer: RealLayer) -> Callable[[torch.Tensor], None]:
+        def hook(_p: torch.Tensor) -> None:
+            left = self._pending.get(layer.index, 0) - 1
+            self._pending[layer.index] = left
+            if left == 0 and layer.index not in self._ready:
+                self._ready.add(layer.index)
+                now = self.rec.now()
+                if self.record_layers:
+                    self.rec.span(COMPUTE, BACKWARD, layer.name, self._last_ready, now,
+                                  self.iteration, layer.index)
+                self._last_ready = now
+                if self.on_grad_ready is not None:
+                    self.on_grad_ready(layer)
+        return hook
+
+
+# ---- messages ----------------------------------------------------------------------------
+
+@dataclass
+class Message:
+    """One message to send: a header and an optional payload."""
+
+    dst: int
+    kind: int
+    key: int
+    iteration: int
+    payload: torch.Tensor | None
+    name: str
+
+
+class Messenger:
+    """Point-to-point messages over a gloo process group (see module docs).
+
+    ``on_message(src, kind, key, iteration, payload, arrived_s)`` runs on a receiver
+    thread; ``buffer_for(src, kind, key)`` allocates the payload tensor of an incoming
+    message (``None`` for control messages).
+    """
+
+    def __init__(self, rank: int, world: int, peers: list[int], rec: Recorder,
+                 group: Any, on_message: Callable[..., None],
+                 buffer_for: Callable[[int, int, int], torch.Tensor | None]) -> None:
+        self.rank, self.world, self.peers = rank, world, peers
+        self.rec, self.group = rec, group
+        self.on_message, self.buffer_for = on_message, buffer_for
+        self._queue: list[tuple[float, int, Message]] = []
+        self._cond = threading.Condition()
+        self._seq = itertools.count()
+        self._pair_seq: dict[tuple[int, int], itertools.count[int]] = {}
+        self._error: BaseException | None = None
+        self._sender = threading.Thread(target=self._send_loop, name="dtsim-send", daemon=True)
+        self._receivers = [threading.Thread(target=self._recv_loop, args=(p,),
+                                            name=f"dtsim-recv{p}", daemon=True) for p in peers]
+
+    def start(self) -> None:
+        """Start the sender and receiver threads."""
+        self._sender.start()
+        for t in self._receivers:
+            t.start()
+
+    def send(self, dst: int, kind: int, key: int, iteration: int,
+             payload: torch.Tensor | None, priority: float = 0.0, name: str = "") -> None:
+        """Queue a message (lower ``priority`` goes first; FIFO among equals)."""
+        msg = Message(dst, kind, key, iteration, payload, name or KIND_NAMES.get(kind, "msg"))
+        with self._cond:
+            heapq.heappush(self._queue, (priority, next(self._seq), msg))
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Send STOP to every peer after everything queued, then wait for the threads."""
+        for p in self.peers:
+            self.send(p, STOP, 0, -1, None, priority=float("inf"))
+        self._sender.join()
+        for t in self._receivers:
+            t.join()
+        self.check()
+
+    def check(self) -> None:
+        """Re-raise an error of a messaging thread in the caller."""
+        if self._error is not None:
+            raise RuntimeError(f"messaging thread failed: {self._error!r}") from self._error
+
+    def _flow(self, src: int, dst: int) -> int:
+        counter = self._pair_seq.setdefault((src, dst), itertools.count())
+        return ((src * self.world + dst) << 32) | next(counter)
+
+    def _send_loop(self) -> None:
+        try:
+            stops = 0
+            while stops < len(self.peers):
+                with self._cond:
+                    while not self._queue:
+                        self._cond.wait()
+                    _prio, _seq, msg = heapq.heappop(self._queue)
+                numel = msg.payload.numel() if msg.payload is not None else 0
+                header = torch.tensor([msg.kind, msg.key, msg.iteration, numel, 0, 0, 0, 0],
+                                      dtype=torch.int64)
+                start = self.rec.now()
+                dist.send(header, msg.dst, group=self.group, tag=0)
+                self.rec.header_bytes += HEADER_BYTES
+                nbytes = 0
+                if msg.payload is not None:
+                    payload = msg.payload.contiguous()
+                    dist.send(payload, msg.dst, group=self.group, tag=1)
+                    nbytes = payload.numel() * payload.element_size()
+                if msg.kind == STOP:
+                    stops += 1
+                    continue
+                counted = nbytes if msg.payload is not None else HEADER_BYTES
+                self.rec.count_sent(msg.dst, msg.iteration, counted, KIND_NAMES[msg.kind])
+                self.rec.span(SEND, "send", msg.name, start, self.rec.now(), msg.iteration,
+                              -1, counted, self._flow(self.rank, msg.dst))
+        except BaseException as exc:  # surfaced by check()
+            self._error = exc
+
+    def _recv_loop(self, src: int) -> None:
+        try:
+            header = torch.empty(HEADER_WORDS, dtype=torch.int64)
+            while True:
+                dist.recv(header, src, group=self.group, tag=0)
+                start = self.rec.now()
+                kind, key, it, numel = (int(v) for v in header[:4])
+                if kind == STOP:
+                    return
+                buf = self.buffer_for(src, kind, key) if numel else None
+                if buf is not None:
+                    if buf.numel() != numel:
+                        raise RuntimeError(f"message kind {kind} key {key} from rank {src}: "
+                                           f"{numel} elements, expected {buf.numel()}")
+                    dist.recv(buf, src, group=self.group, tag=1)
+                end = self.rec.now()
+                nbytes = buf.numel() * buf.element_size() if buf is not None else HEADER_BYTES
+                self.rec.span(RECV, "recv", KIND_NAMES.get(kind, "msg"), start, end, it, -1,
+                              nbytes, self._flow(src, self.rank))
+                self.on_message(src, kind, key, it, buf, end)
+        except BaseException as exc:
+            self._error = exc
+
+
+class Slots:
+    """Events keyed by anything, created on first use: one thread waits for a key, another
+    sets it."""
+
+    def __init__(self) -> None:
+        self._events: dict[Any, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def _get(self, key: Any) -> threading.Event:
+        with self._lock:
+            ev = self._events.get(key)
+            if ev is None:
+                ev = self._events[key] = threading.Event()
+            return ev
+
+    def set(self, key: Any) -> None:
+        """Mark ``key`` ready."""
+        self._get(key).set()
+
+    def wait(self, key: Any, check: Callable[[], None], timeout_s: float) -> None:
+        """Wait for ``key``; ``check`` runs every second (it raises if a thread failed)."""
+        ev = self._get(key)
+        deadline = time.monotonic() + timeout_s
+        while not ev.wait(1.0):
+            check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waited {timeout_s:g} s for {key}")
+
+    def discard(self, key: Any) -> None:
+        """Forget ``key``."""
+        with self._lock:
+            self._events.pop(key, None)
+

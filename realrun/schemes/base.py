@@ -1,0 +1,100 @@
+"""The training loop every data-parallel worker runs; schemes fill in its steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from realrun.runtime import (
+    WAIT,
+    LayerTimer,
+    RealLayer,
+    batch,
+    loss_of,
+    output_shape,
+)
+from realrun.worker import RankContext
+from simcore.records import BACKWARD, COMPUTE, FORWARD
+
+
+class WorkerLoop:
+    """Forward, loss, backward per iteration on one worker; a scheme overrides:
+
+    * :meth:`inputs` (the batch of an iteration; gossip's shuffle replaces it),
+    * :meth:`before_layer` (runs before a layer's forward: wait for values, update),
+    * :meth:`grad_ready` (runs when backward has produced a layer's gradients),
+    * :meth:`after_backward` (optimizer step, end of the iteration),
+    * :meth:`finish` (after the last iteration: wait for what is still in flight).
+
+    :attr:`model` is what forward calls (a DDP wrapper for ``dp``).
+    """
+
+    def __init__(self, ctx: RankContext) -> None:
+        self.ctx = ctx
+        self.job = ctx.job
+        self.rec = ctx.rec
+        self.setup = ctx.setup
+        self.model: Any = ctx.setup.model
+        self.iteration = -1
+
+    # ---- steps a scheme overrides ----------------------------------------------------
+    def inputs(self, it: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """This worker's batch of iteration ``it``."""
+        return batch(self.job, self.ctx.rank, it, *self.label_spec)
+
+    def before_layer(self, layer: RealLayer) -> None:
+        """Before ``layer``'s forward in :attr:`iteration`."""
+
+    def grad_ready(self, layer: RealLayer) -> None:
+        """``layer``'s gradients of :attr:`iteration` are complete."""
+
+    def after_backward(self, it: int) -> None:
+        """Backward of ``it`` is done."""
+
+    def finish(self) -> None:
+        """After the last iteration."""
+
+    # ---- the loop --------------------------------------------------------------------
+    def run(self) -> None:
+        """Train for the job's warm-up and measured iterations."""
+        if not self.ctx.is_worker:
+            self.serve()
+            return
+        self.label_spec = output_shape(self.job)
+        timer = LayerTimer(self.setup, self.rec, self.job.record_layers)
+        timer.before_forward = self.before_layer
+        timer.on_grad_ready = self.grad_ready
+        device = self.setup.device
+        for it in range(self.job.total_iterations):
+            self.iteration = it
+            self.ctx.beat(it)
+            inputs, labels = self.inputs(it)
+            inputs = tuple(t.to(device) for t in inputs)
+            self.setup.model.zero_grad(set_to_none=True)
+            timer.start_forward(it)
+            start = self.rec.now()
+            out = self.model(*inputs)
+            loss = loss_of(out, labels)
+            if not self.job.record_layers:
+                self.rec.span(COMPUTE, FORWARD, "forward", start, self.rec.now(), it)
+            self.ctx.beat(it)
+            start = self.rec.now()
+            timer.start_backward()
+            loss.backward()
+            timer.finish_backward()
+            if not self.job.record_layers:
+                self.rec.span(COMPUTE, BACKWARD, "backward", start, self.rec.now(), it)
+            self.ctx.beat(it)
+            self.after_backward(it)
+        self.finish()
+
+    def serve(self) -> None:
+        """A server rank's work (schemes with servers override it)."""
+        raise NotImplementedError(f"{self.job.scheme} has no server ranks")
+
+    def wait_span(self, start: float, what: str, it: int, layer: int = -1) -> None:
+        """Record a wait on the compute stream from ``start`` to now, if it lasted."""
+        end = self.rec.now()
+        if end - start > 20e-6:
+            self.rec.span(COMPUTE, WAIT, what, start, end, it, layer)
