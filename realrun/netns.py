@@ -537,8 +537,11 @@ class EmulatedCluster:
         """Kernel counters of each host's veth (index order): ``tx_bytes``/``tx_packets``
         (sent by the host towards the switch), ``rx_bytes``/``rx_packets`` (received),
         ``tx_dropped``/``rx_dropped``, plus ``index``, ``namespace`` and ``ifname``.
-        Bytes are Ethernet frames (headers included), so they exceed the payload carried.
-        Packets tbf dropped are not in ``tx_bytes`` (they never reached the veth)."""
+        Bytes include headers, so they are at least the payload carried; but the veth
+        counts a GSO batch (up to 64 KiB of TCP segments) as one packet with one set of
+        headers, so they undercount per-frame overhead (tbf's own counters in
+        :meth:`qdisc_stats`, and its shaping, account every frame's headers). Packets tbf
+        dropped are not in ``tx_bytes`` (they never reached the veth)."""
         self._check_open()
         out: list[dict[str, int | str]] = []
         for host in self._hosts:
