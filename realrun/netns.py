@@ -276,14 +276,33 @@ def _delete_namespaces(names: Sequence[str]) -> list[str]:
     return deleted
 
 
+def _delete_all(names: Sequence[str]) -> list[str]:
+    """:func:`_delete_namespaces` that finishes even if interrupted: signals are held in
+    this thread, and an interrupt that still gets through (a signal delivered to another
+    thread runs its Python handler here) is kept, the deletion retried, and the interrupt
+    re-raised once every namespace is gone."""
+    interrupt: BaseException | None = None
+    deleted: list[str] = []
+    with _signals_blocked():
+        for _ in range(5):
+            left = [n for n in names if os.path.exists(os.path.join(_RUN_NETNS, n))]
+            if not left:
+                break
+            try:
+                deleted += _delete_namespaces(left)
+            except KeyboardInterrupt as err:
+                interrupt = interrupt or err
+    if interrupt is not None:
+        raise interrupt
+    return deleted
+
+
 def remove_stale(prefix: str = DEFAULT_PREFIX) -> list[str]:
     """Delete namespaces with ``prefix`` whose creating process is gone (killed with SIGKILL,
     crashed). A process is identified by pid and start time, so a reused pid does not keep
     leftovers alive, and live clusters, including other users' with the same prefix, are
     never touched. Returns the names removed."""
-    stale = [n for n in list_ours(prefix) if not _owner_alive(n, prefix)]
-    with _signals_blocked():
-        return _delete_namespaces(stale)
+    return _delete_all([n for n in list_ours(prefix) if not _owner_alive(n, prefix)])
 
 
 @contextlib.contextmanager
@@ -594,12 +613,11 @@ class EmulatedCluster:
         qdiscs. Idempotent; SIGINT/SIGTERM arriving meanwhile wait until it is done."""
         if self._closed:
             return
-        with _signals_blocked():
-            self._closed = True
-            try:
-                _delete_namespaces(list(reversed(self._created)))
-            finally:
-                _guard.release()
+        self._closed = True
+        try:
+            _delete_all(list(reversed(self._created)))
+        finally:
+            _guard.release()
 
     def __enter__(self) -> EmulatedCluster:
         return self

@@ -337,3 +337,26 @@ def test_list_ours_matches_only_its_prefix(prefix: str) -> None:
         assert list_ours(prefix + "x") == sorted(b.namespaces())
         assert a.subnet != b.subnet
     assert list_ours(prefix) == [] and list_ours(prefix + "x") == []
+
+
+@needs_netns
+def test_close_finishes_even_if_interrupted(prefix: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interrupt that gets into close() (a signal handled while another thread held the
+    signal) does not leave namespaces behind: deletion is retried, then it is re-raised."""
+    real = netns._delete_namespaces
+    calls = []
+
+    def interrupted_once(names: list[str]) -> list[str]:
+        calls.append(list(names))
+        if len(calls) == 1:
+            real(names[:1])
+            raise KeyboardInterrupt
+        return real(names)
+
+    cluster = EmulatedCluster(3, 10 * MBIT, prefix=prefix)
+    monkeypatch.setattr(netns, "_delete_namespaces", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        cluster.close()
+    assert len(calls) == 2 and len(calls[1]) == 3  # the second pass removed the rest
+    assert list_ours(prefix) == []
