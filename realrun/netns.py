@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from types import FrameType
 
 __all__ = [
@@ -443,6 +443,9 @@ class EmulatedCluster:
     open, SIGTERM and SIGHUP raise :class:`Terminated` in the main thread unless the program
     already handles them. TCP goodput is about 1448/1514 of the rate (Ethernet framing);
     check it with :func:`measure_goodput`.
+
+    Attributes besides the properties: ``prefix``; ``subnet`` (``10.A.B.0/24``);
+    ``switch_namespace`` (the namespace holding the bridge); ``bridge`` (its name there).
     """
 
     def __init__(self, hosts: int, rate_bytes_per_s: float | None, *,
@@ -747,7 +750,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps({"rate_bytes_per_s": cluster.rate_bytes_per_s,
                               "subnet": cluster.subnet,
                               "switch_namespace": cluster.switch_namespace,
-                              "hosts": [h.__dict__ for h in cluster.hosts]}), flush=True)
+                              "hosts": [asdict(h) for h in cluster.hosts]}), flush=True)
             if args.measure > 0:
                 n = len(cluster.hosts)
                 for i in range(n if n > 2 else n - 1):
