@@ -66,6 +66,8 @@ class Job:
             (backward); off, one span per pass.
         profile: rank 0 profiles the model's layers on this machine before training
             (``--profile-out``).
+        save_weights: every worker saves its final weights as ``weights-rank<r>.pt`` in the
+            output folder (tests compare them with single-process references).
         fault: test hook, ``"kill:RANK:ITERATION"`` or ``"hang:RANK:ITERATION"``.
     """
 
@@ -85,6 +87,7 @@ class Job:
     timeout_s: float = 120.0
     record_layers: bool = True
     profile: bool = False
+    save_weights: bool = False
     fault: str = ""
 
     def __post_init__(self) -> None:

@@ -35,6 +35,9 @@ from realrun.job import Job
 HEARTBEAT_SLOT_BYTES = 16
 """Bytes per rank in the heartbeat file (see :mod:`realrun.worker`)."""
 
+PHASES = 4
+"""Progress steps per iteration in the heartbeat file (see :mod:`realrun.worker`)."""
+
 POLL_S = 0.05
 
 
@@ -136,21 +139,70 @@ def _watch(job: Job, procs: Sequence[subprocess.Popen[bytes]], out_dir: str, hb_
         live = [r for r, c in enumerate(codes) if c is None]
         stamps = [beats[r][0] for r in live if beats[r][0] > 0]
         if len(stamps) == len(live) and stamps and now - max(stamps) > job.timeout_s:
-            oldest = min(live, key=lambda r: beats[r][0])
-            it = beats[oldest][1]
-            where = "before training" if it < 0 else f"in iteration {it}"
-            raise RankFailed(oldest, f"rank {oldest} ({job.role(oldest)}) hung: no rank made "
-                                     f"progress for {job.timeout_s:g} s and rank {oldest} was "
-                                     f"the first to stop ({where}); the others wait for it")
+            # The least advanced rank is the one the others wait for; servers only answer
+            # workers, so a worker is named before a server that got as far; then the one
+            # that stopped first.
+            waiting = _waiting_ranks(procs, live, out_dir)
+            busy = [r for r in live if r not in waiting]
+            hung = busy[0] if len(busy) == 1 else min(
+                busy or live, key=lambda r: (beats[r][1], job.role(r) != "worker", beats[r][0]))
+            step = beats[hung][1]
+            where = "before training" if step < 0 else f"in iteration {step // PHASES}"
+            raise RankFailed(hung, f"rank {hung} ({job.role(hung)}) hung: no rank made "
+                                   f"progress for {job.timeout_s:g} s and rank {hung} got "
+                                   f"the least far ({where}); the others wait for it")
         if not stamps and live and now - started > job.timeout_s * 3:
             raise RankFailed(live[0], f"rank {live[0]} ({job.role(live[0])}) hung: no rank "
                                       "started within the time limit")
         if progress is not None and job.workers:
-            slowest = min(beats[r][1] for r in range(job.workers))
+            slowest = min(beats[r][1] for r in range(job.workers)) // PHASES
             if slowest > last_reported:
                 last_reported = slowest
                 progress(slowest)
         time.sleep(POLL_S)
+
+
+WAITING_FRAMES = ("torch/distributed/", "torch/nn/parallel/distributed.py",
+                  "torch/autograd/", "realrun/runtime.py", "threading.py")
+"""Where a rank's main thread is when it waits for other ranks: in a collective, in DDP,
+in backward (which waits for DDP's all-reduces), or in our message waits."""
+
+
+def _waiting_ranks(procs: Sequence[subprocess.Popen[bytes]], live: list[int],
+                   out_dir: str) -> set[int]:
+    """The live ranks whose main thread waits for other ranks, from the stacks they dump
+    on SIGUSR1 (see :mod:`realrun.worker`)."""
+    sizes = {}
+    for r in live:
+        path = os.path.join(out_dir, f"rank{r}.log")
+        sizes[r] = os.path.getsize(path) if os.path.exists(path) else 0
+        with contextlib.suppress(ProcessLookupError):
+            procs[r].send_signal(signal.SIGUSR1)
+    time.sleep(1.0)
+    waiting = set()
+    for r in live:
+        with open(os.path.join(out_dir, f"rank{r}.log"), "rb") as fh:
+            fh.seek(sizes[r])
+            dump = fh.read().decode("utf-8", "replace")
+        main = _main_thread_stack(dump)
+        if main and any(any(w in line for w in WAITING_FRAMES) for line in main):
+            waiting.add(r)
+    return waiting
+
+
+def _main_thread_stack(dump: str) -> list[str]:
+    """The frames of the thread that handled the signal (Python's main thread) in a
+    faulthandler dump."""
+    lines = dump.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Current thread"):
+            out = []
+            for frame in lines[i + 1:]:
+                if not frame.startswith("  File"):
+                    break
+                out.append(frame)
+            return out
+    return []
 
 
 def read_heartbeats(path: str, ranks: int) -> list[tuple[float, int]]:

@@ -344,7 +344,6 @@ class Message:
     key: int
     iteration: int
     payload: torch.Tensor | None
-    name: str
 
 
 class Messenger:
@@ -352,15 +351,18 @@ class Messenger:
 
     ``on_message(src, kind, key, iteration, payload, arrived_s)`` runs on a receiver
     thread; ``buffer_for(src, kind, key)`` allocates the payload tensor of an incoming
-    message (``None`` for control messages).
+    message (``None`` for control messages); ``label(kind, key)`` names a message and
+    the trace layer it is about (``-1`` for none) in the timeline.
     """
 
     def __init__(self, rank: int, world: int, peers: list[int], rec: Recorder,
                  group: Any, on_message: Callable[..., None],
-                 buffer_for: Callable[[int, int, int], torch.Tensor | None]) -> None:
+                 buffer_for: Callable[[int, int, int], torch.Tensor | None],
+                 label: Callable[[int, int], tuple[str, int]] | None = None) -> None:
         self.rank, self.world, self.peers = rank, world, peers
         self.rec, self.group = rec, group
         self.on_message, self.buffer_for = on_message, buffer_for
+        self.label = label or (lambda kind, _key: (KIND_NAMES.get(kind, "msg"), -1))
         self._queue: list[tuple[float, int, Message]] = []
         self._cond = threading.Condition()
         self._seq = itertools.count()
@@ -377,9 +379,9 @@ class Messenger:
             t.start()
 
     def send(self, dst: int, kind: int, key: int, iteration: int,
-             payload: torch.Tensor | None, priority: float = 0.0, name: str = "") -> None:
+             payload: torch.Tensor | None, priority: float = 0.0) -> None:
         """Queue a message (lower ``priority`` goes first; FIFO among equals)."""
-        msg = Message(dst, kind, key, iteration, payload, name or KIND_NAMES.get(kind, "msg"))
+        msg = Message(dst, kind, key, iteration, payload)
         with self._cond:
             heapq.heappush(self._queue, (priority, next(self._seq), msg))
             self._cond.notify()
@@ -426,8 +428,9 @@ class Messenger:
                     continue
                 counted = nbytes if msg.payload is not None else HEADER_BYTES
                 self.rec.count_sent(msg.dst, msg.iteration, counted, KIND_NAMES[msg.kind])
-                self.rec.span(SEND, "send", msg.name, start, self.rec.now(), msg.iteration,
-                              -1, counted, self._flow(self.rank, msg.dst))
+                name, layer = self.label(msg.kind, msg.key)
+                self.rec.span(SEND, "send", name, start, self.rec.now(), msg.iteration,
+                              layer, counted, self._flow(self.rank, msg.dst))
         except BaseException as exc:  # surfaced by check()
             self._error = exc
 
@@ -448,8 +451,9 @@ class Messenger:
                     dist.recv(buf, src, group=self.group, tag=1)
                 end = self.rec.now()
                 nbytes = buf.numel() * buf.element_size() if buf is not None else HEADER_BYTES
-                self.rec.span(RECV, "recv", KIND_NAMES.get(kind, "msg"), start, end, it, -1,
-                              nbytes, self._flow(src, self.rank))
+                name, layer = self.label(kind, key)
+                self.rec.span(RECV, "recv", name, start, end, it, layer, nbytes,
+                              self._flow(src, self.rank))
                 self.on_message(src, kind, key, it, buf, end)
         except BaseException as exc:
             self._error = exc

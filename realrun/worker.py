@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import json
 import mmap
 import os
@@ -42,7 +43,11 @@ from realrun.runtime import ModelSetup, Recorder, build_model
 
 HEARTBEAT_SLOT_BYTES = 16
 """Per rank in the heartbeat file: the monotonic time of its latest progress (double) and
-the iteration it was in (int64)."""
+how far it got (int64), ``iteration * PHASES + phase``."""
+
+PHASES = 4
+"""Steps of an iteration a worker reports: 0 started, 1 forward done, 2 backward done,
+3 iteration done. A server reports ``(iterations it has served) * PHASES``."""
 
 
 class Heartbeat:
@@ -58,11 +63,11 @@ class Heartbeat:
             finally:
                 os.close(fd)
 
-    def beat(self, iteration: int) -> None:
-        """Progress now, in ``iteration``."""
+    def beat(self, iteration: int, phase: int = 0) -> None:
+        """Progress now: ``phase`` of ``iteration`` reached."""
         if self._map is not None:
             self._map[self._offset:self._offset + HEARTBEAT_SLOT_BYTES] = struct.pack(
-                "<dq", time.monotonic(), iteration)
+                "<dq", time.monotonic(), iteration * PHASES + phase)
 
 
 @dataclass
@@ -92,11 +97,11 @@ class RankContext:
         """Whether this rank trains (rather than serves parameters)."""
         return self.rank < self.job.workers
 
-    def beat(self, iteration: int) -> None:
+    def beat(self, iteration: int, phase: int = 0) -> None:
         """Report progress and apply the job's fault hook (tests)."""
-        self.heartbeat.beat(iteration)
+        self.heartbeat.beat(iteration, phase)
         fault = self.job.fault
-        if fault:
+        if fault and phase == 0:
             what, rank, it = fault.split(":")
             if int(rank) == self.rank and int(it) == iteration:
                 if what == "kill":
@@ -116,6 +121,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run one rank (see module docs); returns the exit code."""
     args = _parse(argv)
+    # The spawner asks for every thread's stack with SIGUSR1 when the run stops moving,
+    # to tell the rank that hung from those that wait for it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     job = Job.read(args.job)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -149,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     rec.start_clock()
     scheme.run()
     heartbeat.beat(job.total_iterations)
+    if job.save_weights and rank < job.workers:
+        state = {k: v.detach().cpu() for k, v in setup.model.state_dict().items()}
+        torch.save(state, os.path.join(args.out, f"weights-rank{rank}.pt"))
     dist.barrier(group=group)
     record = rec.record(rank=rank, role=job.role(rank), host=job.host_of(rank),
                         cuda_peak_bytes=(torch.cuda.max_memory_allocated(device)

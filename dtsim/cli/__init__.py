@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "schemes": ("dtsim.cli.listing", "List the training schemes."),
     "models": ("dtsim.cli.listing", "List the built-in models (traces)."),
     "topologies": ("dtsim.cli.listing", "List the topology presets."),
+    "real": ("dtsim.cli.real", "Run a scheme for real with torch.distributed and measure it."),
     "profile": ("dtsim.cli.profile", "Profile a zoo model into a layer trace (needs torch)."),
     "trace": ("dtsim.cli.trace", "Show or convert layer traces (dtsim, PipeDream, Kineto)."),
     "partition": ("dtsim.cli.partition", "Split a model into pipeline stages."),

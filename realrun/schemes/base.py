@@ -78,15 +78,16 @@ class WorkerLoop:
             loss = loss_of(out, labels)
             if not self.job.record_layers:
                 self.rec.span(COMPUTE, FORWARD, "forward", start, self.rec.now(), it)
-            self.ctx.beat(it)
+            self.ctx.beat(it, 1)
             start = self.rec.now()
             timer.start_backward()
             loss.backward()
             timer.finish_backward()
             if not self.job.record_layers:
                 self.rec.span(COMPUTE, BACKWARD, "backward", start, self.rec.now(), it)
-            self.ctx.beat(it)
+            self.ctx.beat(it, 2)
             self.after_backward(it)
+            self.ctx.beat(it, 3)
         self.finish()
 
     def serve(self) -> None:

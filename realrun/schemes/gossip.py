@@ -64,12 +64,19 @@ class GossipRuntime(WorkerLoop):
         self.label_bytes = 0
         peers = [r for r in range(self.p) if r != ctx.rank]
         self.msg = Messenger(ctx.rank, self.job.world_size, peers, self.rec, ctx.group,
-                             self.on_message, self.buffer_for)
+                             self.on_message, self.buffer_for, self.label)
 
     def partners_of(self, it: int) -> tuple[int, int]:
         """``(send_to, recv_from)`` of this rank in iteration ``it``."""
         send, recv = partners(self.p, it, self.schedule, self.rotation)
         return send[self.ctx.rank], recv[self.ctx.rank]
+
+    @staticmethod
+    def label(kind: int, key: int) -> tuple[str, int]:
+        """A message's name in the timeline and its layer."""
+        if kind == GRAD:
+            return f"grad L{key}", key
+        return "batch", -1
 
     def buffer_for(self, _src: int, kind: int, key: int) -> torch.Tensor | None:
         if kind == GRAD:
@@ -85,9 +92,9 @@ class GossipRuntime(WorkerLoop):
     def run(self) -> None:
         self.label_spec = output_shape(self.job)
         self.template = self._batch_tensors(0, 0)
-        self.msg.start()
         expected = len(self.layers) + (len(self.template) if self.shuffle else 0)
         self.left = {it: expected for it in range(self.job.total_iterations)}
+        self.msg.start()
         super().run()
         self.msg.close()
         self.ctx.extra["shuffle_label_bytes"] = self.label_bytes
@@ -97,7 +104,7 @@ class GossipRuntime(WorkerLoop):
         if self.shuffle:
             send_to, _recv = self.partners_of(it)
             for key, t in enumerate(self._batch_tensors(self.ctx.rank, it + 1)):
-                self.msg.send(send_to, BATCH, key, it, t, name="batch")
+                self.msg.send(send_to, BATCH, key, it, t)
                 if key == len(self.template) - 1 and it >= self.job.warmup_iterations:
                     self.label_bytes += t.numel() * t.element_size()
         if it == 0 or not self.shuffle:
@@ -117,7 +124,7 @@ class GossipRuntime(WorkerLoop):
         self.own[(layer.index, it)] = flat
         if self.p > 1:
             send_to, _recv = self.partners_of(it)
-            self.msg.send(send_to, GRAD, layer.index, it, flat, name=f"grad L{layer.index}")
+            self.msg.send(send_to, GRAD, layer.index, it, flat)
 
     def before_layer(self, layer: RealLayer) -> None:
         if self.iteration > 0:
@@ -137,6 +144,8 @@ class GossipRuntime(WorkerLoop):
         start = self.rec.now()
         layer.set_grad(g.to(layer.params[0].device))
         self.optimizers[layer.index].step()
+        for p in layer.params:  # this iteration's backward accumulates from zero
+            p.grad = None
         self.rec.span(COMPUTE, UPDATE, f"update L{layer.index}", start, self.rec.now(),
                       self.iteration, layer.index)
 

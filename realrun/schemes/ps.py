@@ -29,7 +29,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from realrun.runtime import ACK, PULL, PUSH, VALUE, Messenger, Slots, make_optimizer
+from realrun.runtime import (
+    ACK,
+    KIND_NAMES,
+    PULL,
+    PUSH,
+    STOP,
+    VALUE,
+    Messenger,
+    Slots,
+    make_optimizer,
+)
 from realrun.schemes.base import WorkerLoop
 from realrun.worker import RankContext
 from simcore.records import COMPUTE, UPDATE
@@ -84,7 +94,7 @@ class PSRuntime(WorkerLoop):
             peers = list(range(self.W))
             self._server_state()
         self.msg = Messenger(ctx.rank, self.job.world_size, peers, self.rec, ctx.group,
-                             self.on_message, self.buffer_for)
+                             self.on_message, self.buffer_for, self.label)
 
     # ---- layout (p3 overrides) -------------------------------------------------------
     def make_shards(self, layer_bytes: list[tuple[int, int]]) -> list[Shard]:
@@ -100,6 +110,11 @@ class PSRuntime(WorkerLoop):
         """The rank of the server keeping shard ``k``."""
         return self.W + self.shards[k].shard.server
 
+    def label(self, kind: int, key: int) -> tuple[str, int]:
+        """A message's name in the timeline and its layer (``push L3``, ``pull L3``)."""
+        layer = self.shards[key].shard.layer if kind != STOP else -1
+        return f"{KIND_NAMES[kind]} L{layer}", layer
+
     def buffer_for(self, _src: int, kind: int, key: int) -> torch.Tensor | None:
         """A tensor for an incoming payload (values or a push of shard ``key``)."""
         if kind in (VALUE, PUSH):
@@ -108,10 +123,11 @@ class PSRuntime(WorkerLoop):
 
     # ---- worker ----------------------------------------------------------------------
     def run(self) -> None:
-        self.msg.start()
         if self.ctx.is_worker:
             n = len(self.shards)
             self.left = {it: n for it in range(self.job.total_iterations)}
+        self.msg.start()
+        if self.ctx.is_worker:
             super().run()
         else:
             self.serve()
@@ -126,8 +142,7 @@ class PSRuntime(WorkerLoop):
         for k in ks:
             rs = self.shards[k]
             self.msg.send(self.server_rank(k), PUSH, k, it,
-                          flat[rs.offset:rs.offset + rs.numel], self.priority(k),
-                          f"push L{rs.shard.layer}")
+                          flat[rs.offset:rs.offset + rs.numel], self.priority(k))
 
     def before_layer(self, layer: Any) -> None:
         it = self.iteration
@@ -171,8 +186,7 @@ class PSRuntime(WorkerLoop):
                 if self.left[it] == 0:
                     self.rec.end_iteration(it, t)
         elif kind == ACK:
-            self.msg.send(src, PULL, key, it, None, self.priority(key),
-                          f"pull request L{self.shards[key].shard.layer}")
+            self.msg.send(src, PULL, key, it, None, self.priority(key))
 
     # ---- server ----------------------------------------------------------------------
     def _server_state(self) -> None:
@@ -200,10 +214,22 @@ class PSRuntime(WorkerLoop):
 
     def serve(self) -> None:
         """Answer pushes until every shard of every iteration is served."""
+        served = 0
         self.ctx.beat(0)
-        while not self.all_sent.wait(1.0):
+        while not self.all_sent.wait(0.2):
             self.msg.check()
-            self.ctx.beat(max((it for _k, it in self.updated), default=0))
+            with self.lock:
+                done = self._served_iterations()
+            if done > served:
+                served = done
+                self.ctx.beat(served)
+
+    def _served_iterations(self) -> int:
+        """Iterations whose every shard of this server has been updated."""
+        n = 0
+        while self.mine and all((k, n) in self.updated for k in self.mine):
+            n += 1
+        return n
 
     def _server_message(self, src: int, kind: int, key: int, it: int, buf: Any) -> None:
         if kind == PUSH:
@@ -212,8 +238,7 @@ class PSRuntime(WorkerLoop):
                 got[src] = buf
                 complete = len(got) == self.W
             if not self.fused:
-                self.msg.send(src, ACK, key, it, None, self.priority(key),
-                              f"ack L{self.shards[key].shard.layer}")
+                self.msg.send(src, ACK, key, it, None, self.priority(key))
             if complete:
                 self._update(key, it)
         elif kind == PULL:
@@ -248,8 +273,7 @@ class PSRuntime(WorkerLoop):
 
     def _send_values(self, k: int, it: int, workers: list[int], values: torch.Tensor) -> None:
         for w in workers:
-            self.msg.send(w, VALUE, k, it, values, self.priority(k),
-                          f"pull L{self.shards[k].shard.layer}")
+            self.msg.send(w, VALUE, k, it, values, self.priority(k))
         with self.lock:
             self.to_send -= len(workers)
             if self.to_send <= 0:

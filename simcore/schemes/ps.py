@@ -26,14 +26,18 @@ class PSOptions(ServerOptions):
 
 
 def mxnet_shards(layer_bytes: list[tuple[int, int]], servers: int,
-                 big_array_bytes: int) -> list[Shard]:
-    """Shards of ``(layer, param_bytes)`` arrays under MXNet's placement rule."""
+                 big_array_bytes: int, element_bytes: int = 4) -> list[Shard]:
+    """Shards of ``(layer, param_bytes)`` arrays under MXNet's placement rule; a split array
+    is cut into whole elements of ``element_bytes`` (the first servers get one more
+    element when they do not divide evenly)."""
     shards: list[Shard] = []
     for key, (layer, nbytes) in enumerate(layer_bytes):
         if nbytes >= big_array_bytes and servers > 1:
-            q, rem = divmod(nbytes, servers)
+            q, rem = divmod(nbytes // element_bytes, servers)
+            odd = nbytes % element_bytes   # bytes that make no whole element stay on server 0
             for s in range(servers):
-                shards.append(Shard(layer, s, q + (1 if s < rem else 0)))
+                size = (q + (1 if s < rem else 0)) * element_bytes + (odd if s == 0 else 0)
+                shards.append(Shard(layer, s, size))
         else:
             shards.append(Shard(layer, (key * 9973) % servers, nbytes))
     return shards
@@ -50,4 +54,5 @@ class ParameterServer(ParameterServerScheme):
     def make_shards(self, num_servers: int) -> list[Shard]:
         layers = [(i, layer.param_bytes) for i, layer in enumerate(self.ctx.trace.layers)
                   if layer.param_bytes > 0 and layer.kind != "input"]
-        return mxnet_shards(layers, num_servers, self.options.big_array_bytes)
+        return mxnet_shards(layers, num_servers, self.options.big_array_bytes,
+                            self.ctx.trace.dtype_bytes)
