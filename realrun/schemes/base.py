@@ -17,6 +17,9 @@ from realrun.runtime import (
 from realrun.worker import RankContext
 from simcore.records import BACKWARD, COMPUTE, FORWARD
 
+MAX_PREPARED_BYTES = 1 << 30
+"""Batches are made ahead of the run up to this many bytes per worker."""
+
 
 class WorkerLoop:
     """Forward, loss, backward per iteration on one worker; a scheme overrides:
@@ -28,6 +31,13 @@ class WorkerLoop:
     * :meth:`finish` (after the last iteration: wait for what is still in flight).
 
     :attr:`model` is what forward calls (a DDP wrapper for ``dp``).
+
+    The worker's batches are made before the clock starts (:meth:`prepare_data`), as a
+    data loader that keeps up would deliver them, unless they would take more than
+    :data:`MAX_PREPARED_BYTES`. On a GPU the loop synchronises after forward, backward and
+    the iteration's last step, so those ends are the device's; the per-layer spans in
+    between would be host-side launch times, so on a GPU the loop records one span per
+    pass instead (per-layer GPU times come from ``--profile-out``, CUDA events).
     """
 
     def __init__(self, ctx: RankContext) -> None:
@@ -37,11 +47,36 @@ class WorkerLoop:
         self.setup = ctx.setup
         self.model: Any = ctx.setup.model
         self.iteration = -1
+        self._prepared: dict[int, tuple[tuple[torch.Tensor, ...], torch.Tensor]] = {}
+        self.label_spec = output_shape(self.job)
+        self.record_layers = self.job.record_layers and self.setup.device.type != "cuda"
+        if ctx.is_worker:
+            self.prepare_data(range(self.job.total_iterations + 1))
 
     # ---- steps a scheme overrides ----------------------------------------------------
     def inputs(self, it: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """This worker's batch of iteration ``it``."""
-        return batch(self.job, self.ctx.rank, it, *self.label_spec)
+        return self.own_batch(it)
+
+    def own_batch(self, it: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """This worker's own batch of iteration ``it`` (prepared, or made now)."""
+        hit = self._prepared.pop(it, None)
+        return hit if hit is not None else batch(self.job, self.ctx.rank, it, *self.label_spec)
+
+    def prepare_data(self, iterations: range) -> None:
+        """Make this worker's batches of ``iterations`` now (see class docs)."""
+        first = batch(self.job, self.ctx.rank, iterations.start, *self.label_spec)
+        size = sum(t.numel() * t.element_size() for t in (*first[0], first[1]))
+        if size * len(iterations) > MAX_PREPARED_BYTES:
+            return
+        self._prepared[iterations.start] = first
+        for it in iterations[1:]:
+            self._prepared[it] = batch(self.job, self.ctx.rank, it, *self.label_spec)
+
+    def sync(self) -> None:
+        """Wait for the device's queued work (GPU); nothing on a CPU."""
+        if self.setup.device.type == "cuda":
+            torch.cuda.synchronize(self.setup.device)
 
     def before_layer(self, layer: RealLayer) -> None:
         """Before ``layer``'s forward in :attr:`iteration`."""
@@ -61,8 +96,7 @@ class WorkerLoop:
         if not self.ctx.is_worker:
             self.serve()
             return
-        self.label_spec = output_shape(self.job)
-        timer = LayerTimer(self.setup, self.rec, self.job.record_layers)
+        timer = LayerTimer(self.setup, self.rec, self.record_layers)
         timer.before_forward = self.before_layer
         timer.on_grad_ready = self.grad_ready
         device = self.setup.device
@@ -76,17 +110,21 @@ class WorkerLoop:
             start = self.rec.now()
             out = self.model(*inputs)
             loss = loss_of(out, labels)
-            if not self.job.record_layers:
+            self.sync()
+            if not self.record_layers:
                 self.rec.span(COMPUTE, FORWARD, "forward", start, self.rec.now(), it)
             self.ctx.beat(it, 1)
             start = self.rec.now()
             timer.start_backward()
             loss.backward()
             timer.finish_backward()
-            if not self.job.record_layers:
+            self.sync()
+            if not self.record_layers:
                 self.rec.span(COMPUTE, BACKWARD, "backward", start, self.rec.now(), it)
             self.ctx.beat(it, 2)
             self.after_backward(it)
+            self.sync()
+            self.rec.end_iteration(it)
             self.ctx.beat(it, 3)
         self.finish()
 

@@ -90,8 +90,8 @@ class DPRuntime(WorkerLoop):
             self._reduce_after_backward(it)
         start = self.rec.now()
         self.optimizer.step()
+        self.sync()
         self.rec.span(COMPUTE, UPDATE, "optimizer step", start, self.rec.now(), it)
-        self.rec.end_iteration(it)
 
     def _reduce_after_backward(self, it: int) -> None:
         """The buckets one after another once backward is done (``overlap=false``)."""

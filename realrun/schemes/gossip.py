@@ -33,7 +33,6 @@ from realrun.runtime import (
     Slots,
     batch,
     make_optimizer,
-    output_shape,
 )
 from realrun.schemes.base import WorkerLoop
 from realrun.worker import RankContext
@@ -90,7 +89,6 @@ class GossipRuntime(WorkerLoop):
         return [*inputs, labels]
 
     def run(self) -> None:
-        self.label_spec = output_shape(self.job)
         self.template = self._batch_tensors(0, 0)
         expected = len(self.layers) + (len(self.template) if self.shuffle else 0)
         self.left = {it: expected for it in range(self.job.total_iterations)}
@@ -103,7 +101,8 @@ class GossipRuntime(WorkerLoop):
     def inputs(self, it: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         if self.shuffle:
             send_to, _recv = self.partners_of(it)
-            for key, t in enumerate(self._batch_tensors(self.ctx.rank, it + 1)):
+            nxt = self.own_batch(it + 1)
+            for key, t in enumerate([*nxt[0], nxt[1]]):
                 self.msg.send(send_to, BATCH, key, it, t)
                 if key == len(self.template) - 1 and it >= self.job.warmup_iterations:
                     self.label_bytes += t.numel() * t.element_size()
@@ -148,9 +147,6 @@ class GossipRuntime(WorkerLoop):
             p.grad = None
         self.rec.span(COMPUTE, UPDATE, f"update L{layer.index}", start, self.rec.now(),
                       self.iteration, layer.index)
-
-    def after_backward(self, it: int) -> None:
-        self.rec.end_iteration(it)
 
     def finish(self) -> None:
         last = self.job.total_iterations - 1

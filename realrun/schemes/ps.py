@@ -165,9 +165,6 @@ class PSRuntime(WorkerLoop):
                 self.slots.discard((k, it))
         self.loaded.add((layer.index, it))
 
-    def after_backward(self, it: int) -> None:
-        self.rec.end_iteration(it)
-
     def finish(self) -> None:
         last = self.job.total_iterations - 1
         for layer in self.setup.layers:
