@@ -21,7 +21,7 @@ from typing import Any
 
 from analysis.plots import save_figure, throughput_plot, xy_plot
 from analysis.sweep import plan_sweep, run_sweep
-from dtsim.spec import FLAG_FIELDS
+from simcore.spec import FLAG_FIELDS
 
 PAPER_MODELS = ("vgg16", "resnet18", "resnet50", "resnet101", "alexnet", "resnext50",
                 "resnext101", "inception_v3", "densenet121", "squeezenet1_0")
@@ -270,8 +270,8 @@ def run_partitioner(model: str, gpus: int) -> dict[str, Any]:
     """Partition ``model`` over ``gpus`` GPUs with the antichain partitioner
     (:func:`simcore.partition.partition`, replicated stages allowed, 10 Gbps) and summarise
     the balance: stages, replicas, bottleneck, max/mean stage compute, its run time."""
-    from dtsim.resolve import resolve_trace
     from simcore.partition import partition
+    from simcore.resolve import resolve_trace
 
     result = partition(resolve_trace(model), gpus, PARTITION_BANDWIDTH_BYTES_PER_S)
     compute = [s.compute_s for s in result.stages]
@@ -353,7 +353,7 @@ def run_section(sec: Section, out_dir: str, quick: bool, jobs: int,
     if not present:
         text.append(f"**Cannot be made yet:** no scheme of {', '.join(sec.schemes)} exists.\n")
         return "\n".join(text), missing or "all", 0
-    from dtsim.spec import RunSpec, apply_settings
+    from simcore.spec import RunSpec, apply_settings
 
     _make_dirs(out_dir)
     axes = {"scheme": present, **sec.axes(quick)}
@@ -389,8 +389,8 @@ def run_section(sec: Section, out_dir: str, quick: bool, jobs: int,
 def build_report(out_dir: str, *, quick: bool = False, jobs: int = 1,
                  progress: bool = False) -> ReportSummary:
     """Run every section and write ``out_dir/report.md`` with its figures and data."""
-    from dtsim import __version__
     from simcore.schemes import ORDER, registry
+    from simcore.version import __version__
 
     t0 = time.perf_counter()
     _make_dirs(out_dir)
