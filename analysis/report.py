@@ -33,7 +33,7 @@ PAPER_PARTITION_S = {
     ("inception_v3", 8): 4.12, ("densenet121", 4): 1.29, ("densenet121", 8): 3.73,
 }
 """The antichain paper's Table 1: its partitioner's run time (s) per (model, GPUs), for
-the models SCHEMES.md quotes."""
+the models docs/schemes.md, section 9 quotes."""
 
 PIPELINES = ("mp", "gpipe", "pipedream", "spectrain")
 

@@ -15,7 +15,7 @@ CONTRACT_KEYS = (
     "bubble_fraction", "comm_bytes_total", "comm_bytes_by_link_kind", "peak_memory_bytes",
     "events", "wall_s",
 )
-"""Keys every ``sim run --json`` object carries (ARCHITECTURE.md); more are added."""
+"""Keys every ``sim run --json`` object carries (docs/architecture.md); more are added."""
 
 
 def _frozen(d: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -4,7 +4,7 @@ the slowest stage is as fast as possible.
 ``partition(trace, gpus, bandwidth_bytes_per_s, method=...)`` returns a
 :class:`Partition`. Methods:
 
-* ``antichain``: PipeDream's optimizer (SCHEMES.md section 9): the dynamic programme
+* ``antichain``: PipeDream's optimizer (docs/schemes.md, section 9): the dynamic programme
   over the antichain DAG's states, with replicated stages unless ``straight``; see
   :mod:`simcore.partition.optimize` for the cost model and how it is made fast.
 * ``layers``, ``params``, ``compute``: baselines; a straight pipeline over the trace's

@@ -1,4 +1,4 @@
-"""``gpipe``: synchronous micro-batch pipeline (SCHEMES.md section 6).
+"""``gpipe``: synchronous micro-batch pipeline (docs/schemes.md, section 6).
 
 The mini-batch (``batch_size``) is split into ``M`` micro-batches; all of them go
 forward through the stages, then all backward; each stage applies its accumulated

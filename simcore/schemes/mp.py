@@ -1,4 +1,4 @@
-"""``mp``: naive model parallelism (SCHEMES.md section 5).
+"""``mp``: naive model parallelism (docs/schemes.md, section 5).
 
 The layers are split into one stage per GPU (``scheme.partition`` picks how); one
 mini-batch at a time goes forward through all stages and backward back, so only one GPU

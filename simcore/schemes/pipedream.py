@@ -1,4 +1,4 @@
-"""``pipedream``: asynchronous 1F1B pipeline with weight stashing (SCHEMES.md section 7).
+"""``pipedream``: asynchronous 1F1B pipeline with weight stashing (docs/schemes.md, section 7).
 
 Stage ``k`` runs ``N - k - 1`` warm-up forwards, then alternates one forward and one
 backward, each backward followed by the stage's weight update; the pipeline is never

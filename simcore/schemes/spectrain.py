@@ -1,4 +1,4 @@
-"""``spectrain``: asynchronous 1F1B pipeline with weight prediction (SCHEMES.md
+"""``spectrain``: asynchronous 1F1B pipeline with weight prediction (docs/schemes.md,
 section 8).
 
 The same 1F1B schedule as ``pipedream`` on a straight pipeline, without stashing: before
