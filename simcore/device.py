@@ -179,11 +179,6 @@ class Gpu:
             self._log((self.name, kind, name, start, end, iteration, layer, microbatch))
         return end
 
-    def busy_s(self, first: int, last: int) -> float:
-        """Compute seconds of the ops labelled with iterations ``first .. last``."""
-        by_it = self.busy_by_iteration
-        return sum(by_it.get(i, 0.0) for i in range(first, last + 1))
-
 
 class JitteryGpu(Gpu):
     """A :class:`Gpu` whose compute times vary: each op's duration is multiplied by a
