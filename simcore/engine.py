@@ -10,6 +10,7 @@ from typing import Any
 from simpy import Environment
 
 from simcore import metrics
+from simcore.clock import scheduled_events
 from simcore.collectives import Collectives
 from simcore.config import ConfigError, SimConfig
 from simcore.device import Gpu, JitteryGpu
@@ -77,7 +78,7 @@ def simulate(config: SimConfig) -> RunResult:
     scheme = cls(ctx)
     scheme.start()
     _run_without_gc(env)
-    events = _event_count(env)
+    events = scheduled_events(env)
     scheme.finish()
 
     for it, row in enumerate(ctx.iteration_end):
@@ -127,12 +128,6 @@ def collect_records(ctx: SimContext) -> RunRecords:
         peak_memory_bytes=tuple(g.memory.peak for g in ctx.gpus),
         peak_breakdown=tuple(dict(g.memory.peak_breakdown) for g in ctx.gpus),
         end_s=ctx.env.now, messages=len(messages))
-
-
-def _event_count(env: Environment) -> int:
-    """Events the environment scheduled (SimPy numbers them; the counter is internal)."""
-    eid = getattr(env, "_eid", None)
-    return next(eid) if eid is not None else -1
 
 
 def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology: Topology,
