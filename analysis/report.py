@@ -35,7 +35,12 @@ PAPER_PARTITION_S = {
 """The antichain paper's Table 1: its partitioner's run time (s) per (model, GPUs), for
 the models docs/schemes.md, section 9 quotes."""
 
-PIPELINES = ("mp", "gpipe", "pipedream", "spectrain")
+def pipeline_schemes() -> tuple[str, ...]:
+    """The registered schemes that run a pipeline schedule, in display order."""
+    from simcore.schemes import registry
+    from simcore.schemes._pipeline import PipelineScheme
+
+    return tuple(n for n, cls in registry().items() if issubclass(cls, PipelineScheme))
 
 
 @dataclass(frozen=True)
@@ -246,7 +251,7 @@ def sections() -> list[Section]:
             claim="SpecTrain: up to 8.91x the throughput of data parallelism on 4 GPUs; the "
                   "antichain paper: GPipe with its partition reaches speedup 3.4 on 4 GPUs; "
                   "naive model parallelism keeps one GPU busy at a time.",
-            schemes=("dp", *PIPELINES), needs_all=False,
+            schemes=("dp", *pipeline_schemes()), needs_all=False,
             setup="4 GPUs in one PCIe box (preset pcie): a convolutional (VGG-16), a "
                   "fully-connected-heavy (AlexNet) and a recurrent (GNMT) model.",
             base={"topology": "pcie", "gpus": 4},

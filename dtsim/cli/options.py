@@ -15,6 +15,23 @@ from simcore.settings import choices_of, kind_of
 from simcore.spec import RunSpec, apply_settings, flag_fields, load_config_file, parse_set
 
 
+class LazyChoice(click.Choice):
+    """A ``click.Choice`` whose values are read each time they are needed, from a
+    function: the scheme registry, for one, lists whatever scheme modules exist."""
+
+    def __init__(self, values: Callable[[], Any]) -> None:
+        self._values = values
+        super().__init__((), case_sensitive=True)
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        return tuple(self._values())
+
+    @choices.setter
+    def choices(self, _value: Any) -> None:
+        pass
+
+
 def flag_of(name: str) -> str:
     """``batch_size`` -> ``--batch-size``."""
     return "--" + name.replace("_", "-")
@@ -36,10 +53,12 @@ def setting_option(f: dataclasses.Field, *, as_list: bool = False) -> Callable[.
     (the option's default is ``None``, so that the declaration's default applies unless the
     flag is given). ``as_list``: a comma-separated list of values (``sim sweep``)."""
     meta = f.metadata
-    choices = choices_of(f)
+    choices = meta.get("choices")
     if as_list:
         typ: Any = str
         metavar = "LIST"
+    elif callable(choices):
+        typ, metavar = LazyChoice(lambda: choices_of(f)), None
     elif choices is not None:
         typ, metavar = click.Choice(list(choices)), None
     else:
