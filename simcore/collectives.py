@@ -28,7 +28,6 @@ do not contend with other traffic.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 from simcore.network import AnalyticNetwork, Message, Network
@@ -445,13 +444,3 @@ class _StepRunner:
         self.left -= 1
         if self.left == 0:
             self.finish(self.net.env.now)
-
-
-def closed_form_ring_allreduce(p: int, n: float, alpha: float, bandwidth: float) -> float:
-    """``2(p-1)·alpha + 2(p-1)/p · n/B``, seconds."""
-    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / bandwidth
-
-
-def closed_form_tree_allreduce(p: int, n: float, alpha: float, bandwidth: float) -> float:
-    """``2·ceil(log2 p)·(alpha + n/B)``, seconds."""
-    return 2 * math.ceil(math.log2(p)) * (alpha + n / bandwidth) if p > 1 else 0.0

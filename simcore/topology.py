@@ -145,13 +145,6 @@ class Topology:
         """Number of boxes that hold GPUs."""
         return 1 + max((self.devices[g].box for g in self.gpus), default=0)
 
-    def device_index(self, name: str) -> int:
-        """Index of the device called ``name``."""
-        try:
-            return self._by_name[name]
-        except KeyError:
-            raise TopologyError(f"no device called {name!r}") from None
-
     def box_of_rank(self, rank: int) -> int:
         """The box that holds rank ``rank``'s GPU."""
         return self.devices[self.gpus[rank]].box
@@ -203,12 +196,6 @@ class Topology:
                 pairs.append((link.index, twin.index))
         return pairs
 
-    def link_kinds(self) -> list[str]:
-        """The link kinds present, in :data:`LINK_KINDS` order."""
-        present = {link.kind for link in self.links}
-        return [k for k in LINK_KINDS if k in present]
-
-    # ---- routing ---------------------------------------------------------------------
     def route(self, src: int, dst: int) -> tuple[Link, ...]:
         """The directed links from device ``src`` to device ``dst`` (empty if equal).
 
@@ -461,36 +448,3 @@ def _gpu_spec(d: Mapping[str, Any]) -> GpuSpec:
                                                       base.memory_bandwidth_bytes_per_s)),
         peak_flops=float(d.get("peak_flops", base.peak_flops)),
     )
-
-
-def ring_topology(p: int, bandwidth: float, latency: float, kind: str = "nvlink",
-                  gpu: GpuSpec | None = None) -> Topology:
-    """``p`` GPUs in one box joined in a ring by direct links of equal bandwidth and
-    latency (the setting of the ring all-reduce closed form)."""
-    b = TopologyBuilder(f"ring{p}")
-    for r in range(p):
-        b.device(f"gpu{r}", "gpu", 0)
-    host = b.device("cpu0", "cpu", 0)
-    if p == 2:
-        b.link(0, 1, kind, bandwidth, latency)
-    elif p > 2:
-        for r in range(p):
-            b.link(r, (r + 1) % p, kind, bandwidth, latency)
-    b.link(0, host, "pcie", bandwidth, latency)
-    return b.build(list(range(p)), gpu_spec=gpu or GpuSpec(), hosts=[host])
-
-
-def star_topology(hosts: int, bandwidth: float, latency: float, kind: str = "ethernet",
-                  servers: int = 0, gpu: GpuSpec | None = None) -> Topology:
-    """``hosts`` one-GPU hosts and ``servers`` server hosts on one switch, each by a single
-    link of equal bandwidth and latency (GPU and host CPU share the host's device)."""
-    b = TopologyBuilder(f"star{hosts}")
-    gpus = [b.device(f"gpu{h}", "gpu", h) for h in range(hosts)]
-    sw = b.device("switch", "switch", -1)
-    for g in gpus:
-        b.link(g, sw, kind, bandwidth, latency)
-    srv = []
-    for s in range(servers):
-        srv.append(b.device(f"ps{s}", "server", -1))
-        b.link(srv[-1], sw, kind, bandwidth, latency)
-    return b.build(gpus, gpu_spec=gpu or GpuSpec(), hosts=list(gpus), servers=srv)

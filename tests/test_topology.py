@@ -10,9 +10,9 @@ from simcore.topology import (
     TopologyError,
     TopologySpec,
     build_topology,
-    ring_topology,
 )
 from simcore.units import parse_rate
+from tests.helpers import ring_topology
 
 
 def build(name, gpus, **kw):
