@@ -343,7 +343,7 @@ class Collectives:
                 if not route:
                     continue
                 step_alpha = max(step_alpha, sum(link.latency for link in route))
-                share = min(link.bandwidth / use[link.index] for link in route)
+                share = min(link.bandwidth_bytes_per_s / use[link.index] for link in route)
                 step_time = max(step_time, b * scale / share)
                 for link in route:
                     factors[link.index] = factors.get(link.index, 0.0) + b * scale * repeat
@@ -362,7 +362,7 @@ def _slowest_send(step: Step, routes: list[tuple[Link, ...]]) -> float:
     slowest = 0.0
     for (_s, _d, b), route in zip(step, routes, strict=True):
         if route:
-            share = min(link.bandwidth / use[link.index] for link in route)
+            share = min(link.bandwidth_bytes_per_s / use[link.index] for link in route)
             slowest = max(slowest, sum(link.latency for link in route) + b / share)
     return slowest
 
@@ -379,7 +379,7 @@ def _reserve(route: tuple[Link, ...], nbytes: int, start: float,
         busy = free.get(link.index, 0.0)
         if busy > head:
             head = busy
-        leave = head + nbytes / link.bandwidth
+        leave = head + nbytes / link.bandwidth_bytes_per_s
         if leave < tail:
             leave = tail
         free[link.index] = leave

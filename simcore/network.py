@@ -56,7 +56,7 @@ class LinkState:
 
     def __init__(self, link: Link) -> None:
         self.link = link
-        self.service = 1.0 / link.bandwidth   # seconds per byte
+        self.service = 1.0 / link.bandwidth_bytes_per_s   # seconds per byte
         self.latency = link.latency
         self.free_at = 0.0
         self.sent_bytes = 0

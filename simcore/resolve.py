@@ -22,7 +22,7 @@ from simcore.spec import RunSpec
 from simcore.topology import TopologySpec
 from traces import default_model, load_trace
 from traces.errors import UnknownModelError
-from traces.model import Trace
+from traces.model import Trace, TraceMeta
 
 _PRESETS = "simcore.presets"
 
@@ -83,17 +83,16 @@ def resolve_trace(model: str) -> Trace:
         raise ConfigError("model", name, str(exc).split(": ", 1)[-1]) from None
 
 
-def device_scale(trace_device: str, gpu_model: str, gpu_peak: float) -> float:
-    """Throughput ratio of the target GPU over the trace's device, by peak FLOPs; 1.0 when
-    the trace's device is not in the GPU table (e.g. a CPU trace). An analytic trace's
-    device ``analytic:<FLOP/s>`` names its peak directly."""
+def device_scale(trace: TraceMeta | str, gpu_model: str, gpu_peak: float) -> float:
+    """Throughput ratio of the target GPU over the trace's device, by peak FLOP/s; 1.0 when
+    the trace's device is not in the GPU table (e.g. a CPU trace). An analytic trace
+    carries its device's peak (:attr:`TraceMeta.peak_flop_per_s`). ``trace`` may be just
+    a device name."""
+    meta = trace if isinstance(trace, TraceMeta) else TraceMeta("", trace, 1)
+    if meta.peak_flop_per_s > 0:
+        return gpu_peak / meta.peak_flop_per_s
     table = gpu_peak_flops()
-    if trace_device.startswith("analytic:"):
-        try:
-            peak = float(trace_device.removeprefix("analytic:"))
-        except ValueError:
-            return 1.0
-        return gpu_peak / peak if peak > 0 else 1.0
+    trace_device = meta.device
     if trace_device == gpu_model or trace_device not in table:
         return 1.0
     return gpu_peak / table[trace_device]
@@ -112,6 +111,6 @@ def build_config(spec: RunSpec, *, record_spans: bool = True) -> SimConfig:
     if scale is None:
         gpu = preset.get("gpu", {})
         peak = float(gpu.get("peak_flops", gpu_peak_flops().get(str(gpu.get("model")), 0)) or 0)
-        scale = device_scale(trace.meta.device, str(gpu.get("model", "")), peak) if peak else 1.0
+        scale = device_scale(trace.meta, str(gpu.get("model", "")), peak) if peak else 1.0
     return SimConfig(trace=trace, topology=topo, options=options, compute_scale=scale,
                      record_spans=record_spans, **{n: getattr(spec, n) for n in SHARED})
