@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from simcore.network import AnalyticNetwork, Message, Network
+from simcore.network import AnalyticNetwork, LinkState, Message, Network, reserve_cut_through
 from simcore.topology import Link
 
 ALLREDUCE_ALGORITHMS = ("ring", "tree", "hierarchical")
@@ -294,7 +294,7 @@ class Collectives:
         topo = self.topology
         gpus = topo.gpus
         ready = [0.0] * len(ranks)
-        free: dict[int, float] = {}
+        scratch: dict[int, LinkState] = {}  # this collective's own reservations
         for step, repeat in phases:
             routes = [topo.route(gpus[ranks[s]], gpus[ranks[d]]) for s, d, _b in step]
             if repeat > 1:
@@ -308,7 +308,7 @@ class Collectives:
             arrivals = []
             for k in sorted(range(len(step)), key=lambda k: ready[step[k][0]]):
                 s, d, b = step[k]
-                arrivals.append((d, _reserve(routes[k], b, ready[s], free)))
+                arrivals.append((d, _reserve(routes[k], b, ready[s], scratch)))
             for d, t in arrivals:
                 if t > ready[d]:
                     ready[d] = t
@@ -368,24 +368,15 @@ def _slowest_send(step: Step, routes: list[tuple[Link, ...]]) -> float:
 
 
 def _reserve(route: tuple[Link, ...], nbytes: int, start: float,
-             free: dict[int, float]) -> float:
-    """Arrival time of ``nbytes`` sent at ``start`` over ``route``, reserving each link
-    cut-through in ``free`` (link index -> when it is free)."""
+             scratch: dict[int, LinkState]) -> float:
+    """Arrival time of ``nbytes`` sent at ``start`` over ``route``, reserved cut-through
+    (:func:`simcore.network.reserve_cut_through`) on the scratch link states of one
+    collective (link index -> state)."""
     if not route or nbytes <= 0:
         return start
-    head = start
-    tail = 0.0
-    for link in route:
-        busy = free.get(link.index, 0.0)
-        if busy > head:
-            head = busy
-        leave = head + nbytes / link.bandwidth_bytes_per_s
-        if leave < tail:
-            leave = tail
-        free[link.index] = leave
-        head += link.latency
-        tail = leave + link.latency
-    return tail
+    hops = [scratch.get(link.index) or scratch.setdefault(link.index, LinkState(link))
+            for link in route]
+    return reserve_cut_through(hops, nbytes, start)[1]
 
 
 class _StepRunner:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from simpy import Environment, Timeout
@@ -330,6 +330,36 @@ class DetailedNetwork(Network):
         self._enqueue(msg, hop, ev.size)
 
 
+def reserve_cut_through(hops: Sequence[LinkState], nbytes: int,
+                        start: float) -> tuple[float, float]:
+    """Reserve ``nbytes`` sent at ``start`` over the link directions ``hops`` (non-empty),
+    cut-through at message granularity; returns ``(when its head started on the first
+    link, when its tail arrived)``.
+
+    On each link the head starts once it has reached the link and the link is free; the
+    tail leaves ``bytes / bandwidth`` later, but not before it has come in over the
+    previous link. Each link's ``free_at`` moves to when the tail has left it and its
+    ``sent_bytes`` grows. Without contention the arrival is exactly ``sum(latency) +
+    bytes / min(bandwidth)``. The analytic network reserves every message this way, and
+    :mod:`simcore.collectives` walks a collective's sends this way over scratch states."""
+    head = start
+    tail = 0.0
+    first = -1.0
+    for st in hops:
+        if st.free_at > head:
+            head = st.free_at
+        if first < 0:
+            first = head
+        leave = head + nbytes * st.service
+        if leave < tail:
+            leave = tail
+        st.free_at = leave
+        st.sent_bytes += nbytes
+        head += st.latency
+        tail = leave + st.latency
+    return first, tail
+
+
 class AnalyticNetwork(Network):
     """One event per message; its route is reserved link by link when it is sent (see
     module docs)."""
@@ -367,23 +397,8 @@ class AnalyticNetwork(Network):
         if not hops or nbytes <= 0:
             msg.start_s = start
             return start
-        head = start
-        tail = 0.0
-        first = True
-        for st in hops:
-            if st.free_at > head:
-                head = st.free_at
-            if first:
-                msg.start_s = head
-                first = False
-            leave = head + nbytes * st.service
-            if leave < tail:
-                leave = tail
-            st.free_at = leave
-            st.sent_bytes += nbytes
-            head += st.latency
-            tail = leave + st.latency
-        return tail
+        msg.start_s, end = reserve_cut_through(hops, nbytes, start)
+        return end
 
     def _inject(self, msg: Message) -> None:
         now = self.env.now
