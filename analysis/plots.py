@@ -52,7 +52,7 @@ def label(col: str) -> str:
 
 def swept_columns(df: Any) -> list[str]:
     """Columns of ``df`` that describe a run's settings (spec fields, ``scheme.KEY``)."""
-    from dtsim.spec import FIELDS
+    from simcore.spec import FIELDS
 
     return [c for c in df.columns if (c in FIELDS and c != "scheme_options")
             or c.startswith("scheme.")]
@@ -66,12 +66,12 @@ def select_rows(df: Any, where: Mapping[str, str] | None = None) -> Any:
         df = df[df["status"].fillna("ok") == "ok"]
     for col, want in (where or {}).items():
         if col not in df.columns:
-            raise ConfigError("--where", f"{col}={want}",
+            raise ConfigError("where", f"{col}={want}",
                               f"no column {col!r}; columns: {', '.join(map(str, df.columns))}")
         df = df[_matches(df[col], str(want))]
     if df.empty:
         shown = " ".join(f"{k}={v}" for k, v in (where or {}).items()) or "(all rows)"
-        raise ConfigError("--where", shown, "selects no successful rows")
+        raise ConfigError("where", shown, "selects no successful rows")
     return df
 
 
@@ -96,7 +96,7 @@ def require(df: Any, **cols: str | None) -> None:
     for opt, c in cols.items():
         if c and c not in df.columns and not (c == "bandwidth"
                                               and "bandwidth_bytes_per_s" in df.columns):
-            raise ConfigError(f"--{opt}", c, "not a column of the results; columns: "
+            raise ConfigError(opt, c, "not a column of the results; columns: "
                                              f"{', '.join(map(str, df.columns))}")
 
 
@@ -186,7 +186,7 @@ def xy_plot(df: Any, x: str, y: str, *, hue: str | None = None, col: str | None 
              "height": 3.4, "aspect": 1.35}
     if kind == "line":
         if not numeric_x:
-            raise ConfigError("--x", x, "a line plot needs a numeric x column; use --kind bar")
+            raise ConfigError("x", x, "a line plot needs a numeric x column; use --kind bar")
         data[xcol] = _to_numeric(data[xcol])
         g = sns.relplot(data=data, x=xcol, y=y, hue=hue, kind="line", marker="o",
                         errorbar=None, facet_kws={"sharey": False}, **facet)
@@ -202,7 +202,7 @@ def xy_plot(df: Any, x: str, y: str, *, hue: str | None = None, col: str | None 
         g = sns.catplot(data=data, x=xcol, y=y, hue=hue, kind="bar", errorbar=None,
                         sharey=False, **facet)
     else:
-        raise ConfigError("--kind", kind, f"choose one of: {', '.join(KINDS)}")
+        raise ConfigError("kind", kind, f"choose one of: {', '.join(KINDS)}")
     g.set_axis_labels(label(x), label(y))
     if col:
         g.set_titles(col_template=f"{col} = {{col_name}}")
@@ -334,7 +334,7 @@ def gantt_plot(trace: Mapping[str, Any], *, where: Mapping[str, str] | None = No
     allowed = {"device", "stream", "kind", "iteration"}
     for k in (where or {}):
         if k not in allowed:
-            raise ConfigError("--where", k, f"a timeline filters by {', '.join(sorted(allowed))}")
+            raise ConfigError("where", k, f"a timeline filters by {', '.join(sorted(allowed))}")
     rows: dict[tuple[Any, str], dict[str, list[tuple[float, float]]]] = {}
     first_tid: dict[tuple[Any, str], Any] = {}
     for e in events:
@@ -354,7 +354,7 @@ def gantt_plot(trace: Mapping[str, Any], *, where: Mapping[str, str] | None = No
             (float(e["ts"]) / 1e3, float(e.get("dur", 0)) / 1e3))
     if not rows:
         shown = " ".join(f"{k}={v}" for k, v in (where or {}).items()) or "(all)"
-        raise ConfigError("--where", shown, "selects no slices of the trace")
+        raise ConfigError("where", shown, "selects no slices of the trace")
     from matplotlib.patches import Patch
 
     sns = _theme()
@@ -393,11 +393,11 @@ def save_figure(fig: Any, path: str) -> None:
 
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in FIGURE_SUFFIXES:
-        raise ConfigError("--out", path, f"expected a file name ending in "
+        raise ConfigError("out", path, f"expected a file name ending in "
                                          f"{', '.join(FIGURE_SUFFIXES)}")
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
-        raise ConfigError("--out", path, f"its folder {d} does not exist")
+        raise ConfigError("out", path, f"its folder {d} does not exist")
     try:
         with atomic_path(path) as tmp:
             fig.savefig(tmp, format=suffix[1:], dpi=130, bbox_inches="tight")
@@ -413,14 +413,14 @@ def plot_results(path: str, kind: str = "auto", *, x: str | None = None, y: str 
     from analysis.store import read_table
 
     if kind not in KINDS:
-        raise ConfigError("--kind", kind, f"choose one of: {', '.join(KINDS)}")
+        raise ConfigError("kind", kind, f"choose one of: {', '.join(KINDS)}")
     if kind == "gantt":
         return gantt_plot(read_chrome_trace(path), where=where, title=title)
     if path.lower().endswith(".json"):
         with open(path, encoding="utf-8") as fh:
             head = fh.read(4096)
         if '"traceEvents"' in head:
-            raise ConfigError("--kind", kind, f"{path} is a Chrome trace: plot it with "
+            raise ConfigError("kind", kind, f"{path} is a Chrome trace: plot it with "
                                               "--kind gantt")
     df = read_table(path)
     if kind == "speedup":
@@ -430,7 +430,7 @@ def plot_results(path: str, kind: str = "auto", *, x: str | None = None, y: str 
     if kind == "utilization":
         return utilization_plot(df, hue=hue, col=col, where=where, title=title)
     if not x or not y:
-        raise ConfigError("--x", x or "", "give --x and --y, or a ready --kind (speedup, "
+        raise ConfigError("x", x or "", "give --x and --y, or a ready --kind (speedup, "
                                           "throughput, utilization, gantt)")
     return xy_plot(df, x, y, hue=hue, col=col, kind=kind, where=where, title=title)
 

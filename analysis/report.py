@@ -21,7 +21,7 @@ from typing import Any
 
 from analysis.plots import save_figure, throughput_plot, xy_plot
 from analysis.sweep import plan_sweep, run_sweep
-from dtsim.spec import FLAG_FIELDS
+from simcore.spec import FLAG_FIELDS
 
 PAPER_MODELS = ("vgg16", "resnet18", "resnet50", "resnet101", "alexnet", "resnext50",
                 "resnext101", "inception_v3", "densenet121", "squeezenet1_0")
@@ -33,9 +33,14 @@ PAPER_PARTITION_S = {
     ("inception_v3", 8): 4.12, ("densenet121", 4): 1.29, ("densenet121", 8): 3.73,
 }
 """The antichain paper's Table 1: its partitioner's run time (s) per (model, GPUs), for
-the models SCHEMES.md quotes."""
+the models docs/schemes.md, section 9 quotes."""
 
-PIPELINES = ("mp", "gpipe", "pipedream", "spectrain")
+def pipeline_schemes() -> tuple[str, ...]:
+    """The registered schemes that run a pipeline schedule, in display order."""
+    from simcore.schemes import registry
+    from simcore.schemes._pipeline import PipelineScheme
+
+    return tuple(n for n, cls in registry().items() if issubclass(cls, PipelineScheme))
 
 
 @dataclass(frozen=True)
@@ -246,7 +251,7 @@ def sections() -> list[Section]:
             claim="SpecTrain: up to 8.91x the throughput of data parallelism on 4 GPUs; the "
                   "antichain paper: GPipe with its partition reaches speedup 3.4 on 4 GPUs; "
                   "naive model parallelism keeps one GPU busy at a time.",
-            schemes=("dp", *PIPELINES), needs_all=False,
+            schemes=("dp", *pipeline_schemes()), needs_all=False,
             setup="4 GPUs in one PCIe box (preset pcie): a convolutional (VGG-16), a "
                   "fully-connected-heavy (AlexNet) and a recurrent (GNMT) model.",
             base={"topology": "pcie", "gpus": 4},
@@ -270,8 +275,8 @@ def run_partitioner(model: str, gpus: int) -> dict[str, Any]:
     """Partition ``model`` over ``gpus`` GPUs with the antichain partitioner
     (:func:`simcore.partition.partition`, replicated stages allowed, 10 Gbps) and summarise
     the balance: stages, replicas, bottleneck, max/mean stage compute, its run time."""
-    from dtsim.resolve import resolve_trace
     from simcore.partition import partition
+    from simcore.resolve import resolve_trace
 
     result = partition(resolve_trace(model), gpus, PARTITION_BANDWIDTH_BYTES_PER_S)
     compute = [s.compute_s for s in result.stages]
@@ -353,7 +358,7 @@ def run_section(sec: Section, out_dir: str, quick: bool, jobs: int,
     if not present:
         text.append(f"**Cannot be made yet:** no scheme of {', '.join(sec.schemes)} exists.\n")
         return "\n".join(text), missing or "all", 0
-    from dtsim.spec import RunSpec, apply_settings
+    from simcore.spec import RunSpec, apply_settings
 
     _make_dirs(out_dir)
     axes = {"scheme": present, **sec.axes(quick)}
@@ -389,8 +394,8 @@ def run_section(sec: Section, out_dir: str, quick: bool, jobs: int,
 def build_report(out_dir: str, *, quick: bool = False, jobs: int = 1,
                  progress: bool = False) -> ReportSummary:
     """Run every section and write ``out_dir/report.md`` with its figures and data."""
-    from dtsim import __version__
     from simcore.schemes import ORDER, registry
+    from simcore.version import __version__
 
     t0 = time.perf_counter()
     _make_dirs(out_dir)

@@ -27,7 +27,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from simcore.config import ConfigError
@@ -43,12 +43,48 @@ list of them; ``.jsonl``: one object per line, e.g. a journal)."""
 LAST = ("error", "spec")
 """Columns written last."""
 
+FLATTENED = ("comm_bytes_by_link_kind", "memory_breakdown_bytes")
+"""Result keys whose mappings (over a few link or memory kinds) become ``KEY.SUBKEY``
+columns; every other list or mapping is stored as JSON text."""
+
+
+def flatten_result(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``sim run --json`` object as one flat row: the mappings in :data:`FLATTENED`
+    become ``KEY.SUBKEY`` columns, other lists and mappings JSON text, scalars stay."""
+    row: dict[str, Any] = {}
+    for k, v in d.items():
+        if k in FLATTENED and isinstance(v, Mapping):
+            for sub, x in v.items():
+                row[f"{k}.{sub}"] = x
+        elif isinstance(v, Mapping | list | tuple):
+            row[k] = json.dumps(v, separators=(",", ":"))
+        else:
+            row[k] = v
+    return row
+
+
+def unflatten_row(row: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    """The ``sim run --json`` values of ``keys`` from a row: ``KEY.SUBKEY`` columns
+    gathered back into mappings (missing and NaN entries left out), JSON text parsed."""
+    out: dict[str, Any] = {}
+    for k in keys:
+        if k in FLATTENED:
+            prefix = k + "."
+            out[k] = {c[len(prefix):]: v for c, v in row.items()
+                      if c.startswith(prefix) and not _is_missing(v)}
+            continue
+        v = row.get(k)
+        if isinstance(v, str) and v[:1] in "[{":
+            v = json.loads(v)
+        out[k] = v
+    return out
+
 
 def output_format(path: str) -> str:
     """``parquet`` or ``csv`` from ``path``'s suffix (``ConfigError`` otherwise)."""
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in FORMATS:
-        raise ConfigError("--out", path, "expected a file name ending in .parquet or .csv")
+        raise ConfigError("out", path, "expected a file name ending in .parquet or .csv")
     return FORMATS[suffix]
 
 
@@ -64,9 +100,9 @@ def read_table(path: str) -> Any:
 
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in READABLE:
-        raise ConfigError("RESULTS", path, "expected a .parquet, .csv, .json or .jsonl file")
+        raise ConfigError("results", path, "expected a .parquet, .csv, .json or .jsonl file")
     if not os.path.exists(path):
-        raise ConfigError("RESULTS", path, "does not exist")
+        raise ConfigError("results", path, "does not exist")
     try:
         if FORMATS.get(suffix) == "parquet":
             return pd.read_parquet(path)
@@ -75,8 +111,6 @@ def read_table(path: str) -> Any:
             if "error" in df.columns:
                 df["error"] = df["error"].fillna("")
             return df
-        from analysis.sweep import flatten_result
-
         with open(path, encoding="utf-8") as fh:
             if suffix == ".jsonl":
                 objs = [json.loads(line) for line in fh if line.strip()]
@@ -88,7 +122,7 @@ def read_table(path: str) -> Any:
         return pd.DataFrame([flatten_result(o) for o in objs])
     except Exception as exc:  # OSError, JSON, pyarrow and pandas parser errors
         first = " ".join(str(exc).split())[:200]
-        raise ConfigError("RESULTS", path, f"cannot be read as a results table ({first})") \
+        raise ConfigError("results", path, f"cannot be read as a results table ({first})") \
             from None
 
 
@@ -146,7 +180,7 @@ class SweepStore:
     def __enter__(self) -> SweepStore:
         d = os.path.dirname(os.path.abspath(self.out))
         if not os.path.isdir(d):
-            raise ConfigError("--out", self.out, f"its folder {d} does not exist")
+            raise ConfigError("out", self.out, f"its folder {d} does not exist")
         self._lock()
         try:
             self._load()
@@ -176,7 +210,7 @@ class SweepStore:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise ConfigError("--out", self.out, "another sweep is writing it right now "
+                raise ConfigError("out", self.out, "another sweep is writing it right now "
                                                      f"({self.lock_path}); wait for it or "
                                                      "choose another file") from None
             try:
@@ -200,7 +234,7 @@ class SweepStore:
             df = read_table(self.out)
             missing = [c for c in ("point_id", "status") if c not in df.columns]
             if missing:
-                raise ConfigError("--out", self.out, "exists and is not a sweep's output "
+                raise ConfigError("out", self.out, "exists and is not a sweep's output "
                                                      f"(no {missing[0]} column); choose "
                                                      "another file")
             for rec in df.to_dict(orient="records"):

@@ -1,4 +1,4 @@
-"""What-if sweeps: the cross product of values of any :class:`~dtsim.spec.RunSpec` field.
+"""What-if sweeps: the cross product of values of any :class:`~simcore.spec.RunSpec` field.
 
 A sweep is a base spec plus *axes*: a field name (``scheme``, ``gpus``, ``bandwidth``...,
 or ``scheme.KEY`` for a scheme option) and the values it takes. :func:`plan_sweep` checks
@@ -29,18 +29,18 @@ import hashlib
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from dtsim.spec import FIELDS, RunSpec, apply_settings
-from simcore.config import ConfigError, parse_field, parse_quantity
-from simcore.units import parse_rate
+from analysis.store import FLATTENED, flatten_result, unflatten_row
+from simcore.config import ConfigError, parse_field
+from simcore.settings import UNIT_KINDS, kind_of
+from simcore.spec import FIELDS, RunSpec, apply_settings
 
-FLATTENED = ("comm_bytes_by_link_kind", "memory_breakdown_bytes")
-"""Result keys whose mappings (over a few link or memory kinds) become ``KEY.SUBKEY``
-columns; every other list or mapping is stored as JSON text."""
+__all__ = ["FLATTENED", "Point", "SweepPlan", "SweepSummary", "flatten_result", "plan_sweep",
+           "point_id", "run_sweep", "split_values", "unflatten_row"]
 
 OPTION_PREFIX = "scheme."
 
@@ -48,8 +48,8 @@ OPTION_PREFIX = "scheme."
 CONNECT_TIMEOUT_S = 10.0
 """How long :func:`run_dask` waits for the scheduler to answer."""
 
-_VALIDATED = ("scheme", "model", "topology", "bandwidth")
-"""Fields whose values name things (checked against registries and files up front)."""
+_VALIDATED = ("model", "topology")
+"""Fields whose values name files or presets (checked up front)."""
 
 
 @dataclass(frozen=True)
@@ -129,18 +129,13 @@ def _normalise(key: str) -> str:
 
 
 def _check_named(name: str, value: Any) -> None:
-    """Check a value that names something (scheme, model, topology) or has units."""
-    from dtsim.resolve import load_preset, resolve_trace
-    from simcore.schemes import get_scheme
+    """Check a value that names a model or a topology preset (the spec checks the rest)."""
+    from simcore.resolve import load_preset, resolve_trace
 
-    if name == "scheme":
-        get_scheme(value)
-    elif name == "model":
+    if name == "model":
         resolve_trace(value)
     elif name == "topology":
         load_preset(value)
-    elif name == "bandwidth" and value:
-        parse_quantity(parse_rate, value, name)
 
 
 def _option_fields(scheme: str) -> dict[str, dataclasses.Field]:
@@ -175,8 +170,10 @@ def plan_sweep(base: RunSpec, axes: Mapping[str, Sequence[Any]]) -> SweepPlan:
         vals = split_values(name, values)
         norm[name] = vals
 
-    # Spec fields: convert each value as sim run would, then check names and units.
+    # Spec fields: convert each value as sim run would, then check names. A value with a
+    # unit is shown as written (``10Gbps``); the spec holds it converted.
     converted: dict[str, tuple[Any, ...]] = {}
+    shown: dict[str, tuple[Any, ...]] = {}
     for name, vals in norm.items():
         if name.startswith(OPTION_PREFIX):
             continue
@@ -184,6 +181,7 @@ def plan_sweep(base: RunSpec, axes: Mapping[str, Sequence[Any]]) -> SweepPlan:
         for v in out:
             _check_named(name, v)
         converted[name] = out
+        shown[name] = vals if kind_of(FIELDS[name]) in UNIT_KINDS else out
     for name in _VALIDATED:
         if name not in converted:
             _check_named(name, getattr(base, name))
@@ -211,16 +209,18 @@ def plan_sweep(base: RunSpec, axes: Mapping[str, Sequence[Any]]) -> SweepPlan:
                 parse_field(fields_of[s][key], v, OPTION_PREFIX + key)
 
     names = list(norm)
-    lists = [converted.get(n, norm[n]) for n in names]
+    lists = [tuple(zip(converted.get(n, norm[n]), shown.get(n, norm[n]), strict=True))
+             for n in names]
     plain = dataclasses.replace(base, scheme_options=MappingProxyType({}))
     points: dict[str, Point] = {}
     for combo in itertools.product(*lists):
-        values = dict(zip(names, combo, strict=True))
-        scheme = values.get("scheme", base.scheme)
+        typed = {n: v for n, (v, _s) in zip(names, combo, strict=True)}
+        values = {n: s for n, (_v, s) in zip(names, combo, strict=True)}
+        scheme = typed.get("scheme", base.scheme)
         takes = fields_of[scheme]
         opts = {k: v for k, v in base_opts.items() if k in takes}
         settings: dict[str, Any] = {}
-        for name, v in values.items():
+        for name, v in typed.items():
             if name.startswith(OPTION_PREFIX):
                 if name[len(OPTION_PREFIX):] in takes:
                     opts[name[len(OPTION_PREFIX):]] = v
@@ -232,47 +232,11 @@ def plan_sweep(base: RunSpec, axes: Mapping[str, Sequence[Any]]) -> SweepPlan:
         spec = apply_settings(plain, settings)
         pid = point_id(spec)
         points.setdefault(pid, Point(pid, MappingProxyType(values), spec))
-    return SweepPlan(base, MappingProxyType({n: converted.get(n, norm[n]) for n in names}),
+    return SweepPlan(base, MappingProxyType({n: shown.get(n, norm[n]) for n in names}),
                      tuple(points.values()))
 
 
 # ---- one point ---------------------------------------------------------------------------
-
-
-def flatten_result(d: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``sim run --json`` object as one flat row: the mappings in :data:`FLATTENED`
-    become ``KEY.SUBKEY`` columns, other lists and mappings JSON text, scalars stay."""
-    row: dict[str, Any] = {}
-    for k, v in d.items():
-        if k in FLATTENED and isinstance(v, Mapping):
-            for sub, x in v.items():
-                row[f"{k}.{sub}"] = x
-        elif isinstance(v, Mapping | list | tuple):
-            row[k] = json.dumps(v, separators=(",", ":"))
-        else:
-            row[k] = v
-    return row
-
-
-def unflatten_row(row: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
-    """The ``sim run --json`` values of ``keys`` from a row: ``KEY.SUBKEY`` columns
-    gathered back into mappings (missing and NaN entries left out), JSON text parsed."""
-    out: dict[str, Any] = {}
-    for k in keys:
-        if k in FLATTENED:
-            prefix = k + "."
-            out[k] = {c[len(prefix):]: v for c, v in row.items()
-                      if c.startswith(prefix) and not _missing(v)}
-            continue
-        v = row.get(k)
-        if isinstance(v, str) and v[:1] in "[{":
-            v = json.loads(v)
-        out[k] = v
-    return out
-
-
-def _missing(v: Any) -> bool:
-    return v is None or (isinstance(v, float) and v != v)
 
 
 def one_line(exc: BaseException) -> str:
@@ -285,20 +249,22 @@ def run_point(pid: str, values: Mapping[str, Any], spec: Mapping[str, Any]) -> d
     """Simulate one point in this process and return its row (see module docs). Never
     raises for a failing simulation: the row then has ``status`` ``error`` and the
     error in one line."""
-    from dtsim.resolve import build_config
     from simcore.engine import simulate
+    from simcore.resolve import build_config
 
     row: dict[str, Any] = {"point_id": pid, "status": "ok"}
+    run_spec = None
     try:
-        result = simulate(build_config(apply_settings(RunSpec(), spec), record_spans=False))
+        run_spec = apply_settings(RunSpec(), spec)
+        result = simulate(build_config(run_spec, record_spans=False))
         row.update(flatten_result(result.to_dict()))
         error = ""
     except Exception as exc:
         row["status"] = "error"
         error = one_line(exc)
     row.update(values)
-    if values.get("bandwidth"):
-        row["bandwidth_bytes_per_s"] = parse_rate(values["bandwidth"])
+    if values.get("bandwidth") and run_spec is not None:
+        row["bandwidth_bytes_per_s"] = run_spec.bandwidth
     row["error"] = error
     row["spec"] = json.dumps(dict(spec), sort_keys=True, separators=(",", ":"), default=str)
     return row
@@ -355,12 +321,12 @@ def run_dask(points: Sequence[Point], scheduler: str) -> Iterator[dict[str, Any]
     try:
         from dask.distributed import Client, as_completed
     except ImportError:
-        raise ConfigError("--scheduler", scheduler, "needs dask.distributed: "
+        raise ConfigError("scheduler", scheduler, "needs dask.distributed: "
                                                     "pip install 'dtsim[dist]'") from None
     try:
         client = Client(scheduler, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as exc:
-        raise ConfigError("--scheduler", scheduler,
+        raise ConfigError("scheduler", scheduler,
                           f"no Dask scheduler answers there ({one_line(exc)})") from None
     try:
         queue = list(reversed(points))
@@ -404,7 +370,7 @@ def choose_runner(jobs: int = 1, scheduler: str | None = None) -> Runner:
     if scheduler:
         return lambda points: run_dask(points, scheduler)
     if jobs == 0 or jobs < -1:
-        raise ConfigError("--jobs", jobs, "expected a positive number of workers, or -1 "
+        raise ConfigError("jobs", jobs, "expected a positive number of workers, or -1 "
                                           "for one per core")
 
     def local(points: Sequence[Point]) -> Iterator[dict[str, Any]]:

@@ -3,12 +3,12 @@
 For each model, on 4 and 8 GPUs, straight and with replicated stages, times
 ``simcore.partition.partition`` (graph preparation, antichain states, dynamic programme;
 not reading the profile) over ``--repeats`` runs in this process and prints the median
-and best wall time next to the paper's Table 1 time where SCHEMES.md section 9 gives it
+and best wall time next to the paper's Table 1 time where docs/schemes.md, section 9 gives it
 (VGG-16, ResNet-50, ResNet-101, Inception-v3, DenseNet-121). Inception-v3 is the raw
 326-node graph (221,564 states), on which PipeDream's own optimizer runs out of memory.
 
-Profiles: ``../shared/data/pipedream-profiles/<model>.txt`` when present (the measured
-profiles named in SCHEMES.md), else the identical built-in copies. Usage::
+Profiles: the built-in copies of PipeDream's measured profiles
+(``traces/builtin/pipedream/``). Usage::
 
     python bench/partition_speed.py [--repeats 5] [--models vgg16,resnet50] [--gpus 4 8]
 """
@@ -16,13 +16,12 @@ profiles named in SCHEMES.md), else the identical built-in copies. Usage::
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 
 from simcore.partition import partition
-from traces import load_builtin, load_file
+from traces import load_builtin
 
 MODELS = ("vgg16", "resnet18", "resnet50", "resnet101", "alexnet", "resnext50", "resnext101",
           "inception_v3", "densenet121", "squeezenet1_0")
@@ -32,19 +31,13 @@ TABLE1_S = {("vgg16", 4): 0.01, ("vgg16", 8): 0.03, ("resnet50", 4): 0.38,
             ("resnet50", 8): 1.17, ("resnet101", 4): 1.20, ("resnet101", 8): 3.69,
             ("inception_v3", 4): 3.07, ("inception_v3", 8): 4.12,
             ("densenet121", 4): 1.29, ("densenet121", 8): 3.73}
-"""The paper's partitioner run times (seconds) quoted in SCHEMES.md section 9."""
+"""The paper's partitioner run times (seconds) quoted in docs/schemes.md, section 9."""
 
-PROFILES = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
-                        "pipedream-profiles")
 BANDWIDTH = 1.25e9   # 10 Gbps, PipeDream's optimizer's usual setting
 
 
 def load(model: str):
-    """The measured profile of ``model``."""
-    path = os.path.join(PROFILES, f"{model}.txt")
-    if os.path.exists(path):
-        trace = load_file(path, fmt="pipedream", model=model)
-        return trace, "shared"
+    """The measured profile of ``model`` (the built-in copy)."""
     return load_builtin(model), "builtin"
 
 

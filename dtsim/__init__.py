@@ -1,8 +1,12 @@
 """dtsim: predict distributed DNN training before booking the GPUs.
 
-This package is the edge of the tool: :mod:`dtsim.spec` (what a person asks for),
-:mod:`dtsim.resolve` (names and files to simulator objects) and :mod:`dtsim.cli` (the
-``sim`` command). The simulator itself is :mod:`simcore`; traces are :mod:`traces`.
+This package is the edge of the tool: :mod:`dtsim.cli`, the ``sim`` command. Nothing
+imports it. What a person asks for (:mod:`simcore.spec`) and how names become simulator
+objects (:mod:`simcore.resolve`) live below it, re-exported as :mod:`dtsim.spec` and
+:mod:`dtsim.resolve`. The simulator itself is :mod:`simcore`; traces are :mod:`traces`;
+see docs/architecture.md.
 """
 
-__version__ = "0.1.0"
+from simcore.version import __version__
+
+__all__ = ["__version__"]

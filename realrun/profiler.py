@@ -139,7 +139,8 @@ def profile_module(model: torch.nn.Module, inputs: tuple[Any, ...], config: Prof
                      dtype=config.dtype, framework=f"PyTorch {torch.__version__}",
                      date=datetime.date.today().isoformat(),
                      provenance=_provenance(config, clock.method),
-                     source_format="dtsim")
+                     source_format="dtsim",
+                     peak_flop_per_s=config.device_flops if config.analytic else 0.0)
     return Trace(meta, tuple(layers), _edge_indices(graph))
 
 

@@ -28,10 +28,9 @@ do not contend with other traffic.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
-from simcore.network import AnalyticNetwork, Message, Network
+from simcore.network import AnalyticNetwork, LinkState, Message, Network, reserve_cut_through
 from simcore.topology import Link
 
 ALLREDUCE_ALGORITHMS = ("ring", "tree", "hierarchical")
@@ -295,7 +294,7 @@ class Collectives:
         topo = self.topology
         gpus = topo.gpus
         ready = [0.0] * len(ranks)
-        free: dict[int, float] = {}
+        scratch: dict[int, LinkState] = {}  # this collective's own reservations
         for step, repeat in phases:
             routes = [topo.route(gpus[ranks[s]], gpus[ranks[d]]) for s, d, _b in step]
             if repeat > 1:
@@ -309,7 +308,7 @@ class Collectives:
             arrivals = []
             for k in sorted(range(len(step)), key=lambda k: ready[step[k][0]]):
                 s, d, b = step[k]
-                arrivals.append((d, _reserve(routes[k], b, ready[s], free)))
+                arrivals.append((d, _reserve(routes[k], b, ready[s], scratch)))
             for d, t in arrivals:
                 if t > ready[d]:
                     ready[d] = t
@@ -344,7 +343,7 @@ class Collectives:
                 if not route:
                     continue
                 step_alpha = max(step_alpha, sum(link.latency for link in route))
-                share = min(link.bandwidth / use[link.index] for link in route)
+                share = min(link.bandwidth_bytes_per_s / use[link.index] for link in route)
                 step_time = max(step_time, b * scale / share)
                 for link in route:
                     factors[link.index] = factors.get(link.index, 0.0) + b * scale * repeat
@@ -363,30 +362,21 @@ def _slowest_send(step: Step, routes: list[tuple[Link, ...]]) -> float:
     slowest = 0.0
     for (_s, _d, b), route in zip(step, routes, strict=True):
         if route:
-            share = min(link.bandwidth / use[link.index] for link in route)
+            share = min(link.bandwidth_bytes_per_s / use[link.index] for link in route)
             slowest = max(slowest, sum(link.latency for link in route) + b / share)
     return slowest
 
 
 def _reserve(route: tuple[Link, ...], nbytes: int, start: float,
-             free: dict[int, float]) -> float:
-    """Arrival time of ``nbytes`` sent at ``start`` over ``route``, reserving each link
-    cut-through in ``free`` (link index -> when it is free)."""
+             scratch: dict[int, LinkState]) -> float:
+    """Arrival time of ``nbytes`` sent at ``start`` over ``route``, reserved cut-through
+    (:func:`simcore.network.reserve_cut_through`) on the scratch link states of one
+    collective (link index -> state)."""
     if not route or nbytes <= 0:
         return start
-    head = start
-    tail = 0.0
-    for link in route:
-        busy = free.get(link.index, 0.0)
-        if busy > head:
-            head = busy
-        leave = head + nbytes / link.bandwidth
-        if leave < tail:
-            leave = tail
-        free[link.index] = leave
-        head += link.latency
-        tail = leave + link.latency
-    return tail
+    hops = [scratch.get(link.index) or scratch.setdefault(link.index, LinkState(link))
+            for link in route]
+    return reserve_cut_through(hops, nbytes, start)[1]
 
 
 class _StepRunner:
@@ -445,13 +435,3 @@ class _StepRunner:
         self.left -= 1
         if self.left == 0:
             self.finish(self.net.env.now)
-
-
-def closed_form_ring_allreduce(p: int, n: float, alpha: float, bandwidth: float) -> float:
-    """``2(p-1)·alpha + 2(p-1)/p · n/B``, seconds."""
-    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / bandwidth
-
-
-def closed_form_tree_allreduce(p: int, n: float, alpha: float, bandwidth: float) -> float:
-    """``2·ceil(log2 p)·(alpha + n/B)``, seconds."""
-    return 2 * math.ceil(math.log2(p)) * (alpha + n / bandwidth) if p > 1 else 0.0

@@ -10,14 +10,29 @@ is allowed.
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from simcore.settings import (
+    TYPE_WORDS,
+    ConfigError,
+    convert,
+    describe,
+    from_mapping,
+    normalise,
+    parse_bool,
+    parse_int,
+    parse_quantity,
+    setting,
+)
 from simcore.topology import Topology, TopologySpec
-from simcore.units import UnitError, parse_rate, parse_size, parse_time
 from traces.model import Trace
+
+__all__ = [
+    "FIDELITIES", "MIN_CHUNK_BYTES", "OPTIMIZERS", "SHARED", "TYPE_WORDS", "ConfigError",
+    "RunSettings", "SimConfig", "describe_options", "option", "options_from_mapping",
+    "parse_bool", "parse_field", "parse_int", "parse_quantity",
+]
 
 MIN_CHUNK_BYTES = 4096
 """Smallest chunk of the detailed network model."""
@@ -34,136 +49,36 @@ moments); passes drive the update time, ``passes * param_bytes / memory_bandwidt
 """
 
 
-TYPE_WORDS = {"int": "an integer", "float": "a finite number", "bool": "true or false",
-              "str": "a string"}
-"""How messages name the type a value should have had."""
-
-
-class ConfigError(ValueError):
-    """A configuration value is not allowed. The message names the field, the bad value
-    and what is allowed."""
-
-    def __init__(self, field_name: str, value: Any, allowed: str, unknown: bool = False) -> None:
-        self.field, self.value, self.allowed, self.unknown = field_name, value, allowed, unknown
-        super().__init__(self.describe(field_name))
-
-    def describe(self, shown_name: str) -> str:
-        """The message, with the field shown as ``shown_name`` (e.g. a CLI flag)."""
-        if self.unknown:
-            return f"{shown_name}: unknown setting; {self.allowed}"
-        return f"{shown_name}: {self.value!r} is not allowed; {self.allowed}"
-
-
-def parse_quantity(parse: Callable[[Any], Any], value: Any, field_name: str) -> Any:
-    """``parse(value)`` (a parser of :mod:`simcore.units`), with a :class:`ConfigError`
-    naming ``field_name``, the value and the accepted forms when it does not parse."""
-    try:
-        return parse(value)
-    except UnitError as exc:
-        raise ConfigError(field_name, value, f"expected {exc.expected}") from None
-
-
 def option(default: Any, help: str, *, unit: str | None = None,
            choices: tuple[str, ...] | None = None, minimum: float | None = None) -> Any:
-    """A dataclass field for scheme options, with help text and how to parse it.
-
-    ``unit`` is ``bytes``, ``rate`` (bytes/s) or ``seconds``; ``choices`` lists the
-    allowed strings; ``minimum`` bounds numbers from below.
-    """
-    return field(default=default, metadata={"help": help, "unit": unit, "choices": choices,
-                                            "minimum": minimum})
+    """A scheme option: a :func:`~simcore.settings.setting` whose ``unit`` is ``bytes``,
+    ``rate`` (bytes/s) or ``seconds``; ``choices`` lists the allowed strings; ``minimum``
+    bounds numbers from below."""
+    return setting(default, help, kind=unit, choices=choices, minimum=minimum)
 
 
 def parse_field(f: dataclasses.Field, value: Any, where: str) -> Any:
-    """Convert ``value`` to the type of option field ``f``; :class:`ConfigError` if it
-    does not fit."""
-    meta = f.metadata
-    unit = meta.get("unit")
-    choices = meta.get("choices")
-    minimum = meta.get("minimum")
-    typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    try:
-        if unit == "bytes":
-            out: Any = parse_size(value)
-        elif unit == "rate":
-            out = parse_rate(value)
-        elif unit == "seconds":
-            out = parse_time(value)
-        elif typ == "bool":
-            out = parse_bool(value, where)
-        elif typ == "int":
-            out = parse_int(value, where)
-        elif typ == "float":
-            if isinstance(value, bool):
-                raise ValueError
-            out = float(value)
-            if not math.isfinite(out):
-                raise ValueError
-        else:
-            out = str(value)
-    except UnitError as exc:
-        raise ConfigError(where, value, f"expected {exc.expected}") from None
-    except ValueError:
-        raise ConfigError(where, value, f"expected {TYPE_WORDS.get(typ, typ)}") from None
-    if choices is not None and out not in choices:
-        raise ConfigError(where, value, f"choose one of: {', '.join(choices)}")
-    if minimum is not None and out < minimum:
-        raise ConfigError(where, value, f"must be at least {minimum:g}")
-    return out
+    """Convert ``value`` to the type of option field ``f`` (:func:`simcore.settings.convert`)."""
+    return convert(f, value, where)
 
 
-def parse_bool(value: Any, where: str) -> bool:
-    """``true/false``, ``yes/no``, ``on/off``, ``1/0`` (any case) or a bool."""
-    if isinstance(value, bool):
-        return value
-    s = str(value).strip().lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(where, value, "expected true or false")
+options_from_mapping = from_mapping
+describe_options = describe
 
 
-def parse_int(value: Any, where: str) -> int:
-    """An integer from an int, a whole float or a string (``ValueError`` otherwise)."""
-    if isinstance(value, bool):
-        raise ValueError
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ValueError
-        return int(value)
-    return int(str(value).strip())
+def _scheme_names() -> tuple[str, ...]:
+    from simcore.schemes import scheme_names
+
+    return tuple(scheme_names())
 
 
-def options_from_mapping(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
-    """An instance of options dataclass ``cls`` from a mapping of field name to value
-    (strings or typed values). Unknown names raise :class:`ConfigError` listing the
-    known ones."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, value in values.items():
-        if key not in fields:
-            known = ", ".join(fields) or "(none)"
-            raise ConfigError(f"{prefix}{key}", value, f"known: {known}", unknown=True)
-        kwargs[key] = parse_field(fields[key], value, f"{prefix}{key}")
-    return cls(**kwargs)
-
-
-def describe_options(cls: type) -> list[tuple[str, Any, str]]:
-    """``(name, default, help)`` of every field of an options dataclass."""
-    return [(f.name, f.default, f.metadata.get("help", "")) for f in dataclasses.fields(cls)]
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """Everything one simulation needs.
+@dataclass(frozen=True, kw_only=True)
+class RunSettings:
+    """The settings that both a person's :class:`~simcore.spec.RunSpec` and the simulator's
+    :class:`SimConfig` carry, declared once (see :mod:`simcore.settings`).
 
     Attributes:
-        trace: the model's layer trace (any batch size; rescaled to ``batch_size``).
-        topology: a :class:`TopologySpec` (built inside the simulation, which lets a scheme
-            add parameter-server hosts) or a ready :class:`Topology`.
         scheme: registry name of the training scheme (``dp``, ``ps``, ...).
-        options: the scheme's options dataclass instance; ``None`` means its defaults.
         batch_size: samples per model replica per iteration (per GPU for data-parallel
             schemes, per pipeline for pipeline schemes); ``None`` keeps the trace's.
         iterations: measured iterations (after the warm-up ones).
@@ -173,51 +88,70 @@ class SimConfig:
         chunk_bytes: message chunk size of the detailed network model.
         compute_jitter: coefficient of variation of each compute op's duration
             (log-normal, mean 1); 0 makes the run deterministic without a generator.
-        compute_scale: throughput of the target GPU relative to the trace's device
-            (2.0 halves every compute time).
         optimizer: ``sgd``, ``momentum`` or ``adam`` (memory and update time, see
             :data:`OPTIMIZERS`).
+    """
+
+    scheme: str = setting("dp", "training scheme (see 'sim schemes')", choices=_scheme_names,
+                          flag=1)
+    batch_size: int | None = setting(
+        None, "samples per model replica per iteration (per GPU for data parallelism)",
+        kind="int", minimum=1, auto="the trace's", auto_zero=True, flag=6)
+    iterations: int = setting(5, "measured iterations (after the warm-up ones)", minimum=1,
+                              flag=7)
+    warmup_iterations: int = setting(1, "warm-up iterations, simulated first and left out "
+                                        "of the metrics", minimum=0)
+    seed: int = setting(0, "random seed (used with --set compute_jitter=CV)", minimum=0,
+                        flag=8)
+    fidelity: str = setting("detailed", "network model: chunked link queues, or closed forms "
+                                        "(fast, for thousands of GPUs)", choices=FIDELITIES,
+                            flag=9)
+    chunk_bytes: int = setting(1 << 20, "message chunk size of the detailed network model",
+                               kind="bytes", minimum=MIN_CHUNK_BYTES,
+                               limit_help=f"must be at least {MIN_CHUNK_BYTES} bytes (4KiB): "
+                                          "smaller chunks only multiply events")
+    compute_jitter: float = setting(0.0, "coefficient of variation of compute times "
+                                         "(log-normal, mean 1)", minimum=0.0, below=10.0,
+                                    limit_help="must be in [0, 10)")
+    optimizer: str = setting("momentum", "optimizer (memory and update time)",
+                             choices=tuple(OPTIMIZERS))
+
+    def __post_init__(self) -> None:
+        normalise(self, SHARED)
+
+
+SHARED = tuple(f.name for f in dataclasses.fields(RunSettings))
+"""Names of the settings declared by :class:`RunSettings`."""
+
+
+@dataclass(frozen=True)
+class SimConfig(RunSettings):
+    """Everything one simulation needs: the :class:`RunSettings` plus the objects they
+    apply to.
+
+    Attributes:
+        trace: the model's layer trace (any batch size; rescaled to ``batch_size``).
+        topology: a :class:`TopologySpec` (built inside the simulation, which lets a scheme
+            add parameter-server hosts) or a ready :class:`Topology`.
+        options: the scheme's options dataclass instance; ``None`` means its defaults.
+        compute_scale: throughput of the target GPU relative to the trace's device
+            (2.0 halves every compute time); a person's spec may leave it to
+            :func:`simcore.resolve.build_config`, which derives it from peak FLOP/s.
         record_spans: keep span records (needed for Chrome traces; metrics do not need
             them).
+
+    The settings of :class:`RunSettings` are keyword-only.
     """
 
     trace: Trace
     topology: TopologySpec | Topology
-    scheme: str = "dp"
     options: Any = None
-    batch_size: int | None = None
-    iterations: int = 5
-    warmup_iterations: int = 1
-    seed: int = 0
-    fidelity: str = "detailed"
-    chunk_bytes: int = 1 << 20
-    compute_jitter: float = 0.0
-    compute_scale: float = 1.0
-    optimizer: str = "momentum"
+    compute_scale: float = setting(1.0, "target GPU throughput / trace device throughput",
+                                   positive=True, limit_help="must be positive and finite")
     record_spans: bool = True
 
     def __post_init__(self) -> None:
-        if self.iterations < 1:
-            raise ConfigError("iterations", self.iterations, "must be at least 1")
-        if self.warmup_iterations < 0:
-            raise ConfigError("warmup_iterations", self.warmup_iterations, "must be >= 0")
-        if self.fidelity not in FIDELITIES:
-            raise ConfigError("fidelity", self.fidelity, f"choose one of: {', '.join(FIDELITIES)}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ConfigError("batch_size", self.batch_size, "must be at least 1")
-        if self.chunk_bytes < MIN_CHUNK_BYTES:
-            raise ConfigError("chunk_bytes", self.chunk_bytes,
-                              f"must be at least {MIN_CHUNK_BYTES} bytes (4KiB): smaller chunks "
-                              "only multiply events")
-        if not 0 <= self.compute_jitter < 10:
-            raise ConfigError("compute_jitter", self.compute_jitter, "must be in [0, 10)")
-        if not 0 < self.compute_scale < math.inf:
-            raise ConfigError("compute_scale", self.compute_scale, "must be positive and finite")
-        if self.seed < 0:
-            raise ConfigError("seed", self.seed, "must be at least 0")
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError("optimizer", self.optimizer,
-                              f"choose one of: {', '.join(OPTIMIZERS)}")
+        normalise(self, (*SHARED, "compute_scale"))
 
     @property
     def gpus(self) -> int:

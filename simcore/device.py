@@ -11,12 +11,11 @@ simulated-time order, the finish time of each piece is known when it is issued
 from __future__ import annotations
 
 import math
-from heapq import heappush
 from typing import Any
 
 from simpy import Environment
 
-from simcore.clock import NORMAL, event_queue
+from simcore.clock import EventQueue, FastEvent
 
 MEMORY_KINDS = ("weights", "gradients", "optimizer", "stash", "activations", "buffers")
 """Categories of the memory account."""
@@ -51,19 +50,14 @@ class MemoryAccount:
         self.total -= nbytes
 
 
-class Done:
+class Done(FastEvent):
     """A lightweight event that fires at a scheduled time (what :meth:`Gpu.compute`
     returns). A SimPy process can ``yield`` it like a timeout; it is not a full
     :class:`simpy.events.Event` and cannot be combined with ``&``/``|`` or ``AllOf``:
     for that, wait on it from a helper process. Compute ops are the commonest events of a
-    simulation, and this keeps each one cheap."""
+    simulation, and this keeps each one cheap (see :mod:`simcore.clock`)."""
 
-    __slots__ = ("callbacks",)
-    _ok = True
-    _value = None
-
-    def __init__(self) -> None:
-        self.callbacks: list[Any] = []
+    __slots__ = ()
 
 
 class Run(list):
@@ -94,8 +88,8 @@ class Gpu:
     per iteration label (:attr:`busy_by_iteration`), from which utilisation is computed.
     """
 
-    __slots__ = ("_eid", "_log", "_queue", "busy_by_iteration", "busy_until", "device", "env",
-                 "memory", "name", "ops", "rank")
+    __slots__ = ("_at", "_log", "busy_by_iteration", "busy_until", "device", "env", "memory",
+                 "name", "ops", "rank")
 
     def __init__(self, env: Environment, rank: int, device: int, name: str,
                  compute_log: list[tuple[Any, ...]] | None) -> None:
@@ -103,19 +97,21 @@ class Gpu:
         self.busy_until = 0.0
         self.memory = MemoryAccount()
         self._log = compute_log.append if compute_log is not None else None
-        self._queue, self._eid = event_queue(env)
+        self._at = EventQueue(env).at
         self.busy_by_iteration: dict[int, float] = {}
         """Compute seconds queued so far, by the ops' iteration label."""
         self.ops = 0
         """Compute ops queued so far."""
 
-    def compute(self, duration: float, kind: str, name: str = "", iteration: int = -1,
+    def compute(self, duration_s: float, kind: str, name: str = "", iteration: int = -1,
                 layer: int = -1, microbatch: int = -1) -> Done:
-        """Queue ``duration`` seconds of work on the compute stream; the returned
-        :class:`Done` event fires when it is done (a SimPy process yields it)."""
+        """Queue ``duration_s`` seconds of work on the compute stream; the returned
+        :class:`Done` event fires when it is done (a SimPy process yields it).
+        ``ValueError`` for a negative duration."""
+        if duration_s < 0:
+            raise ValueError(f"negative compute duration {duration_s!r} s ({kind} {name})")
         ev = Done()
-        heappush(self._queue, (self._put(duration, kind, name, iteration, layer, microbatch),
-                               NORMAL, next(self._eid), ev))
+        self._at(self._put(duration_s, kind, name, iteration, layer, microbatch), ev)
         return ev
 
     def compute_seq(self, ops: list[tuple[float, str, str, int, int, int]]) -> Done:
@@ -127,13 +123,13 @@ class Gpu:
         one event. Only valid when nothing else is queued on this GPU meanwhile, which
         holds for a worker that owns its GPU's stream."""
         ev = Done()
-        heappush(self._queue, (self.enqueue(ops), NORMAL, next(self._eid), ev))
+        self._at(self.enqueue(ops), ev)
         return ev
 
     def enqueue(self, ops: list[tuple[float, str, str, int, int, int]]) -> float:
         """Queue ops like :meth:`compute_seq` but without an event, for work nobody has to
         wait for; returns when the last one ends (seconds)."""
-        now = self.env._now
+        now = self.env.now
         end = self.busy_until
         if end < now:
             end = now
@@ -163,26 +159,21 @@ class Gpu:
             self.ops += len(ops)
         return end
 
-    def _put(self, duration: float, kind: str, name: str, iteration: int, layer: int,
+    def _put(self, duration_s: float, kind: str, name: str, iteration: int, layer: int,
              microbatch: int) -> float:
         """Put one op on the stream and log it; returns when it ends."""
-        now = self.env._now
+        now = self.env.now
         start = self.busy_until
         if start < now:
             start = now
-        end = start + duration
+        end = start + duration_s
         self.busy_until = end
         by_it = self.busy_by_iteration
-        by_it[iteration] = by_it.get(iteration, 0.0) + duration
+        by_it[iteration] = by_it.get(iteration, 0.0) + duration_s
         self.ops += 1
         if self._log is not None:
             self._log((self.name, kind, name, start, end, iteration, layer, microbatch))
         return end
-
-    def busy_s(self, first: int, last: int) -> float:
-        """Compute seconds of the ops labelled with iterations ``first .. last``."""
-        by_it = self.busy_by_iteration
-        return sum(by_it.get(i, 0.0) for i in range(first, last + 1))
 
 
 class JitteryGpu(Gpu):
@@ -209,9 +200,9 @@ class JitteryGpu(Gpu):
         self._next += 1
         return factor
 
-    def _put(self, duration: float, kind: str, name: str, iteration: int, layer: int,
+    def _put(self, duration_s: float, kind: str, name: str, iteration: int, layer: int,
                microbatch: int) -> float:
-        return super()._put(duration * self._factor(), kind, name, iteration, layer,
+        return super()._put(duration_s * self._factor(), kind, name, iteration, layer,
                               microbatch)
 
     def enqueue(self, ops: list[tuple[float, str, str, int, int, int]]) -> float:

@@ -10,11 +10,12 @@ from typing import Any
 from simpy import Environment
 
 from simcore import metrics
+from simcore.clock import scheduled_events
 from simcore.collectives import Collectives
 from simcore.config import ConfigError, SimConfig
 from simcore.device import Gpu, JitteryGpu
 from simcore.network import make_network
-from simcore.records import COMM, RECV, SEND, compute_span
+from simcore.records import COMM, RECV, SEND, LinkRecord, RunRecords, compute_span
 from simcore.result import RunResult, _frozen
 from simcore.schemes import get_scheme
 from simcore.schemes.base import SimContext
@@ -77,7 +78,7 @@ def simulate(config: SimConfig) -> RunResult:
     scheme = cls(ctx)
     scheme.start()
     _run_without_gc(env)
-    events = _event_count(env)
+    events = scheduled_events(env)
     scheme.finish()
 
     for it, row in enumerate(ctx.iteration_end):
@@ -102,66 +103,48 @@ def _run_without_gc(env: Environment) -> None:
             gc.enable()
 
 
-def _model_events(ctx: SimContext) -> int:
-    """Events of the simulated system: every compute op finishing, every chunk of a
-    message reaching the end of a link (a whole message in the analytic model, which has
-    no chunks; one per collective computed in closed form). A run of layers or a one-hop
-    message costs the scheduler one event but is as many model events as it simulates."""
-    ops = sum(g.ops for g in ctx.gpus)
+def collect_records(ctx: SimContext) -> RunRecords:
+    """The records of a finished run that the metrics are computed from (see
+    :class:`~simcore.records.RunRecords`)."""
     chunk = getattr(ctx.net, "chunk_bytes", 0)
-    transfers = 0
-    for m in ctx.net.messages:
-        hops = len(m.hops)
-        transfers += max(1, hops * -(-m.nbytes // chunk)) if chunk and hops else 1
+    messages = ctx.net.messages
+    transfers = [(m.nbytes, m.iteration) for m in messages]
+    chunks = tuple(max(1, len(m.hops) * -(-m.nbytes // chunk)) if chunk and m.hops else 1
+                   for m in messages)
+    closed_form = 0
     if ctx.coll.analytic:
-        transfers += sum(1 for rec in ctx.coll.records if len(rec[1]) > 1)
-    return ops + transfers
-
-
-def _event_count(env: Environment) -> int:
-    """Events the environment scheduled (SimPy numbers them; the counter is internal)."""
-    eid = getattr(env, "_eid", None)
-    return next(eid) if eid is not None else -1
+        for op, ranks, n, _s, _e, it, _tag in ctx.coll.records:
+            if len(ranks) > 1:
+                transfers.append((round(ctx.coll.payload_factor(op, ranks) * n), it))
+                closed_form += 1
+    return RunRecords(
+        iteration_end=tuple(tuple(row) for row in ctx.iteration_end),
+        busy_by_iteration=tuple(dict(g.busy_by_iteration) for g in ctx.gpus),
+        ops=tuple(g.ops for g in ctx.gpus),
+        links=tuple(LinkRecord(link.name, link.kind, sent, recv, busy)
+                    for link, sent, recv, busy in ctx.net.link_bytes()),
+        transfers=tuple(transfers), message_chunks=chunks,
+        closed_form_collectives=closed_form, traffic_scale=ctx.traffic_scale,
+        peak_memory_bytes=tuple(g.memory.peak for g in ctx.gpus),
+        peak_breakdown=tuple(dict(g.memory.peak_breakdown) for g in ctx.gpus),
+        end_s=ctx.env.now, messages=len(messages))
 
 
 def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology: Topology,
             trace: Any, events: int, wall0: float) -> RunResult:
-    ends = metrics.iteration_ends(ctx.iteration_end)
-    iter_s = metrics.steady_iteration_time(ctx.iteration_end, config.warmup_iterations)
-    names = [g.name for g in ctx.gpus]
-    first, last = config.warmup_iterations, config.total_iterations - 1
-    busy = [g.busy_s(first, last) for g in ctx.gpus]
-    util = metrics.utilization(busy, iter_s * config.iterations)
+    rec = collect_records(ctx)
+    warmup, iterations = config.warmup_iterations, config.iterations
+    first, last = warmup, config.total_iterations - 1
+    iter_s = metrics.steady_iteration_time(rec.iteration_end, warmup)
+    busy = [metrics.busy_between(b, first, last) for b in rec.busy_by_iteration]
+    util = metrics.utilization(busy, iter_s * iterations)
     gpu_util = sum(util) / len(util)
     replicas = scheme.replicas()
     batch = config.effective_batch_size
     global_batch = batch * replicas
     single = replicas * trace.compute_s + ctx.update_s(trace.param_bytes)
-
-    counters = ctx.net.link_bytes()
-    sim_end = ctx.env.now
-    by_link = {link.name: sent for link, sent, _r, _b in counters if sent}
-    received = {link.name: recv for link, _s, recv, _b in counters if recv}
-    link_util = {link.name: (b / sim_end if sim_end > 0 else 0.0)
-                 for link, sent, _r, b in counters if sent}
-    # Payload bytes: all of the run, and those of the measured iterations.
-    first, last = config.warmup_iterations, config.total_iterations - 1
-    payload = measured = 0
-    for m in ctx.net.messages:
-        payload += m.nbytes
-        if first <= m.iteration <= last:
-            measured += m.nbytes
-    if ctx.coll.analytic:
-        for op, ranks, n, _s, _e, it, _tag in ctx.coll.records:
-            if len(ranks) > 1:
-                moved = round(ctx.coll.payload_factor(op, ranks) * n)
-                payload += moved
-                if first <= it <= last:
-                    measured += moved
-    if ctx.traffic_scale != 1.0:
-        payload = round(payload * ctx.traffic_scale)
-        measured *= ctx.traffic_scale
-    peaks = tuple(round(g.memory.peak) for g in ctx.gpus)
+    total, measured = metrics.payload_bytes(rec.transfers, first, last, rec.traffic_scale)
+    peaks = tuple(round(p) for p in rec.peak_memory_bytes)
     worst = max(range(len(peaks)), key=peaks.__getitem__)
 
     spans: tuple[tuple[Any, ...], ...] = ()
@@ -173,28 +156,32 @@ def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology
     return RunResult(
         scheme=name, gpus=topology.num_gpus, model=trace.meta.model, topology=topology.name,
         fidelity=config.fidelity, batch_size=batch, global_batch_size=global_batch,
-        iterations=config.iterations, warmup_iterations=config.warmup_iterations,
+        iterations=iterations, warmup_iterations=warmup,
         iteration_time_s=iter_s,
-        iteration_times_s=tuple(metrics.iteration_durations(ends)),
+        iteration_times_s=tuple(metrics.iteration_durations(
+            metrics.iteration_ends(rec.iteration_end))),
         throughput_samples_s=global_batch / iter_s if iter_s > 0 else float("inf"),
         single_gpu_time_s=single, speedup=single / iter_s if iter_s > 0 else float("inf"),
         gpu_utilization=gpu_util, per_gpu_utilization=tuple(util),
         bubble_fraction=max(0.0, 1.0 - gpu_util),
-        comm_bytes_total=payload,
-        comm_bytes_per_iteration=measured / config.iterations,
+        comm_bytes_total=total,
+        comm_bytes_measured=round(measured),
+        comm_bytes_per_iteration=measured / iterations,
         simulated_iterations=ctx.simulated_iterations,
-        comm_bytes_by_link_kind=_frozen(metrics.bytes_by_kind(counters)),
-        comm_bytes_by_link=_frozen(by_link), comm_bytes_received_by_link=_frozen(received),
-        link_utilization=_frozen(link_util),
+        comm_bytes_by_link_kind=_frozen(metrics.bytes_by_kind(rec.links)),
+        comm_bytes_by_link=_frozen({k.name: k.sent_bytes for k in rec.links if k.sent_bytes}),
+        comm_bytes_received_by_link=_frozen({k.name: k.received_bytes for k in rec.links
+                                             if k.received_bytes}),
+        link_utilization=_frozen(metrics.link_utilization(rec.links, rec.end_s)),
         peak_memory_bytes=peaks[worst], per_gpu_peak_memory_bytes=peaks,
         memory_breakdown_bytes=_frozen({k: round(v) for k, v in
-                                        ctx.gpus[worst].memory.peak_breakdown.items()}),
+                                        rec.peak_breakdown[worst].items()}),
         memory_capacity_bytes=topology.gpu_spec.memory_bytes,
-        events=events, model_events=_model_events(ctx),
-        wall_s=time.perf_counter() - wall0, simulated_s=sim_end,
-        messages=len(ctx.net.messages), gpu_model=topology.gpu_spec.model,
+        events=events, model_events=metrics.model_events(rec),
+        wall_s=time.perf_counter() - wall0, simulated_s=rec.end_s,
+        messages=rec.messages, gpu_model=topology.gpu_spec.model,
         trace_device=config.trace.meta.device, compute_scale=config.compute_scale,
-        device_names=tuple(names), spans=spans,
+        device_names=tuple(g.name for g in ctx.gpus), spans=spans,
         extra=_frozen(extra),
     )
 

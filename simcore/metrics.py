@@ -18,12 +18,22 @@
 * ``bubble_fraction`` is the mean idle fraction, ``1 - gpu_utilization``: pipeline fill
   and drain for pipeline schemes, exposed communication and synchronisation for
   data-parallel ones.
+* Communication totals say what they cover: ``comm_bytes_total`` (and the per-link and
+  per-kind counters) is the payload of the *whole* run, warm-up iterations (and a
+  pipeline's lead and tail) included; ``comm_bytes_measured`` only that of the measured
+  iterations, and ``comm_bytes_per_iteration`` is it over the measured iterations
+  (:func:`payload_bytes`).
+
+Every function here is pure: it reads the run's records
+(:class:`~simcore.records.RunRecords`), never the simulator's live objects.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from simcore.records import LinkRecord, RunRecords
 
 
 def iteration_ends(iteration_end: Sequence[Sequence[float]]) -> list[float]:
@@ -75,10 +85,45 @@ def busy_by_device(compute_log: Iterable[tuple[Any, ...]], devices: Sequence[str
     return busy
 
 
-def bytes_by_kind(link_counters: Iterable[tuple[Any, int, int, float]]) -> dict[str, int]:
+def busy_between(busy_by_iteration: Mapping[int, float], first: int, last: int) -> float:
+    """Compute seconds of the ops labelled with iterations ``first .. last``."""
+    return sum(busy_by_iteration.get(i, 0.0) for i in range(first, last + 1))
+
+
+def bytes_by_kind(links: Iterable[LinkRecord]) -> dict[str, int]:
     """Bytes carried per link kind, summed over link directions."""
     out: dict[str, int] = {}
-    for link, sent, _recv, _busy in link_counters:
-        if sent:
-            out[link.kind] = out.get(link.kind, 0) + sent
+    for link in links:
+        if link.sent_bytes:
+            out[link.kind] = out.get(link.kind, 0) + link.sent_bytes
     return out
+
+
+def payload_bytes(transfers: Iterable[tuple[int, int]], first: int, last: int,
+                  traffic_scale: float = 1.0) -> tuple[int, float]:
+    """``(whole run, measured iterations first .. last)`` payload bytes of
+    ``(bytes, iteration)`` transfers, scaled by ``traffic_scale`` (the whole-run total
+    rounded to bytes)."""
+    total = measured = 0
+    for nbytes, it in transfers:
+        total += nbytes
+        if first <= it <= last:
+            measured += nbytes
+    if traffic_scale != 1.0:
+        return round(total * traffic_scale), measured * traffic_scale
+    return total, measured
+
+
+def link_utilization(links: Iterable[LinkRecord], end_s: float) -> dict[str, float]:
+    """Busy fraction of each link direction that carried bytes, over the whole run."""
+    return {link.name: (link.busy_s / end_s if end_s > 0 else 0.0)
+            for link in links if link.sent_bytes}
+
+
+def model_events(records: RunRecords) -> int:
+    """Events of the simulated system: every compute op finishing, every chunk of a
+    message reaching the end of a link (a whole message in the analytic model, which has
+    no chunks; one per collective computed in closed form). A run of layers or a one-hop
+    message costs the scheduler one event but is as many model events as it simulates."""
+    return (sum(records.ops) + sum(records.message_chunks)
+            + records.closed_form_collectives)

@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from heapq import heappush
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from simpy import Environment, Timeout
 
-from simcore.clock import NORMAL, event_queue
+from simcore.clock import EventQueue, FastEvent
 from simcore.topology import Link, Topology
 
 DEFAULT_CHUNK_BYTES = 1 << 20
@@ -57,7 +56,7 @@ class LinkState:
 
     def __init__(self, link: Link) -> None:
         self.link = link
-        self.service = 1.0 / link.bandwidth   # seconds per byte
+        self.service = 1.0 / link.bandwidth_bytes_per_s   # seconds per byte
         self.latency = link.latency
         self.free_at = 0.0
         self.sent_bytes = 0
@@ -97,17 +96,15 @@ class Message:
         return tuple(st.link for st in self.hops)
 
 
-class _ChunkArrival:
+class _ChunkArrival(FastEvent):
     """A chunk reaching the end of hop ``hop - 1`` of its message's route.
 
-    A minimal event for SimPy's scheduler (``env.schedule`` needs ``callbacks`` and
-    ``_ok``): chunk hops are the most frequent events of the detailed model, and nothing
-    ever yields them, so they skip the general :class:`simpy.events.Event` machinery.
+    A minimal event (see :mod:`simcore.clock`): chunk hops are the most frequent events
+    of the detailed model, and nothing ever yields them, so they skip the general
+    :class:`simpy.events.Event` machinery.
     """
 
-    __slots__ = ("callbacks", "hop", "msg", "size")
-    _ok = True
-    _value = None
+    __slots__ = ("hop", "msg", "size")
 
     def __init__(self, callback: Callable[[_ChunkArrival], None], msg: Message, hop: int,
                  size: int) -> None:
@@ -156,7 +153,7 @@ class Network(ABC):
         self._next_id += 1
         self._record(msg)
         if not hops or nbytes <= 0:
-            msg.start_s = self.env._now
+            msg.start_s = self.env.now
             ev = Timeout(self.env, 0, msg)
             ev.callbacks.append(self._deliver_local)
             return msg
@@ -164,13 +161,13 @@ class Network(ABC):
         return msg
 
     def _deliver_local(self, ev: Any) -> None:
-        msg: Message = ev._value
-        msg.end_s = self.env._now
+        msg: Message = ev.value
+        msg.end_s = self.env.now
         if msg.on_arrival is not None:
             msg.on_arrival(msg)
 
     def _complete(self, msg: Message) -> None:
-        msg.end_s = self.env._now
+        msg.end_s = self.env.now
         if msg.on_arrival is not None:
             msg.on_arrival(msg)
 
@@ -206,7 +203,7 @@ class DetailedNetwork(Network):
             raise ValueError(f"chunk_bytes must be at least 1, got {chunk_bytes}")
         self.chunk_bytes = int(chunk_bytes)
         self.priority = priority
-        self._queue, self._eid = event_queue(env)
+        self._at = EventQueue(env).at
         self._on_fifo_arrival = self._arrive_fifo
         self._on_prio_arrival = self._arrive_prio
 
@@ -223,21 +220,21 @@ class DetailedNetwork(Network):
             return
         # FIFO: the first hop's departures are known now.
         st = msg.hops[0]
-        now = self.env._now
+        now = self.env.now
         t = st.free_at
         if t < now:
             t = now
         msg.start_s = t
         svc = st.service
         st.sent_bytes += n
-        queue, eid = self._queue, self._eid
+        at = self._at
         cb = self._on_fifo_arrival
         if len(msg.hops) == 1:
             # One hop: only the arrival of the last byte matters.
             msg.chunks_left = 1
             end = t + n * svc
             st.free_at = end
-            heappush(queue, (end + st.latency, NORMAL, next(eid), _ChunkArrival(cb, msg, 1, n)))
+            at(end + st.latency, _ChunkArrival(cb, msg, 1, n))
             return
         full, last = divmod(n, c)
         msg.chunks_left = full + (1 if last else 0)
@@ -245,10 +242,10 @@ class DetailedNetwork(Network):
         step = c * svc
         for _ in range(full):
             t += step
-            heappush(queue, (t + lat, NORMAL, next(eid), _ChunkArrival(cb, msg, 1, c)))
+            at(t + lat, _ChunkArrival(cb, msg, 1, c))
         if last:
             t += last * svc
-            heappush(queue, (t + lat, NORMAL, next(eid), _ChunkArrival(cb, msg, 1, last)))
+            at(t + lat, _ChunkArrival(cb, msg, 1, last))
         st.free_at = t
 
     def _arrive_fifo(self, ev: _ChunkArrival) -> None:
@@ -263,15 +260,14 @@ class DetailedNetwork(Network):
                 self._complete(msg)
             return
         st = hops[hop]
-        now = self.env._now
+        now = self.env.now
         start = st.free_at
         if start < now:
             start = now
         end = start + size * st.service
         st.free_at = end
         st.sent_bytes += size
-        heappush(self._queue, (end + st.latency, NORMAL, next(self._eid),
-                               _ChunkArrival(self._on_fifo_arrival, msg, hop + 1, size)))
+        self._at(end + st.latency, _ChunkArrival(self._on_fifo_arrival, msg, hop + 1, size))
 
     # ---- priority queues -------------------------------------------------------------
     # A chunk that finds its link idle (free, nobody queued) is served at once. Otherwise
@@ -283,7 +279,7 @@ class DetailedNetwork(Network):
     # one event.
     def _enqueue(self, msg: Message, hop: int, size: int) -> None:
         st = msg.hops[hop]
-        now = self.env._now
+        now = self.env.now
         if st.free_at <= now and not st.queue:
             self._serve(st, msg, hop, size, now)
             return
@@ -296,8 +292,7 @@ class DetailedNetwork(Network):
         st.sent_bytes += size
         end = start + size * st.service
         st.free_at = end
-        heappush(self._queue, (end + st.latency, NORMAL, next(self._eid),
-                               _ChunkArrival(self._on_prio_arrival, msg, hop + 1, size)))
+        self._at(end + st.latency, _ChunkArrival(self._on_prio_arrival, msg, hop + 1, size))
 
     def _advance(self, st: LinkState, now: float) -> None:
         """Start, on free link ``st``, every service that begins by ``now``: each one takes
@@ -324,7 +319,7 @@ class DetailedNetwork(Network):
         hop = ev.hop
         prev = msg.hops[hop - 1]
         prev.recv_bytes += ev.size
-        now = self.env._now
+        now = self.env.now
         if prev.queue and prev.free_at <= now:
             self._advance(prev, now)
         if hop == len(msg.hops):
@@ -333,6 +328,36 @@ class DetailedNetwork(Network):
                 self._complete(msg)
             return
         self._enqueue(msg, hop, ev.size)
+
+
+def reserve_cut_through(hops: Sequence[LinkState], nbytes: int,
+                        start: float) -> tuple[float, float]:
+    """Reserve ``nbytes`` sent at ``start`` over the link directions ``hops`` (non-empty),
+    cut-through at message granularity; returns ``(when its head started on the first
+    link, when its tail arrived)``.
+
+    On each link the head starts once it has reached the link and the link is free; the
+    tail leaves ``bytes / bandwidth`` later, but not before it has come in over the
+    previous link. Each link's ``free_at`` moves to when the tail has left it and its
+    ``sent_bytes`` grows. Without contention the arrival is exactly ``sum(latency) +
+    bytes / min(bandwidth)``. The analytic network reserves every message this way, and
+    :mod:`simcore.collectives` walks a collective's sends this way over scratch states."""
+    head = start
+    tail = 0.0
+    first = -1.0
+    for st in hops:
+        if st.free_at > head:
+            head = st.free_at
+        if first < 0:
+            first = head
+        leave = head + nbytes * st.service
+        if leave < tail:
+            leave = tail
+        st.free_at = leave
+        st.sent_bytes += nbytes
+        head += st.latency
+        tail = leave + st.latency
+    return first, tail
 
 
 class AnalyticNetwork(Network):
@@ -352,7 +377,7 @@ class AnalyticNetwork(Network):
                       rank_src, rank_dst, iteration, payload)
         self._next_id += 1
         self._record(msg)
-        msg.end_s = self._reserve(msg, self.env._now)
+        msg.end_s = self._reserve(msg, self.env.now)
         if nbytes > 0:
             for st in msg.hops:
                 st.recv_bytes += nbytes
@@ -372,31 +397,16 @@ class AnalyticNetwork(Network):
         if not hops or nbytes <= 0:
             msg.start_s = start
             return start
-        head = start
-        tail = 0.0
-        first = True
-        for st in hops:
-            if st.free_at > head:
-                head = st.free_at
-            if first:
-                msg.start_s = head
-                first = False
-            leave = head + nbytes * st.service
-            if leave < tail:
-                leave = tail
-            st.free_at = leave
-            st.sent_bytes += nbytes
-            head += st.latency
-            tail = leave + st.latency
-        return tail
+        msg.start_s, end = reserve_cut_through(hops, nbytes, start)
+        return end
 
     def _inject(self, msg: Message) -> None:
-        now = self.env._now
+        now = self.env.now
         ev = Timeout(self.env, self._reserve(msg, now) - now, msg)
         ev.callbacks.append(self._arrive)
 
     def _arrive(self, ev: Any) -> None:
-        msg: Message = ev._value
+        msg: Message = ev.value
         for st in msg.hops:
             st.recv_bytes += msg.nbytes
         self._complete(msg)

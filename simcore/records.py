@@ -65,3 +65,49 @@ class Span(NamedTuple):
     def duration_s(self) -> float:
         """``end_s - start_s``."""
         return self.end_s - self.start_s
+
+
+class LinkRecord(NamedTuple):
+    """What one link direction carried over the run."""
+
+    name: str
+    kind: str
+    sent_bytes: int
+    received_bytes: int
+    busy_s: float
+
+
+class RunRecords(NamedTuple):
+    """Everything the metrics are computed from, taken from the run once it has ended
+    (:func:`simcore.engine.simulate`); :mod:`simcore.metrics` reads nothing else.
+
+    Attributes:
+        iteration_end: ``iteration_end[i][r]``: when rank ``r`` finished iteration ``i``.
+        busy_by_iteration: per rank, compute seconds by iteration label.
+        ops: compute ops run, per rank.
+        links: per link direction, its :class:`LinkRecord`.
+        transfers: ``(payload bytes, iteration)`` of every message, in the order sent,
+            then of every multi-rank collective computed in closed form (analytic
+            fidelity), at the bytes its algorithm's messages would carry.
+        message_chunks: per message, the chunk transfers it took (hops times chunks; one
+            for a message of the analytic model or without hops).
+        closed_form_collectives: multi-rank collectives computed in one event.
+        traffic_scale: real payload bytes per simulated byte (mirrored clusters).
+        peak_memory_bytes: per rank, the peak of its memory account.
+        peak_breakdown: per rank, the memory account's categories at its peak.
+        end_s: simulated time at the end of the run.
+        messages: number of messages.
+    """
+
+    iteration_end: tuple[tuple[float, ...], ...]
+    busy_by_iteration: tuple[dict[int, float], ...]
+    ops: tuple[int, ...]
+    links: tuple[LinkRecord, ...]
+    transfers: tuple[tuple[int, int], ...]
+    message_chunks: tuple[int, ...]
+    closed_form_collectives: int
+    traffic_scale: float
+    peak_memory_bytes: tuple[float, ...]
+    peak_breakdown: tuple[dict[str, float], ...]
+    end_s: float
+    messages: int

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
@@ -15,11 +15,20 @@ CONTRACT_KEYS = (
     "bubble_fraction", "comm_bytes_total", "comm_bytes_by_link_kind", "peak_memory_bytes",
     "events", "wall_s",
 )
-"""Keys every ``sim run --json`` object carries (ARCHITECTURE.md); more are added."""
+"""Keys every ``sim run --json`` object carries (docs/architecture.md); more are added."""
 
 
 def _frozen(d: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(d))
+
+
+def _jsonable(value: Any) -> Any:
+    """A field's value as plain JSON data: mappings as dicts, tuples as lists."""
+    if isinstance(value, Mapping):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -28,6 +37,14 @@ class RunResult:
 
     Times in seconds, sizes in bytes, rates in samples/s. ``spans`` holds raw tuples in
     :class:`~simcore.records.Span` field order (see :meth:`span_records`).
+
+    Totals say what they cover: ``comm_bytes_total`` and the per-link and per-kind byte
+    counters cover the whole run, warm-up iterations (and a pipeline's lead and tail)
+    included; ``comm_bytes_measured`` covers the measured iterations only and
+    ``comm_bytes_per_iteration`` is it over ``iterations``. See :mod:`simcore.metrics`.
+
+    :meth:`to_dict` (the ``--json`` object) is every field but ``spans``, in this order,
+    followed by the scheme's ``extra`` metrics: a new field is in the JSON at once.
     """
 
     scheme: str
@@ -48,6 +65,7 @@ class RunResult:
     per_gpu_utilization: tuple[float, ...]
     bubble_fraction: float
     comm_bytes_total: int
+    comm_bytes_measured: int
     comm_bytes_per_iteration: float
     simulated_iterations: int
     comm_bytes_by_link_kind: Mapping[str, int]
@@ -58,58 +76,36 @@ class RunResult:
     per_gpu_peak_memory_bytes: tuple[int, ...]
     memory_breakdown_bytes: Mapping[str, int]
     memory_capacity_bytes: int
-    events: int
-    model_events: int
-    wall_s: float
-    simulated_s: float
-    messages: int
+    fits_in_memory: bool = field(init=False)
+    """Whether every GPU's peak stays within its capacity."""
     gpu_model: str
     trace_device: str
     compute_scale: float
     device_names: tuple[str, ...]
-    spans: tuple[tuple[Any, ...], ...] = field(repr=False, default=())
-    extra: Mapping[str, Any] = field(default_factory=lambda: _frozen({}))
+    events: int
+    model_events: int
+    messages: int
+    simulated_s: float
+    wall_s: float
+    spans: tuple[tuple[Any, ...], ...] = field(repr=False, default=(),
+                                               metadata={"json": False})
+    extra: Mapping[str, Any] = field(default_factory=lambda: _frozen({}),
+                                     metadata={"json": False})
 
-    @property
-    def fits_in_memory(self) -> bool:
-        """Whether every GPU's peak stays within its capacity."""
-        return self.peak_memory_bytes <= self.memory_capacity_bytes
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fits_in_memory",
+                           self.peak_memory_bytes <= self.memory_capacity_bytes)
 
     def span_records(self) -> list[Span]:
         """The spans as :class:`~simcore.records.Span` named tuples."""
         return [Span._make(s) for s in self.spans]
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``--json`` object: every key of :data:`CONTRACT_KEYS` and more."""
-        d = {
-            "scheme": self.scheme, "gpus": self.gpus, "model": self.model,
-            "topology": self.topology, "fidelity": self.fidelity,
-            "batch_size": self.batch_size, "global_batch_size": self.global_batch_size,
-            "iterations": self.iterations, "warmup_iterations": self.warmup_iterations,
-            "iteration_time_s": self.iteration_time_s,
-            "iteration_times_s": list(self.iteration_times_s),
-            "throughput_samples_s": self.throughput_samples_s,
-            "single_gpu_time_s": self.single_gpu_time_s, "speedup": self.speedup,
-            "gpu_utilization": self.gpu_utilization,
-            "per_gpu_utilization": list(self.per_gpu_utilization),
-            "bubble_fraction": self.bubble_fraction,
-            "comm_bytes_total": self.comm_bytes_total,
-            "comm_bytes_per_iteration": self.comm_bytes_per_iteration,
-            "simulated_iterations": self.simulated_iterations,
-            "comm_bytes_by_link_kind": dict(self.comm_bytes_by_link_kind),
-            "comm_bytes_by_link": dict(self.comm_bytes_by_link),
-            "link_utilization": dict(self.link_utilization),
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "per_gpu_peak_memory_bytes": list(self.per_gpu_peak_memory_bytes),
-            "memory_breakdown_bytes": dict(self.memory_breakdown_bytes),
-            "memory_capacity_bytes": self.memory_capacity_bytes,
-            "fits_in_memory": self.fits_in_memory,
-            "gpu_model": self.gpu_model, "trace_device": self.trace_device,
-            "compute_scale": self.compute_scale,
-            "events": self.events, "model_events": self.model_events,
-            "messages": self.messages,
-            "simulated_s": self.simulated_s, "wall_s": self.wall_s,
-        }
+        """The ``--json`` object: every field but the span records (mappings as dicts,
+        tuples as lists), then the scheme's extra metrics; it has every key of
+        :data:`CONTRACT_KEYS`."""
+        d = {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)
+             if f.metadata.get("json", True)}
         for k, v in self.extra.items():
             d.setdefault(k, v)
         return d

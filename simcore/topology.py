@@ -50,13 +50,14 @@ class GpuSpec:
         memory_bytes: device memory capacity.
         memory_bandwidth_bytes_per_s: DRAM bandwidth, used for weight-sized vector work
             (optimizer updates, SpecTrain's weight prediction).
-        peak_flops: peak dense fp32 FLOP/s (for analytic traces and device rescaling).
+        peak_flop_per_s: peak dense fp32 FLOP/s (for analytic traces and device
+            rescaling); ``peak_flops`` in preset files.
     """
 
     model: str = "V100"
     memory_bytes: int = 16 * 2**30
     memory_bandwidth_bytes_per_s: float = 900e9
-    peak_flops: float = 15.7e12
+    peak_flop_per_s: float = 15.7e12
 
 
 @dataclass(frozen=True)
@@ -79,20 +80,22 @@ class Link:
         index: position in :attr:`Topology.links`.
         src, dst: device indices.
         kind: one of :data:`LINK_KINDS`.
-        bandwidth: bytes per second.
+        bandwidth_bytes_per_s: the rate, bytes per second.
         latency: seconds from the end of transmission to arrival at ``dst``.
         name: ``"srcname->dstname"``.
     """
 
-    __slots__ = ("bandwidth", "dst", "index", "kind", "latency", "name", "src")
+    __slots__ = ("bandwidth_bytes_per_s", "dst", "index", "kind", "latency", "name", "src")
 
-    def __init__(self, index: int, src: int, dst: int, kind: str, bandwidth: float,
+    def __init__(self, index: int, src: int, dst: int, kind: str, bandwidth_bytes_per_s: float,
                  latency: float, name: str) -> None:
         self.index, self.src, self.dst, self.kind = index, src, dst, kind
-        self.bandwidth, self.latency, self.name = bandwidth, latency, name
+        self.bandwidth_bytes_per_s, self.latency = bandwidth_bytes_per_s, latency
+        self.name = name
 
     def __repr__(self) -> str:
-        return f"Link({self.name}, {self.kind}, {self.bandwidth:.4g} B/s, {self.latency:.3g} s)"
+        return (f"Link({self.name}, {self.kind}, {self.bandwidth_bytes_per_s:.4g} B/s, "
+                f"{self.latency:.3g} s)")
 
 
 @dataclass
@@ -145,13 +148,6 @@ class Topology:
         """Number of boxes that hold GPUs."""
         return 1 + max((self.devices[g].box for g in self.gpus), default=0)
 
-    def device_index(self, name: str) -> int:
-        """Index of the device called ``name``."""
-        try:
-            return self._by_name[name]
-        except KeyError:
-            raise TopologyError(f"no device called {name!r}") from None
-
     def box_of_rank(self, rank: int) -> int:
         """The box that holds rank ``rank``'s GPU."""
         return self.devices[self.gpus[rank]].box
@@ -196,19 +192,13 @@ class Topology:
         for box, link in owned:
             for tb in (0, twin_box(box)):
                 twin = by_key.get((tb, place[link.src], place[link.dst]))
-                if twin is None or (twin.kind, twin.bandwidth, twin.latency) != (
-                        link.kind, link.bandwidth, link.latency):
+                if twin is None or (twin.kind, twin.bandwidth_bytes_per_s, twin.latency) != (
+                        link.kind, link.bandwidth_bytes_per_s, link.latency):
                     return None
             if twin_box(box) != box:
                 pairs.append((link.index, twin.index))
         return pairs
 
-    def link_kinds(self) -> list[str]:
-        """The link kinds present, in :data:`LINK_KINDS` order."""
-        present = {link.kind for link in self.links}
-        return [k for k in LINK_KINDS if k in present]
-
-    # ---- routing ---------------------------------------------------------------------
     def route(self, src: int, dst: int) -> tuple[Link, ...]:
         """The directed links from device ``src`` to device ``dst`` (empty if equal).
 
@@ -222,7 +212,7 @@ class Topology:
 
     def path_bandwidth(self, src: int, dst: int) -> float:
         """Bottleneck bandwidth on the route, bytes/s (``inf`` for ``src == dst``)."""
-        return min((link.bandwidth for link in self.route(src, dst)), default=math.inf)
+        return min((link.bandwidth_bytes_per_s for link in self.route(src, dst)), default=math.inf)
 
     def _compute_route(self, src: int, dst: int) -> tuple[Link, ...]:
         if src == dst:
@@ -250,7 +240,7 @@ class Topology:
                 v = link.dst
                 if devices[v].box not in boxes:
                     continue
-                nd = d + link.latency + ROUTE_PROBE_BYTES / link.bandwidth
+                nd = d + link.latency + ROUTE_PROBE_BYTES / link.bandwidth_bytes_per_s
                 if nd < dist.get(v, math.inf) - 1e-15:
                     dist[v] = nd
                     prev[v] = link
@@ -459,38 +449,5 @@ def _gpu_spec(d: Mapping[str, Any]) -> GpuSpec:
         memory_bytes=parse_size(d.get("memory", base.memory_bytes)),
         memory_bandwidth_bytes_per_s=parse_rate(d.get("memory_bandwidth",
                                                       base.memory_bandwidth_bytes_per_s)),
-        peak_flops=float(d.get("peak_flops", base.peak_flops)),
+        peak_flop_per_s=float(d.get("peak_flops", base.peak_flop_per_s)),
     )
-
-
-def ring_topology(p: int, bandwidth: float, latency: float, kind: str = "nvlink",
-                  gpu: GpuSpec | None = None) -> Topology:
-    """``p`` GPUs in one box joined in a ring by direct links of equal bandwidth and
-    latency (the setting of the ring all-reduce closed form)."""
-    b = TopologyBuilder(f"ring{p}")
-    for r in range(p):
-        b.device(f"gpu{r}", "gpu", 0)
-    host = b.device("cpu0", "cpu", 0)
-    if p == 2:
-        b.link(0, 1, kind, bandwidth, latency)
-    elif p > 2:
-        for r in range(p):
-            b.link(r, (r + 1) % p, kind, bandwidth, latency)
-    b.link(0, host, "pcie", bandwidth, latency)
-    return b.build(list(range(p)), gpu_spec=gpu or GpuSpec(), hosts=[host])
-
-
-def star_topology(hosts: int, bandwidth: float, latency: float, kind: str = "ethernet",
-                  servers: int = 0, gpu: GpuSpec | None = None) -> Topology:
-    """``hosts`` one-GPU hosts and ``servers`` server hosts on one switch, each by a single
-    link of equal bandwidth and latency (GPU and host CPU share the host's device)."""
-    b = TopologyBuilder(f"star{hosts}")
-    gpus = [b.device(f"gpu{h}", "gpu", h) for h in range(hosts)]
-    sw = b.device("switch", "switch", -1)
-    for g in gpus:
-        b.link(g, sw, kind, bandwidth, latency)
-    srv = []
-    for s in range(servers):
-        srv.append(b.device(f"ps{s}", "server", -1))
-        b.link(srv[-1], sw, kind, bandwidth, latency)
-    return b.build(gpus, gpu_spec=gpu or GpuSpec(), hosts=list(gpus), servers=srv)

@@ -75,7 +75,7 @@ def test_trace_out_is_a_valid_chrome_trace_with_flows(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, needle", [
     (["--scheme", "foo"], "'foo' is not one of"),
-    (["--gpus", "0"], "0 is not in the range"),
+    (["--gpus", "0"], "--gpus: 0 is not allowed; must be at least 1"),
     (["--bandwidth", "fast"], "--bandwidth: 'fast' is not allowed; expected a rate"),
     (["--model", "resnet5"], "--model: 'resnet5' is not allowed"),
     (["--topology", "mars"], "--topology: 'mars' is not allowed; choose one of: dgx-a100"),

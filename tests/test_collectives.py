@@ -8,13 +8,17 @@ import simpy
 from dtsim.resolve import load_preset
 from simcore.collectives import (
     Collectives,
-    closed_form_ring_allreduce,
-    closed_form_tree_allreduce,
     ring_allreduce_steps,
     tree_reduce_steps,
 )
 from simcore.network import make_network
-from simcore.topology import TopologySpec, build_topology, ring_topology, star_topology
+from simcore.topology import TopologySpec, build_topology
+from tests.helpers import (
+    closed_form_ring_allreduce,
+    closed_form_tree_allreduce,
+    ring_topology,
+    star_topology,
+)
 
 B, LAT = 10e9, 2e-6
 

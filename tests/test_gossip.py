@@ -20,7 +20,7 @@ from simcore.schemes.gossip import (
     primitive_polynomial,
     virtual_ranks,
 )
-from simcore.topology import ring_topology
+from tests.helpers import ring_topology
 from traces import Layer, TraceMeta, chain
 
 POWERS = [2, 4, 8, 16, 32, 64]

@@ -16,7 +16,7 @@ from simcore import SimConfig, TopologySpec, simulate
 from simcore.config import OPTIMIZERS
 from simcore.schemes.p3 import P3Options, p3_slices
 from simcore.schemes.ps import PSOptions
-from simcore.topology import star_topology
+from tests.helpers import star_topology
 from traces import Layer, TraceMeta, chain, load_builtin
 
 

@@ -10,7 +10,8 @@ from dtsim.spec import RunSpec
 from simcore import SimConfig, simulate
 from simcore.config import ConfigError
 from simcore.schemes.p3 import P3Options
-from simcore.topology import TopologyBuilder, star_topology
+from simcore.topology import TopologyBuilder
+from tests.helpers import star_topology
 from traces import load_builtin
 
 

@@ -16,7 +16,7 @@ from simcore.schedule import version_difference
 from simcore.schemes.gpipe import GPipeOptions
 from simcore.schemes.mp import ModelParallel
 from simcore.schemes.pipedream import PipeDreamOptions
-from simcore.topology import ring_topology
+from tests.helpers import ring_topology
 from traces import Layer, TraceMeta, chain, load_builtin
 
 BW = 10e9

@@ -5,13 +5,12 @@ import pytest
 from dtsim.resolve import build_config
 from dtsim.spec import RunSpec
 from simcore import SimConfig, simulate
-from simcore.collectives import closed_form_ring_allreduce
 from simcore.config import OPTIMIZERS, ConfigError
 from simcore.schemes import get_scheme, registry
 from simcore.schemes.dp import DPOptions, ddp_buckets
 from simcore.schemes.ps import PSOptions, mxnet_shards
-from simcore.topology import ring_topology, star_topology
 from tests.conftest import synthetic_trace
+from tests.helpers import closed_form_ring_allreduce, ring_topology, star_topology
 from traces import Layer, TraceMeta, chain, load_builtin
 
 B, LAT = 10e9, 2e-6

@@ -10,9 +10,9 @@ from simcore.topology import (
     TopologyError,
     TopologySpec,
     build_topology,
-    ring_topology,
 )
 from simcore.units import parse_rate
+from tests.helpers import ring_topology
 
 
 def build(name, gpus, **kw):
@@ -54,9 +54,9 @@ def test_nic_per_gpu_option():
 def test_bandwidth_sets_the_inter_node_rate():
     topo = build("pcie", 16, bandwidth_bytes_per_s=parse_rate("10Gbps"))
     ib = [link for link in topo.links if link.kind == "ib"]
-    assert ib and all(link.bandwidth == pytest.approx(1.25e9) for link in ib)
+    assert ib and all(link.bandwidth_bytes_per_s == pytest.approx(1.25e9) for link in ib)
     route = topo.route(topo.gpus[0], topo.gpus[8])
-    assert min(link.bandwidth for link in route) == pytest.approx(1.25e9)
+    assert min(link.bandwidth_bytes_per_s for link in route) == pytest.approx(1.25e9)
 
 
 def test_dgx1_routes_over_nvlink_and_ring_uses_direct_links():
@@ -73,7 +73,7 @@ def test_dgx1_routes_over_nvlink_and_ring_uses_direct_links():
 def test_dgx1_has_six_nvlinks_per_gpu():
     topo = build("dgx1", 8)
     for g in topo.gpus:
-        lanes = sum(link.bandwidth / 25e9 for link in topo.links
+        lanes = sum(link.bandwidth_bytes_per_s / 25e9 for link in topo.links
                     if link.src == g and link.kind == "nvlink")
         assert lanes == pytest.approx(6)
 
@@ -89,7 +89,7 @@ def test_ring_topology_closed_form_setting():
     topo = ring_topology(4, 10e9, 1e-6)
     for r in range(4):
         (link,) = topo.route(topo.gpus[r], topo.gpus[(r + 1) % 4])
-        assert link.bandwidth == 10e9 and link.latency == 1e-6
+        assert link.bandwidth_bytes_per_s == 10e9 and link.latency == 1e-6
 
 
 def test_builder_errors_name_the_problem():

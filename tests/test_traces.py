@@ -153,3 +153,16 @@ def test_unknown_model_lists_the_known_ones():
 def test_chain_helper():
     tr = chain(TraceMeta("m", "cpu", 1), [Layer("a", 1, 1), Layer("b", 1, 1)])
     assert tr.edges == ((0, 1),) and tr.successors == ((1,), ())
+
+
+def test_an_analytic_device_peak_is_a_typed_field_and_old_names_still_read():
+    old = TraceMeta("m", "analytic:1.57e+13", 8)  # a file written before the field
+    assert old.peak_flop_per_s == 1.57e13
+    assert TraceMeta("m", "V100", 8).peak_flop_per_s == 0.0
+    assert TraceMeta("m", "analytic:bogus", 8).peak_flop_per_s == 0.0
+    new = TraceMeta("m", "my estimate", 8, peak_flop_per_s=2e12)
+    trace = Trace(new, (Layer(name="l0", op="linear", forward_s=1e-3, backward_s=2e-3,
+                              param_bytes=4, activation_bytes=4),))
+    d = to_dict(trace)
+    assert d["meta"]["peak_flop_per_s"] == 2e12
+    assert from_dict(d).meta.peak_flop_per_s == 2e12

@@ -44,6 +44,7 @@ def to_dict(trace: Trace) -> dict[str, Any]:
             "model": m.model, "device": m.device, "batch_size": m.batch_size,
             "dtype": m.dtype, "framework": m.framework, "date": m.date,
             "provenance": m.provenance,
+            **({"peak_flop_per_s": m.peak_flop_per_s} if m.peak_flop_per_s else {}),
         },
         "layers": [
             {
@@ -109,6 +110,8 @@ def from_dict(data: Any, source: str = "<dict>") -> Trace:
         date=v.string(meta_d, "meta", "date", default=""),
         provenance=v.string(meta_d, "meta", "provenance", default=""),
         source_format="dtsim",
+        peak_flop_per_s=(v.number(meta_d, "meta", "peak_flop_per_s")
+                         if "peak_flop_per_s" in meta_d else 0.0),
     )
     layers_l = data.get("layers")
     if not isinstance(layers_l, list) or not layers_l:

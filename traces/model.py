@@ -69,6 +69,11 @@ class TraceMeta:
         date: ISO date of the measurement, if known.
         provenance: free text: source, licence, method.
         source_format: the format the trace was read from (``dtsim``, ``pipedream``).
+        peak_flop_per_s: for a trace computed from FLOP counts rather than measured
+            (an *analytic* trace), the peak FLOP/s of the device it was computed for;
+            0 for a measured trace. Older files have only a device named
+            ``analytic:<FLOP/s>``; the rate is read from that name
+            (:func:`legacy_analytic_peak`).
     """
 
     model: str
@@ -79,6 +84,23 @@ class TraceMeta:
     date: str = ""
     provenance: str = ""
     source_format: str = "dtsim"
+    peak_flop_per_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.peak_flop_per_s:
+            object.__setattr__(self, "peak_flop_per_s", legacy_analytic_peak(self.device))
+
+
+def legacy_analytic_peak(device: str) -> float:
+    """The FLOP/s in an older analytic trace's device name ``analytic:<FLOP/s>`` (0 for any
+    other name); only for reading files written before :attr:`TraceMeta.peak_flop_per_s`."""
+    if not device.startswith("analytic:"):
+        return 0.0
+    try:
+        peak = float(device.removeprefix("analytic:"))
+    except ValueError:
+        return 0.0
+    return peak if peak > 0 and peak != float("inf") else 0.0
 
 
 @dataclass(frozen=True)

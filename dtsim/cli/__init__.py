@@ -49,7 +49,9 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except Exception as exc:
-            err = as_click_error(exc)
+            name = ctx.invoked_subcommand
+            command = self.get_command(ctx, name) if name else None
+            err = as_click_error(exc, command)
             if err is None or err is exc:
                 raise
             raise err from None

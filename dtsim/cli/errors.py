@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from dtsim.spec import FLAG_FIELDS
 from simcore.config import ConfigError
 from simcore.engine import SimulationError
 from simcore.topology import TopologyError
@@ -15,19 +14,37 @@ from traces.errors import TraceError
 USER_ERRORS = (ConfigError, TraceError, TopologyError, UnitError, OutputPathError)
 
 
-def flag_name(field: str) -> str:
-    """``batch_size`` -> ``--batch-size`` for the fields that are flags; other names (set
-    with ``--set``) unchanged."""
-    return "--" + field.replace("_", "-") if field in FLAG_FIELDS else field
+def flag_name(field: str, command: click.Command | None = None) -> str:
+    """How the command line names setting ``field``: the option or argument of
+    ``command`` that sets it (``batch_size`` -> ``--batch-size``, ``out`` -> ``--out``,
+    ``results`` -> ``RESULTS``); other names (settings given with ``--set``, like
+    ``chunk_bytes`` or ``scheme.algorithm``) unchanged. The layers below name settings by
+    their field names only."""
+    if command is None:
+        from simcore.spec import FLAG_FIELDS
+
+        return "--" + field.replace("_", "-") if field in FLAG_FIELDS else field
+    for param in command.params:
+        if isinstance(param, click.Argument):
+            if param.name == field:
+                return param.human_readable_name
+            continue
+        longs = [o for o in param.opts if o.startswith("--")] or list(param.opts)
+        names = {param.name, *(o.lstrip("-").replace("-", "_") for o in param.opts)}
+        if field in names and longs:
+            return longs[0]
+    return field
 
 
-def exit_code_and_message(exc: BaseException) -> tuple[int | None, str]:
-    """``(exit code, one-line message)`` for a user-facing error; ``(None, "")`` for a bug
-    (which should surface with its traceback)."""
+def exit_code_and_message(exc: BaseException,
+                          command: click.Command | None = None) -> tuple[int | None, str]:
+    """``(exit code, one-line message)`` for a user-facing error (settings named as
+    ``command`` names them); ``(None, "")`` for a bug (which should surface with its
+    traceback)."""
     if isinstance(exc, click.ClickException):
         return exc.exit_code, " ".join(exc.format_message().split())
     if isinstance(exc, ConfigError):
-        return 2, exc.describe(flag_name(exc.field))
+        return 2, exc.describe(flag_name(exc.field, command))
     if isinstance(exc, USER_ERRORS):
         return 2, " ".join(str(exc).split())
     if isinstance(exc, SimulationError):
@@ -51,12 +68,13 @@ class BadInput(click.ClickException):
     exit_code = 2
 
 
-def as_click_error(exc: Exception) -> click.ClickException | None:
+def as_click_error(exc: Exception,
+                   command: click.Command | None = None) -> click.ClickException | None:
     """The one-line :class:`click.ClickException` for a user-facing error (with its exit
     code), or ``None`` for a bug, which should surface with its traceback."""
     if isinstance(exc, click.ClickException):
         return exc
-    code, message = exit_code_and_message(exc)
+    code, message = exit_code_and_message(exc, command)
     if code is None:
         return None
     err = BadInput(message)

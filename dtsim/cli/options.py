@@ -1,54 +1,83 @@
-"""Options shared by the commands that describe a run (``sim run``, later ``sim sweep``),
-and turning them into a :class:`~dtsim.spec.RunSpec`."""
+"""Options shared by the commands that describe a run (``sim run``, and ``sim real``),
+generated from the declaration of the run settings (:class:`~simcore.spec.RunSpec`), and
+turning them into a spec."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
 
 import click
-from click.core import ParameterSource
 
-from dtsim.spec import (
-    DEFAULT_GPUS,
-    DEFAULT_TOPOLOGY,
-    FLAG_FIELDS,
-    RunSpec,
-    apply_settings,
-    load_config_file,
-    parse_set,
-)
-from simcore.schemes import scheme_names
+from simcore.settings import choices_of, kind_of
+from simcore.spec import RunSpec, apply_settings, flag_fields, load_config_file, parse_set
 
 
-def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a command with the options that describe one run."""
-    schemes = list(scheme_names())
-    opts = [
-        click.option("--gpus", type=click.IntRange(min=1), default=DEFAULT_GPUS,
-                     show_default=True, help="Number of GPUs."),
-        click.option("--scheme", type=click.Choice(schemes), default="dp", show_default=True,
-                     help="Training scheme (see 'sim schemes')."),
-        click.option("--model", default="", metavar="NAME|FILE",
-                     help="Built-in model (see 'sim models') or trace file. [default: resnet50]"),
-        click.option("--topology", default=DEFAULT_TOPOLOGY, show_default=True,
-                     metavar="NAME|FILE", help="Topology preset (see 'sim topologies') or "
-                                               "preset YAML file."),
-        click.option("--bandwidth", default="", metavar="RATE",
-                     help="Inter-node link rate, e.g. 10Gbps, 100Gb/s, 25GB/s. "
-                          "[default: the preset's]"),
-        click.option("--batch-size", type=click.IntRange(min=1), default=None,
-                     help="Samples per model replica per iteration (per GPU for data "
-                          "parallelism). [default: the trace's]"),
-        click.option("--iterations", type=click.IntRange(min=1), default=5, show_default=True,
-                     help="Measured iterations (after one warm-up iteration)."),
-        click.option("--seed", type=int, default=0, show_default=True,
-                     help="Random seed (used with --set compute_jitter=CV)."),
-        click.option("--fidelity", type=click.Choice(["detailed", "analytic"]),
-                     default="detailed", show_default=True,
-                     help="Network model: chunked link queues, or closed forms (fast, for "
-                          "thousands of GPUs)."),
+class LazyChoice(click.Choice):
+    """A ``click.Choice`` whose values are read each time they are needed, from a
+    function: the scheme registry, for one, lists whatever scheme modules exist."""
+
+    def __init__(self, values: Callable[[], Any]) -> None:
+        self._values = values
+        super().__init__((), case_sensitive=True)
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        return tuple(self._values())
+
+    @choices.setter
+    def choices(self, _value: Any) -> None:
+        pass
+
+
+def flag_of(name: str) -> str:
+    """``batch_size`` -> ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def _show(f: dataclasses.Field) -> str:
+    """The default of a setting, as ``--help`` shows it."""
+    if f.metadata.get("auto") is not None and f.default is None:
+        return str(f.metadata["auto"])
+    if kind_of(f) == "bytes":
+        from simcore.units import format_bytes
+
+        return format_bytes(f.default)
+    return str(f.default) if f.default != "" else "''"
+
+
+def setting_option(f: dataclasses.Field, *, as_list: bool = False) -> Callable[..., Any]:
+    """The click option of setting ``f``: its value goes through the setting's converter
+    (the option's default is ``None``, so that the declaration's default applies unless the
+    flag is given). ``as_list``: a comma-separated list of values (``sim sweep``)."""
+    meta = f.metadata
+    choices = meta.get("choices")
+    if as_list:
+        typ: Any = str
+        metavar = "LIST"
+    elif callable(choices):
+        typ, metavar = LazyChoice(lambda: choices_of(f)), None
+    elif choices is not None:
+        typ, metavar = click.Choice(list(choices)), None
+    else:
+        typ = int if kind_of(f) == "int" and meta.get("auto") is None else str
+        metavar = meta.get("metavar") or ("INTEGER" if kind_of(f) == "int" else "TEXT")
+    help_ = meta["help"][0].upper() + meta["help"][1:]
+    if "[default:" not in help_:
+        help_ += f". [default: {_show(f)}]"
+    if as_list:
+        help_ = "Comma-separated values of: " + help_[0].lower() + help_[1:]
+    return click.option(flag_of(f.name), f.name, type=typ, default=None, metavar=metavar,
+                        help=help_)
+
+
+def run_options(f: Callable[..., Any], spec_cls: type = RunSpec) -> Callable[..., Any]:
+    """Decorate a command with the options that describe one run: a flag for each setting
+    of ``spec_cls`` declared with ``flag=N``, ``--config`` and ``--set``."""
+    opts = [setting_option(field) for field in flag_fields(spec_cls)]
+    opts += [
         click.option("--config", "config_file", type=click.Path(dir_okay=False),
                      default=None, metavar="FILE",
                      help="YAML/JSON file of settings (same keys as --set)."),
@@ -61,7 +90,8 @@ def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def spec_from_params(ctx: click.Context, params: dict[str, Any]) -> RunSpec:
+def spec_from_params(ctx: click.Context, params: dict[str, Any],
+                     spec_cls: type = RunSpec) -> Any:
     """The spec: defaults, then ``--config``, then flags given explicitly, then ``--set``."""
     merged: dict[str, Any] = {}
     if params.get("config_file"):
@@ -69,12 +99,9 @@ def spec_from_params(ctx: click.Context, params: dict[str, Any]) -> RunSpec:
             raise click.BadParameter(f"{params['config_file']!r} does not exist",
                                      param_hint="'--config'")
         merged.update(load_config_file(params["config_file"]))
-    for name in FLAG_FIELDS:
-        source = ctx.get_parameter_source(name)
-        if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT) \
-                or name not in merged:
-            value = params.get(name)
-            if value is not None:
-                merged[name] = value
+    for field in flag_fields(spec_cls):
+        value = params.get(field.name)
+        if value is not None:
+            merged[field.name] = value
     merged.update(parse_set(params.get("settings") or ()))
-    return apply_settings(RunSpec(), merged)
+    return apply_settings(spec_cls(), merged)

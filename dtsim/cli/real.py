@@ -17,30 +17,23 @@ from dtsim.cli.errors import BadInput
 from dtsim.cli.options import run_options, spec_from_params
 from dtsim.cli.output import table, write_json
 from realrun.job import (
-    BACKENDS,
-    CLUSTERS,
     DEFAULT_REAL_BATCH,
     PS_SCHEMES,
     REAL_SCHEMES,
     Job,
 )
+from realrun.spec import RealSpec
 from simcore.units import format_bytes, format_rate, format_time
 from traces.atomic import check_writable
 
 
+def run_options_real(f: Any) -> Any:
+    """``sim run``'s options plus the real-run settings of :class:`RealSpec`."""
+    return run_options(f, RealSpec)
+
+
 @click.command("real")
-@run_options
-@click.option("--backend", type=click.Choice(BACKENDS), default=None,
-              help="torch.distributed backend. [default: nccl where CUDA is present, else "
-                   "gloo]")
-@click.option("--cluster", type=click.Choice(CLUSTERS), default="local", show_default=True,
-              help="local: ranks on this machine over loopback, unshaped; netns: every host "
-                   "in its own network namespace, links shaped to --bandwidth (needs root).")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.01,
-              show_default=True, help="Learning rate.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0,
-              show_default=True, metavar="SECONDS",
-              help="A run in which no rank progresses for this long is reported as hung.")
+@run_options_real
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @click.option("--trace-out", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Write the measured timeline as a Chrome trace (same layout as sim run's).")
@@ -54,9 +47,9 @@ from traces.atomic import check_writable
 @click.option("--from-records", type=click.Path(dir_okay=False, exists=True), default=None,
               metavar="FILE", help="Summarise the records.json of a run made with torchrun.")
 @click.pass_context
-def real(ctx: click.Context, backend: str | None, cluster: str, lr: float, timeout_s: float,
-         as_json: bool, trace_out: str | None, profile_out: str | None, keep_dir: str | None,
-         write_job: str | None, from_records: str | None, **params: Any) -> None:
+def real(ctx: click.Context, as_json: bool, trace_out: str | None, profile_out: str | None,
+         keep_dir: str | None, write_job: str | None, from_records: str | None,
+         **params: Any) -> None:
     """Run a training scheme for real (one process per rank) and print what was measured.
 
     Takes the same settings as 'sim run' (--gpus is the number of data-parallel workers;
@@ -79,9 +72,8 @@ def real(ctx: click.Context, backend: str | None, cluster: str, lr: float, timeo
         _report(records, 0.0, records.get("cluster", "torchrun"), {}, as_json, trace_out,
                 profile_out)
         return
-    spec = spec_from_params(ctx, params)
-    job = make_job(spec, backend=backend, lr=lr, timeout_s=timeout_s,
-                   profile=profile_out is not None)
+    spec = spec_from_params(ctx, params, RealSpec)
+    job = make_job(spec, profile=profile_out is not None)
     if write_job:
         from traces.atomic import write_text
 
@@ -90,12 +82,11 @@ def real(ctx: click.Context, backend: str | None, cluster: str, lr: float, timeo
                    f"  torchrun --nnodes N --nproc-per-node M --rdzv-endpoint HOST:PORT "
                    f"-m realrun --job {write_job} --out results/", err=True)
         return
-    rate = None
-    if spec.bandwidth:
-        from simcore.config import parse_quantity
-        from simcore.units import parse_rate
-
-        rate = parse_quantity(parse_rate, spec.bandwidth, "bandwidth")
+    cluster = spec.cluster
+    rate = spec.bandwidth if cluster == "netns" else None
+    if spec.bandwidth and cluster != "netns":
+        click.echo("note: --bandwidth shapes the links of --cluster netns; a local run is "
+                   "unshaped", err=True)
     out_dir = keep_dir or tempfile.mkdtemp(prefix="dtsim-real-")
     try:
         records, wall, counters = _execute(job, cluster, rate, out_dir)
@@ -105,8 +96,7 @@ def real(ctx: click.Context, backend: str | None, cluster: str, lr: float, timeo
     _report(records, wall, cluster, counters, as_json, trace_out, profile_out, rate)
 
 
-def make_job(spec: Any, *, backend: str | None, lr: float, timeout_s: float,
-             profile: bool = False) -> Job:
+def make_job(spec: Any, *, profile: bool = False) -> Job:
     """The :class:`Job` for a run spec (``BadInput`` naming what cannot run for real)."""
     from realrun import zoo
     from simcore.config import options_from_mapping
@@ -136,6 +126,7 @@ def make_job(spec: Any, *, backend: str | None, lr: float, timeout_s: float,
     if spec.scheme in PS_SCHEMES:
         dedicated = opts["placement"] == "dedicated"
         servers = int(opts["servers"]) or workers
+    backend = spec.backend
     if backend is None:
         import torch
 
@@ -154,7 +145,7 @@ def make_job(spec: Any, *, backend: str | None, lr: float, timeout_s: float,
                servers=servers, dedicated_servers=dedicated,
                batch_size=spec.batch_size or DEFAULT_REAL_BATCH, iterations=spec.iterations,
                warmup_iterations=spec.warmup_iterations, seed=spec.seed,
-               optimizer=spec.optimizer, lr=lr, backend=backend, timeout_s=timeout_s,
+               optimizer=spec.optimizer, lr=spec.lr, backend=backend, timeout_s=spec.timeout_s,
                profile=profile, fault=os.environ.get("DTSIM_REAL_FAULT", ""))
 
 

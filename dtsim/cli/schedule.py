@@ -5,11 +5,19 @@ from __future__ import annotations
 import click
 from click.core import ParameterSource
 
-PIPELINE_SCHEMES = ("mp", "gpipe", "pipedream", "spectrain")
+from dtsim.cli.options import LazyChoice
+
+
+def pipeline_schemes() -> tuple[str, ...]:
+    """The registered schemes that run a schedule (subclasses of ``PipelineScheme``)."""
+    from simcore.schemes import registry
+    from simcore.schemes._pipeline import PipelineScheme
+
+    return tuple(n for n, cls in registry().items() if issubclass(cls, PipelineScheme))
 
 
 @click.command("schedule")
-@click.option("--scheme", type=click.Choice(PIPELINE_SCHEMES), default="pipedream",
+@click.option("--scheme", type=LazyChoice(pipeline_schemes), default="pipedream",
               show_default=True, help="Pipeline scheme.")
 @click.option("--stages", type=click.IntRange(min=1), default=4, show_default=True,
               help="Pipeline stages (one GPU each unless --replicas says otherwise).")
@@ -59,16 +67,19 @@ def schedule(scheme: str, stages: int, replicas: str, microbatches: int, iterati
                 except ValueError:
                     reps = []
                 if not reps or min(reps) < 1:
-                    raise ConfigError("--replicas", replicas, "expected positive integers "
+                    raise ConfigError("replicas", replicas, "expected positive integers "
                                                               "separated by commas, e.g. 2,1,1")
             else:
                 reps = [1] * stages
             cls = get_scheme(scheme)
             source = click.get_current_context().get_parameter_source("microbatches")
-            if scheme == "mp" and source == ParameterSource.COMMANDLINE:
-                raise click.BadParameter("mp runs one batch at a time, without "
-                                         "micro-batches; use gpipe or pipedream",
+            fixed = cls.features.for_options(cls.Options()).microbatches
+            if fixed and source == ParameterSource.COMMANDLINE:
+                raise click.BadParameter(f"{scheme} runs {fixed} micro-batch per iteration, "
+                                         "whatever is asked; leave --microbatches out",
                                          param_hint="'--microbatches'")
+            if fixed:
+                microbatches = fixed
             given = {k.removeprefix("scheme."): v for k, v in parse_set(settings).items()}
             opts = options_from_mapping(cls.Options, given, prefix="--set ")
             s = cls.make_schedule(stages_from_replicas(reps), microbatches, iterations, opts)

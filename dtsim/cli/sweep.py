@@ -7,25 +7,15 @@ from typing import Any
 
 import click
 
-from dtsim.spec import FLAG_FIELDS as SWEEP_FLAGS
-
-_HELP = {
-    "scheme": "Schemes, e.g. dp,ps (see 'sim schemes').",
-    "gpus": "GPU counts, e.g. 2,4,8,16.",
-    "model": "Built-in models or trace files, e.g. resnet50,vgg16.",
-    "topology": "Topology presets or preset files, e.g. pcie,dgx1.",
-    "bandwidth": "Inter-node link rates, e.g. 1Gbps,10Gbps,100Gbps.",
-    "batch_size": "Samples per model replica per iteration, e.g. 32,64.",
-    "iterations": "Measured iterations.",
-    "seed": "Random seeds, e.g. 0,1,2 (with --set compute_jitter=CV).",
-    "fidelity": "Network models: detailed, analytic.",
-}
+from dtsim.cli.options import setting_option
+from simcore.spec import FLAG_FIELDS as SWEEP_FLAGS
+from simcore.spec import flag_fields
 
 
 def _list_options(f: Any) -> Any:
-    for name in reversed(SWEEP_FLAGS):
-        f = click.option("--" + name.replace("_", "-"), name, default=None, metavar="LIST",
-                         help=_HELP[name])(f)
+    """A list-valued flag for each setting that ``sim run`` takes as a flag."""
+    for field in reversed(flag_fields()):
+        f = setting_option(field, as_list=True)(f)
     return f
 
 
@@ -65,8 +55,8 @@ def sweep(config_file: str | None, settings: tuple[str, ...], out: str, jobs: in
       sim sweep ... --scheduler tcp://10.0.0.5:8786
     """
     from analysis.sweep import plan_sweep, run_sweep, split_values
-    from dtsim.spec import RunSpec, apply_settings, load_config_file, parse_set
     from simcore.config import ConfigError
+    from simcore.spec import RunSpec, apply_settings, load_config_file, parse_set
 
     base: dict[str, Any] = {}
     axes: dict[str, Any] = {}
@@ -79,7 +69,7 @@ def sweep(config_file: str | None, settings: tuple[str, ...], out: str, jobs: in
     for key, value in parse_set(settings).items():
         axes[key] = split_values(key, value)
     if scheduler is not None and "://" not in scheduler:
-        raise ConfigError("--scheduler", scheduler, "expected an address like tcp://HOST:PORT")
+        raise ConfigError("scheduler", scheduler, "expected an address like tcp://HOST:PORT")
     plan = plan_sweep(apply_settings(RunSpec(), base), axes)
 
     if dry_run:

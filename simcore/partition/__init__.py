@@ -4,7 +4,7 @@ the slowest stage is as fast as possible.
 ``partition(trace, gpus, bandwidth_bytes_per_s, method=...)`` returns a
 :class:`Partition`. Methods:
 
-* ``antichain``: PipeDream's optimizer (SCHEMES.md section 9): the dynamic programme
+* ``antichain``: PipeDream's optimizer (docs/schemes.md, section 9): the dynamic programme
   over the antichain DAG's states, with replicated stages unless ``straight``; see
   :mod:`simcore.partition.optimize` for the cost model and how it is made fast.
 * ``layers``, ``params``, ``compute``: baselines; a straight pipeline over the trace's
@@ -30,7 +30,7 @@ from simcore.partition.antichain import (
     chain_states,
 )
 from simcore.partition.graph import PartitionError, PartitionGraph, prepare
-from simcore.partition.optimize import CostModel, solve
+from simcore.partition.optimize import CostModel, replica_work_s, solve
 from traces.model import Trace
 
 METHODS = ("antichain", "layers", "params", "compute")
@@ -184,7 +184,7 @@ def partition(trace: Trace, gpus: int, bandwidth_bytes_per_s: float, *,
         reps = [1] * gpus
     stages = build_stages(g, groups, reps, cm)
     total_p = g.total_param_bytes
-    dp = (g.total_compute_s + 4 * (gpus - 1) * total_p / (gpus * bandwidth_bytes_per_s)) / gpus
+    dp = replica_work_s(g.total_compute_s, total_p, gpus, bandwidth_bytes_per_s) / gpus
     return Partition(
         method=method, gpus=gpus, straight=cm.straight,
         bandwidth_bytes_per_s=bandwidth_bytes_per_s, stages=stages,

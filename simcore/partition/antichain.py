@@ -1,6 +1,6 @@
 """The states of the antichain DAG: every legal stage boundary of a layer DAG.
 
-PipeDream's optimizer (and SCHEMES.md section 9) builds the *antichain DAG*: starting
+PipeDream's optimizer (and docs/schemes.md, section 9) builds the *antichain DAG*: starting
 from the first source, a state is an antichain of the layer graph, and a move replaces a
 node of the (augmented) antichain by one of its out-neighbours. What a state stands for
 is the set of layers *up to and including* the antichain, a down-set (ideal) of the

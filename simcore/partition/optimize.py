@@ -39,6 +39,7 @@ times agree).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,17 @@ PAIR_BUDGET = 400_000_000
 
 _CHUNK = 1 << 21
 """Pairs evaluated per numpy block."""
+
+
+def replica_work_s(compute_s: Any, param_bytes: Any, replicas: Any,
+                   bandwidth_bytes_per_s: float) -> Any:
+    """The work of a stage per batch on ``replicas`` GPUs before it is shared among them:
+    its compute plus the all-reduce of its weights between the replicas,
+    ``C + 4(r-1)P/(rB)`` (numbers or numpy arrays). The stage takes this over ``r`` per
+    batch; every use of the formula (the DP, the feasibility passes, the data-parallel
+    baseline) goes through here."""
+    r = replicas
+    return compute_s + 4 * (r - 1) * param_bytes / (r * bandwidth_bytes_per_s)
 
 
 @dataclass(frozen=True)
@@ -85,7 +97,7 @@ class CostModel:
                    act_in_bytes: float = 0.0, act_out_bytes: float = 0.0) -> float:
         """Seconds per batch of a stage (see module docs)."""
         r, b = replicas, self.bandwidth_bytes_per_s
-        t = (compute_s + 4 * (r - 1) * param_bytes / (r * b)) / r
+        t = replica_work_s(compute_s, param_bytes, r, b) / r
         if self.activation_term:
             t = max(t, 2 * act_in_bytes / (b * r), 2 * act_out_bytes / (b * r))
         return t
@@ -194,7 +206,7 @@ class _Search:
         """``T(empty, j, u)`` for states ``J``: the prefix as one stage on ``u`` GPUs."""
         cm = self.cm
         r, b = u, cm.bandwidth_bytes_per_s
-        t = (self.C[J] + 4 * (r - 1) * self.P[J] / (r * b)) / r
+        t = replica_work_s(self.C[J], self.P[J], r, b) / r
         final = self.st.final == J
         if cm.activation_term:
             out = np.where(final, 0.0, self.act(J))
@@ -210,9 +222,8 @@ class _Search:
         ``K`` strictly inside it, and that ``k``."""
         cm, st = self.cm, self.st
         b = cm.bandwidth_bytes_per_s
-        gamma = 4 * (r - 1) / (r * b)
-        xK = self.C[K] + gamma * self.P[K]
-        xJ = self.C[J] + gamma * self.P[J]
+        xK = replica_work_s(self.C[K], self.P[K], r, b)
+        xJ = replica_work_s(self.C[J], self.P[J], r, b)
         bitsK = st.bits[K]
         bitsJ = st.bits[J]
         if cm.activation_term:
@@ -364,7 +375,7 @@ class _Feasibility:
         C = np.concatenate(([0.0], st.compute_s))
         self.cum, self.total = C, float(C[self.final])
         P = np.concatenate(([0.0], st.param_bytes))
-        self.X = {r: C + 4 * (r - 1) * P / (r * b) for r in range(1, cm.gpus + 1)}
+        self.X = {r: replica_work_s(C, P, r, b) for r in range(1, cm.gpus + 1)}
         self.act = None
         if cm.activation_term:
             self.act = np.concatenate(([0.0], boundary_of(search.g, st.bits)))
@@ -389,46 +400,42 @@ class _Feasibility:
     def forward(self, T: float) -> list[np.ndarray]:
         """``F[u]``: positions that end a prefix on exactly ``u`` GPUs with every stage
         no slower than ``T``."""
-        S = len(self.X[1])
-        F = [np.zeros(S, dtype=bool) for _ in range(self.N + 1)]
-        F[0][0] = True
-        tol = 1 + 1e-12
-        for u in range(1, self.N + 1):
-            rs = [r for r in self.rs[u] if F[u - r].any()]
-            if not rs:
-                continue
-            rows = np.stack([np.where(F[u - r] & self._act_ok(r, T), self.X[r], -np.inf)
-                             for r in rs])
-            best = self.order.strictly_below(rows)
-            ok = np.zeros(S, dtype=bool)
-            for i, r in enumerate(rs):
-                ok |= (best[i] >= self.X[r] - r * T * tol) & self._act_ok(r, T)
-            ok[0] = False
-            F[u] = ok & self.window(u, T)
-        return F
+        return self._pass(T, 0, +1.0, self.order.strictly_below,
+                          lambda u: self.window(u, T))
 
     def backward(self, T: float, F: list[np.ndarray]) -> list[np.ndarray]:
         """``G[v]``: positions that ``F[N - v]`` holds and from which the rest of the
         model fits on exactly ``v`` GPUs with every stage no slower than ``T`` (a state
         of such a pipeline ends a feasible prefix too, so nothing is lost by keeping only
         those, and the tree passes get sparse inputs)."""
+        return self._pass(T, self.final, -1.0, self.order.strictly_above,
+                          lambda v: F[self.N - v])
+
+    def _pass(self, T: float, start: int, sign: float,
+              extreme: Callable[[np.ndarray], np.ndarray],
+              keep: Callable[[int], np.ndarray]) -> list[np.ndarray]:
+        """The feasibility pass of :meth:`forward` (``sign`` +1: prefixes grow from the
+        empty set, maxima over the states below) and its mirror image :meth:`backward`
+        (``sign`` -1: suffixes grow from the final state, maxima of ``-X`` over the
+        states above). ``out[u]``: positions reached on exactly ``u`` GPUs, each stage no
+        slower than ``T``, filtered by ``keep(u)``."""
         S = len(self.X[1])
-        G = [np.zeros(S, dtype=bool) for _ in range(self.N + 1)]
-        G[0][self.final] = True
+        out = [np.zeros(S, dtype=bool) for _ in range(self.N + 1)]
+        out[0][start] = True
         tol = 1 + 1e-12
-        for v in range(1, self.N + 1):
-            rs = [r for r in self.rs[v] if G[v - r].any()]
+        for u in range(1, self.N + 1):
+            rs = [r for r in self.rs[u] if out[u - r].any()]
             if not rs:
                 continue
-            rows = np.stack([np.where(G[v - r] & self._act_ok(r, T), -self.X[r], -np.inf)
-                             for r in rs])
-            best = self.order.strictly_above(rows)
+            rows = np.stack([np.where(out[u - r] & self._act_ok(r, T), sign * self.X[r],
+                                      -np.inf) for r in rs])
+            best = extreme(rows)
             ok = np.zeros(S, dtype=bool)
             for i, r in enumerate(rs):
-                ok |= (-best[i] <= self.X[r] + r * T * tol) & self._act_ok(r, T)
-            ok[self.final] = False
-            G[v] = ok & F[self.N - v]
-        return G
+                ok |= (best[i] >= sign * self.X[r] - r * T * tol) & self._act_ok(r, T)
+            ok[start] = False
+            out[u] = ok & keep(u)
+        return out
 
     def candidates(self, T: float) -> list[np.ndarray]:
         """State indices that lie on some pipeline no slower than ``T``, per prefix GPU

@@ -40,6 +40,7 @@ current weights); SpecTrain keeps one buffer for the predicted weights.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -83,6 +84,47 @@ class MicrobatchOptions(PipelineOptions):
                                   "size)", minimum=0)
 
 
+@dataclass(frozen=True)
+class PipelineFeatures:
+    """What sets one pipeline scheme apart from another, declared once per scheme
+    (:attr:`PipelineScheme.features`). A scheme option with the same name as a feature
+    (``pipedream``'s ``stash`` and ``straight``, ``gpipe``'s ``recompute``, the
+    micro-batched schemes' ``microbatches``) overrides it for a run
+    (:meth:`for_options`).
+
+    Attributes:
+        straight: one GPU per stage (otherwise the partitioner may replicate stages).
+        stash: weight stashing (memory for older weight versions).
+        predict: SpecTrain's weight prediction (compute and a buffer).
+        recompute: re-materialisation (only the stage input kept per micro-batch).
+        flush: the pipeline drains at the end of every iteration (GPipe). Without a
+            flush the schedule runs enough iterations more than are measured to cover
+            the pipeline's look-ahead (``N - 1`` micro-batches), so that the last
+            measured iteration is in steady state and not in the drain; each rank stops
+            after finishing the last measured iteration.
+        microbatches: micro-batches per iteration; 0: automatic, as below.
+        microbatches_per_stage: automatic micro-batches: this many per stage ...
+        microbatches_per_gpu: ... or, if set, this many per GPU (rounded up to a
+            multiple of every stage's replicas).
+    """
+
+    straight: bool = True
+    stash: bool = False
+    predict: bool = False
+    recompute: bool = False
+    flush: bool = True
+    microbatches: int = 0
+    microbatches_per_stage: int = 1
+    microbatches_per_gpu: int = 0
+
+    def for_options(self, options: Any) -> PipelineFeatures:
+        """These features with the values of ``options``' fields of the same names."""
+        names = {f.name for f in dataclasses.fields(self)}
+        given = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
+                 if f.name in names}
+        return dataclasses.replace(self, **given) if given else self
+
+
 @dataclass
 class StagePlan:
     """What the runner needs about one stage, per micro-batch.
@@ -116,28 +158,13 @@ class StagePlan:
 
 
 class PipelineScheme(Scheme):
-    """Base of the pipeline schemes (see module docs). Subclasses set the class
-    attributes and implement :meth:`make_schedule`."""
+    """Base of the pipeline schemes (see module docs). A subclass sets ``name``,
+    ``summary``, ``Options`` and :attr:`features`, and implements :meth:`make_schedule`:
+    that is a whole new pipeline scheme."""
 
     Options = PipelineOptions
-    straight: ClassVar[bool] = True
-    """Only straight pipelines (one GPU per stage)."""
-    stash: ClassVar[bool] = False
-    """Weight stashing (memory for older weight versions)."""
-    predict: ClassVar[bool] = False
-    """SpecTrain's weight prediction (compute and a buffer)."""
-    recompute: ClassVar[bool] = False
-    """Re-materialisation (only the stage input kept per micro-batch)."""
-    per_stage_microbatches: ClassVar[int] = 1
-    """Automatic micro-batches per iteration: this many per stage ..."""
-    per_gpu_microbatches: ClassVar[int] = 0
-    """... or this many per GPU (rounded up to a multiple of every stage's replicas)."""
-    flush: ClassVar[bool] = True
-    """Whether the pipeline drains at the end of every iteration (GPipe). Without a
-    flush the schedule runs enough iterations more than are measured to cover the
-    pipeline's look-ahead (``N - 1`` micro-batches), so that the last measured iteration
-    is in steady state and not in the drain; each rank stops after finishing the last
-    measured iteration."""
+    features: ClassVar[PipelineFeatures] = PipelineFeatures(microbatches=1)
+    """The scheme's features (see :class:`PipelineFeatures`)."""
 
     # ---- configuration -----------------------------------------------------------------
     @classmethod
@@ -145,20 +172,16 @@ class PipelineScheme(Scheme):
         trace = config.trace
         layers = sum(1 for layer in trace.layers if layer.kind != "input")
         n = topology.num_gpus
-        if cls.straight_for(options) and n > layers:
+        features = cls.features.for_options(options)
+        if features.straight and n > layers:
             raise ConfigError("gpus", n, f"at most {layers}: model {trace.meta.model!r} has "
                                          f"{layers} layers to split into stages")
-        m = getattr(options, "microbatches", 0)
+        m = features.microbatches
         batch = config.effective_batch_size
         if m > batch:
             raise ConfigError("scheme.microbatches", m, f"at most the batch size ({batch}): "
                                                         "a micro-batch holds at least one "
                                                         "sample")
-
-    @classmethod
-    def straight_for(cls, options: Any) -> bool:
-        """Whether ``options`` ask for one GPU per stage."""
-        return cls.straight or getattr(options, "straight", True)
 
     def make_partition(self) -> Partition:
         """The stages for this run: the chosen method over all GPUs, with the
@@ -169,7 +192,7 @@ class PipelineScheme(Scheme):
         bw = topo.path_bandwidth(topo.gpus[0], topo.gpus[1]) if n > 1 else math.inf
         if not math.isfinite(bw):
             bw = topo.gpu_spec.memory_bandwidth_bytes_per_s
-        straight = self.straight_for(self.options)
+        straight = self.feat.straight
         try:
             return partition(ctx.trace, n, bw, method=self.options.partition,
                              straight=straight, activation_term=self.options.activations,
@@ -181,11 +204,11 @@ class PipelineScheme(Scheme):
         """Micro-batches per iteration: the option, or the scheme's automatic choice
         (capped at the batch size; for replicated stages, a multiple of every stage's
         replica count)."""
-        m = getattr(self.options, "microbatches", 1)      # mp: one, and no option
-        if m > 0:
-            return m
+        feat = self.feat
+        if feat.microbatches > 0:
+            return feat.microbatches
         batch = self.ctx.config.effective_batch_size
-        if self.per_gpu_microbatches:
+        if feat.microbatches_per_gpu:
             # Whole rounds: a multiple of every stage's replica count, within the batch.
             lcm = math.lcm(*part.replicas)
             if batch < lcm:
@@ -194,9 +217,9 @@ class PipelineScheme(Scheme):
                                   f"times, which needs at least {lcm} micro-batches of one "
                                   "sample; use a larger --batch-size or --set "
                                   "scheme.straight=true")
-            m = -(-self.per_gpu_microbatches * part.gpus // lcm) * lcm
+            m = -(-feat.microbatches_per_gpu * part.gpus // lcm) * lcm
             return min(m, batch // lcm * lcm)
-        m = self.per_stage_microbatches * len(part.stages)
+        m = feat.microbatches_per_stage * len(part.stages)
         return max(1, min(m, batch))
 
     @classmethod
@@ -214,25 +237,25 @@ class PipelineScheme(Scheme):
     def start(self) -> None:
         ctx = self.ctx
         opts = self.options
-        self.stash = getattr(opts, "stash", type(self).stash)
-        self.recompute = getattr(opts, "recompute", type(self).recompute)
+        self.feat = feat = type(self).features.for_options(opts)
+        """The features of this run (the scheme's, with its options applied)."""
         self.part = self.make_partition()
-        self.M = self.microbatches(self.part)
+        self.microbatches_per_iteration = mbs = self.microbatches(self.part)
         stages = stages_from_replicas(self.part.replicas)
         for k, ranks in enumerate(stages):
-            if self.M % len(ranks):
-                raise ConfigError("scheme.microbatches", self.M,
+            if mbs % len(ranks):
+                raise ConfigError("scheme.microbatches", mbs,
                                   f"stage {k} has {len(ranks)} replicas: the micro-batches "
                                   "per iteration must be a multiple of that")
         depth = ctx.num_ranks
-        self.lead = 0 if self.flush else -(-2 * (depth - 1) // self.M)
+        self.lead = 0 if feat.flush else -(-2 * (depth - 1) // mbs)
         try:
-            tail = 0 if self.flush else -(-(depth - 1) // self.M)
-            self.schedule = self.make_schedule(stages, self.M,
+            tail = 0 if feat.flush else -(-(depth - 1) // mbs)
+            self.schedule = self.make_schedule(stages, mbs,
                                                self.lead + ctx.iterations + tail, opts)
             ctx.simulated_iterations = self.lead + ctx.iterations + tail
         except ScheduleError as exc:
-            raise ConfigError("scheme.microbatches", self.M, str(exc)) from None
+            raise ConfigError("scheme.microbatches", mbs, str(exc)) from None
         self.plans = [self._plan(k, st, ranks) for k, (st, ranks) in
                       enumerate(zip(self.part.stages, stages))]
         self.stage_of = self.schedule.stage_of()
@@ -249,12 +272,12 @@ class PipelineScheme(Scheme):
             mem.alloc("weights", plan.param_bytes)
             mem.alloc("gradients", plan.param_bytes)
             mem.alloc("optimizer", opt_copies * plan.param_bytes)
-            if self.predict:
+            if feat.predict:
                 mem.alloc("buffers", plan.param_bytes)
             ctx.env.process(self._rank(r))
 
     def _plan(self, k: int, stage: Any, ranks: tuple[int, ...]) -> StagePlan:
-        trace, m = self.ctx.trace, self.M
+        trace, m = self.ctx.trace, self.microbatches_per_iteration
         run = [i for i in stage.layers if trace.layers[i].kind != "input"]
         prev = self.part.stages[k - 1].out_bytes if k else 0
         return StagePlan(
@@ -289,14 +312,14 @@ class PipelineScheme(Scheme):
             it = mb // sched.per_iteration - lead
             if kind == sch.FORWARD:
                 self._on_forward(r, s, mb)
-                mem.alloc("activations", plan.act_bytes + (plan.in_bytes if self.recompute
+                mem.alloc("activations", plan.act_bytes + (plan.in_bytes if self.feat.recompute
                                                             else 0))
                 yield self._pass(gpu, plan.fwd, FORWARD, it, mb)
-                if self.recompute:
+                if self.feat.recompute:
                     mem.free("activations", plan.act_bytes)
             elif kind == sch.BACKWARD:
                 yield self._pass(gpu, plan.bwd, BACKWARD, it, mb)
-                mem.free("activations", plan.act_bytes + (plan.in_bytes if self.recompute
+                mem.free("activations", plan.act_bytes + (plan.in_bytes if self.feat.recompute
                                                            else 0))
                 self._on_backward(r, mb)
             elif kind == sch.RECOMPUTE:
@@ -373,18 +396,18 @@ class PipelineScheme(Scheme):
 
     # ---- weight versions (stashing) ----------------------------------------------------
     def _on_forward(self, r: int, s: int, mb: int) -> None:
-        if self.stash:
+        if self.feat.stash:
             self.used[r][mb] = self.version[s]
             self._restash(r, s)
 
     def _on_backward(self, r: int, mb: int) -> None:
-        if self.stash:
+        if self.feat.stash:
             self.used[r].pop(mb, None)
             self._restash(r, self.stage_of[r])
 
     def _on_update(self, s: int) -> None:
         self.version[s] += 1
-        if self.stash:
+        if self.feat.stash:
             for r in self.plans[s].ranks:
                 self._restash(r, s)
 
@@ -409,7 +432,7 @@ class PipelineScheme(Scheme):
         return {
             "partition": part.method,
             "stages": len(part.stages),
-            "microbatches": self.M,
+            "microbatches": self.microbatches_per_iteration,
             "stage_replicas": list(part.replicas),
             "stage_layers": [[names[st.layers[0]], names[st.layers[-1]], len(st.layers)]
                              for st in part.stages],

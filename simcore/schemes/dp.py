@@ -101,7 +101,7 @@ class DataParallel(Scheme):
         self.inflight = [False] * n_it
         self.reduced: list[Event] = [ctx.env.event() for _ in range(n_it)]
         self.ranks = list(ctx.topology.ring_order)
-        self.p = p
+        self.num_ranks = p
         self.param_bytes = trace.param_bytes
         self.update_s = ctx.update_s(self.param_bytes)
         for r in range(p):
@@ -156,12 +156,12 @@ class DataParallel(Scheme):
     def _bucket_ready(self, it: int, b: int) -> None:
         cnt = self.ready[it]
         cnt[b] += 1
-        if cnt[b] == self.p:
+        if cnt[b] == self.num_ranks:
             self._launch(it)
 
     def _launch(self, it: int) -> None:
         b = self.next_bucket[it]
-        if self.inflight[it] or b >= len(self.buckets) or self.ready[it][b] < self.p:
+        if self.inflight[it] or b >= len(self.buckets) or self.ready[it][b] < self.num_ranks:
             return
         self.inflight[it] = True
 

@@ -1,4 +1,4 @@
-"""``gpipe``: synchronous micro-batch pipeline (SCHEMES.md section 6).
+"""``gpipe``: synchronous micro-batch pipeline (docs/schemes.md, section 6).
 
 The mini-batch (``batch_size``) is split into ``M`` micro-batches; all of them go
 forward through the stages, then all backward; each stage applies its accumulated
@@ -17,7 +17,7 @@ from typing import Any
 
 from simcore.config import option
 from simcore.schedule import Schedule, gpipe
-from simcore.schemes._pipeline import MicrobatchOptions, PipelineScheme
+from simcore.schemes._pipeline import MicrobatchOptions, PipelineFeatures, PipelineScheme
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class GPipe(PipelineScheme):
     name = "gpipe"
     summary = "synchronous micro-batch pipeline with a flush per mini-batch (GPipe)"
     Options = GPipeOptions
-    per_stage_microbatches = 4
+    features = PipelineFeatures(microbatches_per_stage=4)
 
     @classmethod
     def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,

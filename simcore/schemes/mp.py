@@ -1,4 +1,4 @@
-"""``mp``: naive model parallelism (SCHEMES.md section 5).
+"""``mp``: naive model parallelism (docs/schemes.md, section 5).
 
 The layers are split into one stage per GPU (``scheme.partition`` picks how); one
 mini-batch at a time goes forward through all stages and backward back, so only one GPU
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from simcore.schedule import Schedule, gpipe
-from simcore.schemes._pipeline import PipelineScheme
+from simcore.schemes._pipeline import PipelineFeatures, PipelineScheme
 
 
 class ModelParallel(PipelineScheme):
@@ -21,6 +21,7 @@ class ModelParallel(PipelineScheme):
 
     name = "mp"
     summary = "model parallelism: layers split over the GPUs, one batch at a time"
+    features = PipelineFeatures(microbatches=1)
 
     @classmethod
     def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,

@@ -12,8 +12,8 @@ paper's changes:
   what the reference code does: one counter runs over all slices of all arrays, in forward
   order, so the j-th slice overall goes to server ``j mod S`` and consecutive small arrays
   land on different servers. ``round_robin=per-key`` restarts the count for every array
-  (slice i of an array on server ``i mod S``), the reading of SCHEMES.md section 3; it puts
-  every array's first slice, and so every small array, on server 0.
+  (slice i of an array on server ``i mod S``, a literal reading of the placement rule); it
+  puts every array's first slice, and so every small array, on server 0.
 * **Priority.** A slice's priority is the forward index of its layer (the first layer goes
   first); link queues at workers, switches and servers are priority queues
   (``priority_network``) and a chunk on the wire is never pre-empted, so the slice size

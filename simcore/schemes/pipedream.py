@@ -1,4 +1,4 @@
-"""``pipedream``: asynchronous 1F1B pipeline with weight stashing (SCHEMES.md section 7).
+"""``pipedream``: asynchronous 1F1B pipeline with weight stashing (docs/schemes.md, section 7).
 
 Stage ``k`` runs ``N - k - 1`` warm-up forwards, then alternates one forward and one
 backward, each backward followed by the stage's weight update; the pipeline is never
@@ -22,7 +22,7 @@ from typing import Any
 
 from simcore.config import option
 from simcore.schedule import Schedule, one_f_one_b
-from simcore.schemes._pipeline import MicrobatchOptions, PipelineScheme
+from simcore.schemes._pipeline import MicrobatchOptions, PipelineFeatures, PipelineScheme
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,8 @@ class PipeDream(PipelineScheme):
     name = "pipedream"
     summary = "asynchronous 1F1B pipeline with weight stashing and replicated stages"
     Options = PipeDreamOptions
-    straight = False
-    stash = True
-    per_gpu_microbatches = 1
-    flush = False
+    features = PipelineFeatures(straight=False, stash=True, flush=False,
+                                microbatches_per_gpu=1)
 
     @classmethod
     def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,

@@ -1,4 +1,4 @@
-"""``spectrain``: asynchronous 1F1B pipeline with weight prediction (SCHEMES.md
+"""``spectrain``: asynchronous 1F1B pipeline with weight prediction (docs/schemes.md,
 section 8).
 
 The same 1F1B schedule as ``pipedream`` on a straight pipeline, without stashing: before
@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from simcore.schedule import Schedule, one_f_one_b
-from simcore.schemes._pipeline import MicrobatchOptions, PipelineScheme
+from simcore.schemes._pipeline import MicrobatchOptions, PipelineFeatures, PipelineScheme
 
 
 class SpecTrain(PipelineScheme):
@@ -25,9 +25,7 @@ class SpecTrain(PipelineScheme):
     name = "spectrain"
     summary = "asynchronous 1F1B pipeline with weight prediction instead of stashing"
     Options = MicrobatchOptions
-    predict = True
-    per_gpu_microbatches = 1
-    flush = False
+    features = PipelineFeatures(predict=True, flush=False, microbatches_per_gpu=1)
 
     @classmethod
     def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,

@@ -1,0 +1,116 @@
+"""From a :class:`~simcore.spec.RunSpec` (names, values) to a :class:`SimConfig` (objects).
+
+This is where names meet files: built-in traces and trace files (via :mod:`traces`),
+topology presets (YAML files shipped in ``simcore/presets/topologies``, or a preset file
+given by path) and the GPU table used to rescale traces between devices. The command line
+(:mod:`dtsim`), sweeps (:mod:`analysis`) and the real runs (:mod:`realrun`) all resolve
+names here.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from simcore.config import SHARED, ConfigError, SimConfig, options_from_mapping
+from simcore.schemes import get_scheme
+from simcore.spec import RunSpec
+from simcore.topology import TopologySpec
+from traces import default_model, load_trace
+from traces.errors import UnknownModelError
+from traces.model import Trace, TraceMeta
+
+_PRESETS = "simcore.presets"
+
+
+@cache
+def topology_presets() -> dict[str, dict[str, Any]]:
+    """Built-in topology presets by name, sorted."""
+    folder = resources.files(_PRESETS).joinpath("topologies")
+    out: dict[str, dict[str, Any]] = {}
+    for entry in folder.iterdir():
+        if entry.name.endswith(".yaml"):
+            data = yaml.safe_load(entry.read_text(encoding="utf-8"))
+            out[str(data["name"])] = data
+    return dict(sorted(out.items()))
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    """A topology preset by built-in name or YAML file path (``ConfigError`` listing the
+    built-in names when it is neither)."""
+    presets = topology_presets()
+    if name in presets:
+        return presets[name]
+    if os.path.exists(name):
+        try:
+            with open(name, encoding="utf-8") as fh:
+                data = yaml.safe_load(fh)
+        except (OSError, yaml.YAMLError) as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise ConfigError("topology", name, f"cannot be read as a preset ({first})") from None
+        if not isinstance(data, dict) or "box" not in data:
+            raise ConfigError("topology", name, "a preset file needs at least a 'box' section "
+                                                "(see simcore/presets/topologies/*.yaml)")
+        data.setdefault("name", os.path.splitext(os.path.basename(name))[0])
+        return data
+    raise ConfigError("topology", name, f"choose one of: {', '.join(presets)}, "
+                                        "or give a preset YAML file")
+
+
+@cache
+def gpu_peak_flops() -> dict[str, float]:
+    """Peak fp32 FLOP/s per GPU model (``simcore/presets/gpus.yaml``)."""
+    text = resources.files(_PRESETS).joinpath("gpus.yaml").read_text(encoding="utf-8")
+    return {str(k): float(v) for k, v in yaml.safe_load(text).items()}
+
+
+@cache
+def _cached_trace(model: str, mtime: float) -> Trace:
+    return load_trace(model)
+
+
+def resolve_trace(model: str) -> Trace:
+    """The trace for a model name or file (files are re-read when they change)."""
+    name = model or default_model()
+    mtime = os.path.getmtime(name) if os.path.exists(name) else 0.0
+    try:
+        return _cached_trace(name, mtime)
+    except UnknownModelError as exc:
+        raise ConfigError("model", name, str(exc).split(": ", 1)[-1]) from None
+
+
+def device_scale(trace: TraceMeta | str, gpu_model: str, gpu_peak: float) -> float:
+    """Throughput ratio of the target GPU over the trace's device, by peak FLOP/s; 1.0 when
+    the trace's device is not in the GPU table (e.g. a CPU trace). An analytic trace
+    carries its device's peak (:attr:`TraceMeta.peak_flop_per_s`). ``trace`` may be just
+    a device name."""
+    meta = trace if isinstance(trace, TraceMeta) else TraceMeta("", trace, 1)
+    if meta.peak_flop_per_s > 0:
+        return gpu_peak / meta.peak_flop_per_s
+    table = gpu_peak_flops()
+    trace_device = meta.device
+    if trace_device == gpu_model or trace_device not in table:
+        return 1.0
+    return gpu_peak / table[trace_device]
+
+
+def build_config(spec: RunSpec, *, record_spans: bool = True) -> SimConfig:
+    """The :class:`SimConfig` for ``spec``; ``ConfigError`` (or a trace error) names any
+    bad value and what is allowed."""
+    scheme = get_scheme(spec.scheme)
+    options = options_from_mapping(scheme.Options, spec.scheme_options, prefix="scheme.")
+    trace = resolve_trace(spec.model)
+    preset = load_preset(spec.topology)
+    topo = TopologySpec(preset=preset, gpus=spec.gpus, bandwidth_bytes_per_s=spec.bandwidth,
+                        nic_per_gpu=spec.nic_per_gpu)
+    scale = spec.compute_scale
+    if scale is None:
+        gpu = preset.get("gpu", {})
+        peak = float(gpu.get("peak_flops", gpu_peak_flops().get(str(gpu.get("model")), 0)) or 0)
+        scale = device_scale(trace.meta, str(gpu.get("model", "")), peak) if peak else 1.0
+    return SimConfig(trace=trace, topology=topo, options=options, compute_scale=scale,
+                     record_spans=record_spans, **{n: getattr(spec, n) for n in SHARED})

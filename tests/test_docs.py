@@ -1,0 +1,27 @@
+"""The design documentation lives in the repository and covers every scheme."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from simcore.schemes import scheme_names
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_scheme_has_a_section_in_docs_schemes_md():
+    text = (ROOT / "docs" / "schemes.md").read_text(encoding="utf-8")
+    headings = set(re.findall(r"^## \d+\. (\w+):", text, flags=re.M))
+    assert set(scheme_names()) <= headings
+
+
+def test_nothing_refers_to_design_files_outside_the_repository():
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    outside = re.compile(r"\bSCHEMES\.md|\bARCHITECTURE\.md|\.\./shared/|/work/shared")
+    hits = [f for f in files if f.endswith((".py", ".md", ".toml", ".yaml", ".txt"))
+            and f != "tests/test_docs.py"
+            and outside.search((ROOT / f).read_text(encoding="utf-8", errors="replace"))]
+    assert not hits, hits
