@@ -295,3 +295,20 @@ def test_cli_refuses_what_cannot_run_for_real(args: list[str], words: str) -> No
 
 def test_zoo_small_models_are_listed() -> None:
     assert {"mlp_small", "cnn_small"} <= set(zoo.names())
+
+
+@pytest.mark.parametrize("key, value, typed", [
+    ("backend", "gloo", "gloo"), ("cluster", "netns", "netns"), ("lr", "0.5", 0.5),
+    ("timeout_s", "30", 30.0), ("batch_size", "4", 4), ("model", "cnn_small", "cnn_small"),
+])
+def test_real_settings_are_flags_config_keys_and_set_keys(tmp_path: Path, key: str,
+                                                          value: str, typed: Any) -> None:
+    from realrun.spec import RealSpec
+    from tests.test_settings import resolve
+
+    by_flag, _ = resolve(["--" + key.replace("_", "-"), value], RealSpec)
+    conf = tmp_path / "c.yaml"
+    conf.write_text(f"{key}: '{value}'\n")
+    by_file, _ = resolve(["--config", str(conf)], RealSpec)
+    by_set, _ = resolve(["--set", f"{key}={value}"], RealSpec)
+    assert getattr(by_flag, key) == getattr(by_file, key) == getattr(by_set, key) == typed
