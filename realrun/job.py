@@ -28,9 +28,12 @@ CLUSTERS = ("local", "netns")
 its own network namespace, links shaped with ``tc`` (see :mod:`realrun.netns`)."""
 
 PS_SCHEMES = ("ps", "p3")
+PIPELINE_SCHEMES = ("mp", "gpipe", "pipedream", "spectrain")
+"""Schemes whose ranks are the stages of a pipeline (:mod:`realrun.pipeline`); their job
+carries the plan (``pipeline``)."""
 """Schemes with parameter-server ranks."""
 
-REAL_SCHEMES = ("dp", "ps", "p3", "gossip")
+REAL_SCHEMES = ("dp", "ps", "p3", "gossip", "mp", "gpipe", "pipedream", "spectrain")
 """Schemes the real runtime executes."""
 
 DEFAULT_REAL_BATCH = 8
@@ -69,6 +72,9 @@ class Job:
         save_weights: every worker saves its final weights as ``weights-rank<r>.pt`` in the
             output folder (tests compare them with single-process references).
         fault: test hook, ``"kill:RANK:ITERATION"`` or ``"hang:RANK:ITERATION"``.
+        pipeline: for the pipeline schemes, :func:`realrun.pipeline.plan`'s output (stage
+            layer indices, replicas, micro-batches per iteration, tail iterations); the
+            workers are then the pipeline's ranks and ``batch_size`` its mini-batch.
     """
 
     scheme: str
@@ -89,6 +95,7 @@ class Job:
     profile: bool = False
     save_weights: bool = False
     fault: str = ""
+    pipeline: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         if self.scheme not in REAL_SCHEMES:
@@ -102,7 +109,15 @@ class Job:
         if self.scheme in PS_SCHEMES and self.servers < 1:
             raise JobError(f"scheme.servers: {self.servers} is not allowed; {self.scheme} "
                            "needs at least one server")
+        if self.scheme in PIPELINE_SCHEMES:
+            if not self.pipeline:
+                raise JobError(f"scheme: {self.scheme} needs a pipeline plan "
+                               "(realrun.pipeline.plan)")
+            if sum(self.pipeline["replicas"]) != self.workers:
+                raise JobError(f"gpus: {self.workers} ranks, but the plan's stages take "
+                               f"{sum(self.pipeline['replicas'])}")
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+        object.__setattr__(self, "pipeline", MappingProxyType(dict(self.pipeline)))
 
     @property
     def world_size(self) -> int:
@@ -142,6 +157,7 @@ class Job:
         """Plain JSON-able dictionary."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["options"] = dict(self.options)
+        d["pipeline"] = dict(self.pipeline)
         return d
 
     @classmethod

@@ -68,7 +68,10 @@ def summarize(records: Mapping[str, Any], *, wall_s: float = 0.0, cluster: str =
                         if s[1] == COMPUTE and s[2] == UPDATE and first <= s[6] <= last)
     util = metrics.utilization(busy, measured_s)
     gpu_util = sum(util) / len(util) if util else 0.0
+    pipeline = bool(job.get("pipeline"))
     update_per_it = (server_update / iters) if servers else (sum(upd_s) / max(1, w))
+    if pipeline:            # each rank updates its own stage: one model's update in all
+        update_per_it = sum(upd_s)
     single = w * (sum(fb_s) / max(1, w)) + update_per_it
 
     host_of = {r["rank"]: r["host"] for r in ranks}
@@ -95,16 +98,17 @@ def summarize(records: Mapping[str, Any], *, wall_s: float = 0.0, cluster: str =
     headers = sum(r["header_bytes"] for r in ranks)
     peaks = [int(r["cuda_peak_bytes"] or r["peak_rss_bytes"]) for r in workers]
     batch = int(job["batch_size"])
+    samples = batch if pipeline else batch * w      # a pipeline's ranks share one batch
     out: dict[str, Any] = {
         "scheme": job["scheme"], "gpus": w, "model": job["model"],
         "topology": f"real:{cluster}", "cluster": cluster, "backend": job["backend"],
         "device_type": workers[0]["device_type"] if workers else "cpu",
         "device_model": workers[0]["device_model"] if workers else "",
-        "servers": len(servers), "batch_size": batch, "global_batch_size": batch * w,
+        "servers": len(servers), "batch_size": batch, "global_batch_size": samples,
         "iterations": iters, "warmup_iterations": warm,
         "iteration_time_s": iter_s,
         "iteration_times_s": metrics.iteration_durations(metrics.iteration_ends(ends)),
-        "throughput_samples_s": batch * w / iter_s if iter_s > 0 else float("inf"),
+        "throughput_samples_s": samples / iter_s if iter_s > 0 else float("inf"),
         "single_gpu_time_s": single,
         "speedup": single / iter_s if iter_s > 0 else float("inf"),
         "gpu_utilization": gpu_util, "per_gpu_utilization": util,
@@ -123,6 +127,12 @@ def summarize(records: Mapping[str, Any], *, wall_s: float = 0.0, cluster: str =
     for key in ("buckets_planned_bytes", "buckets_measured_bytes", "shuffle_label_bytes"):
         if workers and key in workers[0]:
             out[key] = workers[0][key]
+    if pipeline and workers:
+        for key in ("stash_peak_bytes", "activation_peak_bytes", "stage"):
+            out[key] = [r.get(key, 0) for r in workers]
+        plan = job["pipeline"]
+        out.update(microbatches=plan["microbatches"], stage_replicas=plan["replicas"],
+                   partition=plan.get("partition", ""))
     if workers and "placement" in workers[0]:
         out["placement"] = workers[0]["placement"]
     if link_counters:

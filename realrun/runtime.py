@@ -50,11 +50,12 @@ HEADER_WORDS = 8
 
 HEADER_BYTES = HEADER_WORDS * 8
 
-PUSH, VALUE, ACK, PULL, GRAD, BATCH, STOP = 1, 2, 3, 4, 5, 6, 9
-"""Message kinds."""
+PUSH, VALUE, ACK, PULL, GRAD, BATCH, STOP, ACT, ACT_GRAD = 1, 2, 3, 4, 5, 6, 9, 10, 11
+"""Message kinds (``ACT``/``ACT_GRAD``: a pipeline stage's boundary activation and its
+gradient)."""
 
 KIND_NAMES = {PUSH: "push", VALUE: "pull", ACK: "ack", PULL: "pull request", GRAD: "grad",
-              BATCH: "batch", STOP: "stop"}
+              BATCH: "batch", STOP: "stop", ACT: "activation", ACT_GRAD: "activation grad"}
 
 WAIT = "wait"
 """Kind of a compute-stream span during which a rank waits for data (not busy)."""

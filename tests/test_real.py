@@ -279,7 +279,9 @@ def test_cli_json_contract_trace_and_profile(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--scheme", "gpipe"], "has no real runtime yet"),
+    (["--scheme", "gpipe", "--gpus", "2", "--batch-size", "6", "--set",
+      "scheme.microbatches=4"],
+     "is not a multiple of the 4 micro-batches"),
     (["--model", "vgg17"], "is not a zoo model"),
     (["--scheme", "gossip", "--gpus", "3"], "needs a power of two"),
     (["--set", "scheme.algorithm=tree"], "all-reduce with a ring"),

@@ -18,6 +18,7 @@ from dtsim.cli.options import run_options, spec_from_params
 from dtsim.cli.output import table, write_json
 from realrun.job import (
     DEFAULT_REAL_BATCH,
+    PIPELINE_SCHEMES,
     PS_SCHEMES,
     REAL_SCHEMES,
     Job,
@@ -141,12 +142,32 @@ def make_job(spec: Any, *, profile: bool = False) -> Job:
             have = torch.cuda.device_count() if torch.cuda.is_available() else 0
             raise BadInput(f"--backend: nccl needs one CUDA device per rank: {workers} "
                            f"asked, {have} present (use --backend gloo)")
+    batch_size = spec.batch_size or DEFAULT_REAL_BATCH
+    pipeline: dict[str, Any] = {}
+    if spec.scheme in PIPELINE_SCHEMES:
+        pipeline = _pipeline_plan(model, batch_size, workers, spec.scheme, opts,
+                                  spec.optimizer)
     return Job(scheme=spec.scheme, model=model, workers=workers, options=opts,
-               servers=servers, dedicated_servers=dedicated,
-               batch_size=spec.batch_size or DEFAULT_REAL_BATCH, iterations=spec.iterations,
+               servers=servers, dedicated_servers=dedicated, pipeline=pipeline,
+               batch_size=batch_size, iterations=spec.iterations,
                warmup_iterations=spec.warmup_iterations, seed=spec.seed,
                optimizer=spec.optimizer, lr=spec.lr, backend=backend, timeout_s=spec.timeout_s,
                profile=profile, fault=os.environ.get("DTSIM_REAL_FAULT", ""))
+
+
+def _pipeline_plan(model: str, batch_size: int, gpus: int, scheme: str,
+                   opts: dict[str, Any], optimizer: str) -> dict[str, Any]:
+    """The partition and micro-batches ``sim run`` would use (``BadInput`` if the case
+    cannot be split or run for real)."""
+    from realrun.pipeline import plan
+    from simcore.config import ConfigError
+
+    try:
+        return plan(model, batch_size, gpus, scheme, opts, optimizer)
+    except ConfigError as exc:
+        raise BadInput(str(exc)) from None
+    except ValueError as exc:
+        raise BadInput(f"--batch-size: {exc}") from None
 
 
 def _execute(job: Job, cluster: str, rate: float | None,

@@ -1,11 +1,14 @@
 """The real runtimes of the data-parallel schemes, one module per scheme, registered by the
 simulator's scheme name: ``dp`` (DDP itself), ``ps`` and ``p3`` (parameter-server ranks),
-``gossip`` (GossipGraD's pairwise exchange)."""
+``gossip`` (GossipGraD's pairwise exchange); the pipeline schemes (``mp``, ``gpipe``,
+``pipedream``, ``spectrain``) share one schedule runtime, :mod:`realrun.pipeline`."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
+
+from realrun.job import PIPELINE_SCHEMES
 
 RUNTIMES = {"dp": "DPRuntime", "ps": "PSRuntime", "p3": "P3Runtime",
             "gossip": "GossipRuntime"}
@@ -14,5 +17,9 @@ RUNTIMES = {"dp": "DPRuntime", "ps": "PSRuntime", "p3": "P3Runtime",
 
 def get_runtime(name: str) -> Any:
     """The runtime class of scheme ``name``."""
+    if name in PIPELINE_SCHEMES:
+        from realrun.pipeline import PipelineRuntime
+
+        return PipelineRuntime
     module = importlib.import_module(f"realrun.schemes.{name}")
     return getattr(module, RUNTIMES[name])

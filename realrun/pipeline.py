@@ -1,0 +1,672 @@
+"""The pipeline schemes (``mp``, ``gpipe``, ``pipedream``, ``spectrain``) for real: one
+runtime that executes the simulator's :class:`~simcore.schedule.Schedule`.
+
+**Plan** (:func:`plan`, made once by ``sim real`` or a test and stored in the job): the
+same partition call ``sim run`` makes, on an analytic trace of the real model (same layer
+names and order as :func:`realrun.graph.layer_graph`), the stages' trace layer indices,
+their replica counts and the micro-batches per iteration. Every rank splits the model
+along it (:mod:`realrun.stages`) and builds the schedule with the simulator scheme's own
+``make_schedule``: the very action lists ``sim run`` executes.
+
+**Data.** Micro-batch ``m`` is chunk ``m mod M`` of ``batch(job, 0, m // M)``: the
+pipeline's mini-batch is ``batch_size`` samples split into ``M`` micro-batches. Stage 0
+makes its inputs, the last stage its labels; nothing else travels but activations and
+their gradients.
+
+**Actions** (each rank runs its list in order):
+
+* ``F``: the stage's forward on the micro-batch (its input tensors become leaves that
+  require grad; the output, or on the last stage the loss, is kept for the backward);
+* ``SA``/``SG``: the boundary tensors (:class:`realrun.stages.Crossing`, one message each)
+  are queued on the :class:`~realrun.runtime.Messenger`'s sender thread: sends never
+  block the rank (blocking sends deadlock in 1F1B); ``RA``/``RG`` wait for them;
+* ``B``: ``torch.autograd.grad`` of the kept output with the received gradients, with
+  respect to the stage's inputs and the weights its pass used; weight gradients add up
+  until the next ``U``;
+* ``R``: re-run the forward (``gpipe`` with ``recompute``: ``F`` then ran without
+  autograd and kept only the stage input);
+* ``U``: the optimizer step with the summed gradients (the stage's version goes up);
+* ``AR``: the replicas of a stage average their gradients (gloo all-reduce on a group of
+  the stage's ranks);
+* ``L``: the backward uses the stashed version of the forward (checked and recorded);
+* ``P``: the next pass uses SpecTrain's predicted weights.
+
+**Weights of a pass.** ``mp``/``gpipe``: the parameters themselves (no update between a
+micro-batch's forward and backward); the loss is scaled by ``1/M`` so that an iteration's
+summed gradient is the mini-batch's. ``pipedream`` with ``stash``: the forward runs with
+``torch.func.functional_call`` on a detached copy of the current weights (one copy per
+version, shared by the micro-batches that use it, dropped when none does) and the backward
+takes gradients with respect to that copy: exactly the forward's weights. Without
+``stash`` (vanilla pipelining) and for ``spectrain`` the backward uses other weights than
+the forward (the current ones, or a new prediction), so the backward re-runs the stage's
+forward from the kept input with those weights and differentiates that. ``spectrain``'s
+predicted weights are ``W - s * lr * v`` with ``v`` the optimizer's momentum buffer and
+``s`` :func:`~simcore.schedule.version_difference`. Every pass records the weight version
+it used (``passes`` in the rank's record: ``[mb, kind, version]``, a prediction counting
+as the version it predicts).
+
+**Memory** (per rank, in the record): ``stash_peak_bytes`` (weight copies of versions
+other than the current one held at once) and ``activation_peak_bytes`` (bytes autograd
+saved for the backward of the micro-batches in flight plus their kept inputs, counted
+with saved-tensor hooks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from realrun import zoo
+from realrun.runtime import (
+    ACT,
+    ACT_GRAD,
+    WAIT,
+    Messenger,
+    Recorder,
+    Slots,
+    batch,
+    loss_of,
+    make_optimizer,
+    output_shape,
+)
+from realrun.stages import StageModule, split_model
+from simcore import schedule as sch
+from simcore.records import BACKWARD, COMM, COMPUTE, FORWARD, PREDICT, RECOMPUTE, UPDATE
+
+KEY_STRIDE = 1024
+"""Message key: ``micro-batch * KEY_STRIDE + index of the boundary tensor``."""
+
+
+# ---- the plan: partition, micro-batches ------------------------------------------------------
+
+def plan(model: str, batch_size: int, gpus: int, scheme: str,
+         options: Mapping[str, Any], optimizer: str = "momentum") -> dict[str, Any]:
+    """The stages and micro-batches ``sim run`` would use for this case (see module docs):
+    ``{"stage_layers", "replicas", "microbatches", "tail", "partition"}``."""
+    import os
+    import tempfile
+    from types import SimpleNamespace
+
+    from dtsim.resolve import build_config
+    from dtsim.spec import RunSpec
+    from realrun.profiler import ProfileConfig, profile_model
+    from simcore.config import OPTIMIZERS
+    from simcore.engine import resolve_topology
+    from simcore.schemes import get_scheme
+    from traces.jsonfmt import save
+
+    trace = profile_model(model, ProfileConfig(batch_size=batch_size, analytic=True,
+                                               device_flops=1e12, progress=False))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        save(trace, path)
+        settings = {"scheme": scheme, "gpus": gpus, "model": path, "topology": "ethernet",
+                    "batch_size": batch_size, "optimizer": optimizer}
+        settings.update({f"scheme.{k}": v for k, v in options.items()})
+        config = build_config(RunSpec().replace(**settings), record_spans=False)
+    cls = get_scheme(scheme)
+    opts = config.options if config.options is not None else cls.Options()
+    topology = resolve_topology(config, cls.dedicated_servers(opts, config.gpus))
+    cls.check(config, opts, topology)
+    sim = cls.__new__(cls)
+    sim.options = opts
+    sim.ctx = SimpleNamespace(
+        topology=topology, trace=config.trace, num_ranks=gpus, config=config,
+        optimizer_state_bytes=lambda b: OPTIMIZERS[config.optimizer][0] * b)
+    sim.feat = cls.features.for_options(opts)
+    part = sim.make_partition()
+    m = sim.microbatches(part)
+    if batch_size % m:
+        raise ValueError(f"batch size {batch_size} is not a multiple of the {m} "
+                         "micro-batches (a real micro-batch needs whole samples, all of "
+                         "one size)")
+    tail = 0 if sim.feat.flush else -(-(gpus - 1) // m)
+    return {"stage_layers": [list(s.layers) for s in part.stages],
+            "replicas": list(part.replicas), "microbatches": m, "tail": tail,
+            "partition": part.method}
+
+
+def make_schedule(scheme: str, options: Mapping[str, Any], replicas: Sequence[int],
+                  microbatches: int, iterations: int) -> sch.Schedule:
+    """The simulator scheme's schedule for these stages (``make_schedule`` of its class)."""
+    from simcore.config import options_from_mapping
+    from simcore.schemes import get_scheme
+
+    cls = get_scheme(scheme)
+    opts = options_from_mapping(cls.Options, dict(options), prefix="scheme.")
+    return cls.make_schedule(sch.stages_from_replicas(replicas), microbatches, iterations,
+                             opts)
+
+
+def features(scheme: str, options: Mapping[str, Any]) -> Any:
+    """The scheme's :class:`~simcore.schemes._pipeline.PipelineFeatures` with its options."""
+    from simcore.config import options_from_mapping
+    from simcore.schemes import get_scheme
+
+    cls = get_scheme(scheme)
+    opts = options_from_mapping(cls.Options, dict(options), prefix="scheme.")
+    return cls.features.for_options(opts)
+
+
+def prescribed_versions(schedule: sch.Schedule, rank: int) -> list[tuple[int, str, int]]:
+    """``(mb, kind, version)`` of every forward and backward of ``rank`` as the schedule
+    prescribes: the updates before the pass (before the forward, for a backward after a
+    ``L``), plus the :func:`~simcore.schedule.version_difference` of a predicted pass."""
+    n = len(schedule.stages)
+    updates = 0
+    at_forward: dict[int, int] = {}
+    load = predict = False
+    out = []
+    for a in schedule.actions[rank]:
+        if a.kind == sch.UPDATE:
+            updates += 1
+        elif a.kind == sch.LOAD:
+            load = True
+        elif a.kind == sch.PREDICT:
+            predict = True
+        elif a.kind in (sch.FORWARD, sch.BACKWARD):
+            fwd = a.kind == sch.FORWARD
+            v = at_forward[a.mb] if (load and not fwd) else updates
+            if predict:
+                v += sch.version_difference(a.stage, n, fwd)
+            if fwd:
+                at_forward[a.mb] = v
+            out.append((a.mb, a.kind, v))
+            load = predict = False
+    return out
+
+
+def microbatch(job: Any, m: int, microbatches: int, cache: dict[int, Any]) -> Any:
+    """Inputs and labels of micro-batch ``m`` (see module docs); ``cache`` keeps the
+    current iteration's batch."""
+    it = m // microbatches
+    if it not in cache:
+        cache.clear()
+        cache[it] = batch(job, 0, it, *output_shape(job))
+    inputs, labels = cache[it]
+    j = m % microbatches
+    size = job.batch_size // microbatches
+    sl = slice(j * size, (j + 1) * size)
+    return tuple(t[sl].contiguous() for t in inputs), labels[sl].contiguous()
+
+
+# ---- the runtime -------------------------------------------------------------------------------
+
+class _SavedBytes:
+    """Counts the bytes autograd saves while active (saved-tensor hooks)."""
+
+    def __init__(self) -> None:
+        self.nbytes = 0
+        self._seen: set[int] = set()
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except RuntimeError:
+            return t
+        if ptr not in self._seen:
+            self._seen.add(ptr)
+            self.nbytes += t.untyped_storage().nbytes()
+        return t
+
+    def hooks(self) -> Any:
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+
+
+class PipelineRuntime:
+    """One rank of a pipeline scheme (see module docs)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.job = job = ctx.job
+        self.rec: Recorder = ctx.rec
+        self.rank = ctx.rank
+        pipe = job.pipeline
+        self.M = int(pipe["microbatches"])
+        self.tail = int(pipe.get("tail", 0))
+        self.feat = features(job.scheme, job.options)
+        self.schedule = make_schedule(job.scheme, job.options, pipe["replicas"], self.M,
+                                      job.total_iterations + self.tail)
+        self.stage = self.schedule.stage_of()[self.rank]
+        self.n_stages = len(self.schedule.stages)
+        micro = job.batch_size // self.M
+        split = split_model(ctx.setup.model, pipe["stage_layers"],
+                            zoo.example_inputs(job.model, micro, "meta"))
+        self.mod: StageModule = split.stages[self.stage]
+        self.params = self.mod.stage_parameters()
+        self.names = self.mod.param_names
+        self.optimizer = make_optimizer(job, self.params) if self.params else None
+        self.async_ = not self.feat.flush
+        self.scale = 1.0 if self.async_ else 1.0 / self.M
+        self.group = None
+        for ranks in self.schedule.stages:      # every rank creates every group, in order
+            if len(ranks) > 1:
+                g = dist.new_group(list(ranks), backend="gloo")
+                if self.rank in ranks:
+                    self.group = g
+        self.replicas = len(self.schedule.stages[self.stage])
+        peers: set[int] = set()
+        for a in self.schedule.actions[self.rank]:
+            if a.peer >= 0:
+                peers.add(a.peer)
+        # a peer's receiver thread exists only if the peer sends to us; both directions
+        # exist in every pipeline schedule (activations one way, gradients the other)
+        self.slots = Slots()
+        self.inbox: dict[tuple[int, int, int], torch.Tensor] = {}
+        self.msg = Messenger(self.rank, job.world_size, sorted(peers), self.rec, ctx.group,
+                             self._on_message, self._buffer_for, self._label)
+        self.version = 0
+        self.kept: dict[int, dict[str, Any]] = {}
+        self.stash: dict[int, dict[str, torch.Tensor]] = {}
+        self.stash_users: dict[int, int] = {}
+        self.grads: list[torch.Tensor | None] = [None] * len(self.params)
+        self.passes: list[list[int | str]] = []
+        self.stash_peak = 0
+        self.act_held = 0
+        self.act_peak = 0
+        self.data: dict[int, Any] = {}
+        self._predict_next = False
+        self._load_next = False
+        self._out_grads: dict[int, list[torch.Tensor]] = {}
+
+    # ---- messages --------------------------------------------------------------------
+    def _buffer_for(self, _src: int, kind: int, key: int) -> torch.Tensor:
+        j = key % KEY_STRIDE
+        c = self.mod.inputs[j] if kind == ACT else self.mod.outputs[j]  # type: ignore[index]
+        return torch.empty(c.shape, dtype=c.dtype)
+
+    def _on_message(self, _src: int, kind: int, key: int, _it: int, buf: torch.Tensor,
+                    _t: float) -> None:
+        k = (kind, key // KEY_STRIDE, key % KEY_STRIDE)
+        self.inbox[k] = buf
+        self.slots.set(k)
+
+    def _label(self, kind: int, key: int) -> tuple[str, int]:
+        what = "act" if kind == ACT else "grad"
+        return f"{what} mb{key // KEY_STRIDE}.{key % KEY_STRIDE}", -1
+
+    def _take(self, kind: int, mb: int, j: int) -> torch.Tensor:
+        k = (kind, mb, j)
+        self.slots.wait(k, self.msg.check, self.job.timeout_s * 4)
+        self.slots.discard(k)
+        return self.inbox.pop(k)
+
+    # ---- weights -----------------------------------------------------------------------
+    def _current(self) -> dict[str, torch.Tensor]:
+        return dict(zip(self.names, self.params))
+
+    def _predicted(self, forward: bool) -> tuple[dict[str, torch.Tensor], int]:
+        s = sch.version_difference(self.stage, self.n_stages, forward)
+        lr = self.job.lr
+        out = {}
+        for n, p in zip(self.names, self.params):
+            buf = self.optimizer.state.get(p, {}).get("momentum_buffer") \
+                if self.optimizer is not None else None
+            w = p.detach().clone() if buf is None else p.detach() - s * lr * buf
+            out[n] = w.requires_grad_()
+        return out, self.version + s
+
+    def _stashed(self, mb: int) -> dict[str, torch.Tensor]:
+        v = self.version
+        if v not in self.stash:
+            self.stash[v] = {n: p.detach().clone().requires_grad_()
+                             for n, p in zip(self.names, self.params)}
+        self.stash_users[v] = self.stash_users.get(v, 0) + 1
+        self._note_stash()
+        return self.stash[v]
+
+    def _unstash(self, v: int) -> None:
+        self.stash_users[v] -= 1
+        if not self.stash_users[v]:
+            del self.stash_users[v]
+            del self.stash[v]
+
+    def _note_stash(self) -> None:
+        per_copy = sum(p.numel() * p.element_size() for p in self.params)
+        older = sum(1 for v in self.stash if v != self.version)
+        self.stash_peak = max(self.stash_peak, older * per_copy)
+
+    # ---- passes ------------------------------------------------------------------------
+    def _inputs(self, mb: int) -> tuple[torch.Tensor, ...]:
+        if self.stage == 0:
+            x, _labels = microbatch(self.job, mb, self.M, self.data)
+            return x
+        return tuple(self._take(ACT, mb, j).requires_grad_(c.differentiable)
+                     for j, c in enumerate(self.mod.inputs))
+
+    def _run(self, weights: dict[str, torch.Tensor], x: tuple[torch.Tensor, ...],
+             mb: int, grad: bool) -> tuple[Any, int]:
+        counter = _SavedBytes()
+        with torch.set_grad_enabled(grad), counter.hooks():
+            out = self.mod.call(weights, *x)
+            if self.mod.is_last:
+                _x, labels = microbatch(self.job, mb, self.M, self.data)
+                out = (loss_of(out, labels) * self.scale,)
+        return out, counter.nbytes
+
+    def _forward(self, mb: int, it: int) -> tuple[torch.Tensor, ...]:
+        x = self._inputs(mb)
+        start = self.rec.now()
+        in_bytes = sum(t.numel() * t.element_size() for t in x)
+        keep_graph = not (self.feat.recompute or (self.async_ and not self.feat.stash)
+                          or self._predict_next)
+        version = self.version
+        if self._predict_next:
+            weights, version = self._predicted(True)
+        elif self.feat.stash and self.async_:
+            weights = self._stashed(mb)
+        else:
+            weights = self._current()
+        self._predict_next = False
+        out, saved = self._run(weights, x, mb, keep_graph)
+        held = in_bytes + (saved if keep_graph else 0)
+        self.kept[mb] = {"x": x, "out": out if keep_graph else None, "weights": weights,
+                         "version": version, "held": held}
+        self._hold(held)
+        self.passes.append([mb, sch.FORWARD, version])
+        self.rec.span(COMPUTE, FORWARD, f"stage{self.stage} mb{mb}", start, self.rec.now(),
+                      it)
+        return tuple(o.detach() for o in out)
+
+    def _recompute(self, mb: int, it: int) -> None:
+        k = self.kept[mb]
+        start = self.rec.now()
+        out, saved = self._run(k["weights"], k["x"], mb, True)
+        k["out"] = out
+        k["held"] += saved
+        self._hold(saved)
+        self.rec.span(COMPUTE, RECOMPUTE, f"stage{self.stage} mb{mb}", start, self.rec.now(),
+                      it)
+
+    def _backward(self, mb: int, it: int) -> list[torch.Tensor | None]:
+        k = self.kept.pop(mb)
+        out_grads = None
+        if not self.mod.is_last:
+            out_grads = [self._take(ACT_GRAD, mb, j) if c.differentiable else None
+                         for j, c in enumerate(self.mod.outputs or ())]
+        start = self.rec.now()
+        weights, version = k["weights"], k["version"]
+        out = k["out"]
+        if out is None:         # the backward's weights differ from the forward's
+            if self._predict_next:
+                weights, version = self._predicted(False)
+            else:
+                weights, version = self._current(), self.version
+            out, saved = self._run(weights, k["x"], mb, True)
+            self._hold(saved)
+            k["held"] += saved
+        elif self._load_next:
+            version = k["version"]
+        self._predict_next = self._load_next = False
+        outs, gouts = [], []
+        for j, o in enumerate(out):
+            if o.requires_grad:
+                outs.append(o)
+                gouts.append(None if out_grads is None else out_grads[j])
+        x_req = [t for t in k["x"] if t.requires_grad]
+        w = [weights[n] for n in self.names]
+        got = torch.autograd.grad(outs, x_req + w, gouts, allow_unused=True) if outs else \
+            [None] * (len(x_req) + len(w))
+        for i, g in enumerate(got[len(x_req):]):
+            if g is not None:
+                self.grads[i] = g.detach() if self.grads[i] is None else self.grads[i] + g
+        in_grads: list[torch.Tensor | None] = []
+        it_x = iter(got[:len(x_req)])
+        for t in k["x"]:
+            if t.requires_grad:
+                g = next(it_x)
+                in_grads.append(torch.zeros_like(t) if g is None else g)
+            else:
+                in_grads.append(None)
+        self._hold(-k["held"])
+        if self.feat.stash and self.async_ and k["out"] is not None:
+            self._unstash(k["version"])
+        self.passes.append([mb, sch.BACKWARD, version])
+        self.rec.span(COMPUTE, BACKWARD, f"stage{self.stage} mb{mb}", start, self.rec.now(),
+                      it)
+        return in_grads
+
+    def _hold(self, nbytes: int) -> None:
+        self.act_held += nbytes
+        self.act_peak = max(self.act_peak, self.act_held)
+
+    def _update(self, it: int) -> None:
+        start = self.rec.now()
+        for p, g in zip(self.params, self.grads):
+            p.grad = torch.zeros_like(p) if g is None else g
+        if self.optimizer is not None:
+            self.optimizer.step()
+        for p in self.params:
+            p.grad = None
+        self.grads = [None] * len(self.params)
+        self.version += 1
+        self._note_stash()
+        self.rec.span(COMPUTE, UPDATE, f"update stage{self.stage}", start, self.rec.now(), it)
+
+    def _allreduce(self, it: int) -> None:
+        start = self.rec.now()
+        flat = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
+                          for p, g in zip(self.params, self.grads)])
+        dist.all_reduce(flat, group=self.group)
+        flat.div_(self.replicas)
+        off = 0
+        for i, p in enumerate(self.params):
+            n = p.numel()
+            self.grads[i] = flat[off:off + n].view_as(p).clone()
+            off += n
+        nbytes = flat.numel() * flat.element_size()
+        self.rec.span(COMM, "allreduce", f"stage{self.stage} grads", start, self.rec.now(), it,
+                      nbytes=nbytes)
+        ranks = self.schedule.stages[self.stage]
+        nxt = ranks[(ranks.index(self.rank) + 1) % len(ranks)]
+        self.rec.count_sent(nxt, it, 2 * (self.replicas - 1) * nbytes // self.replicas,
+                            "allreduce")
+
+    # ---- the loop ----------------------------------------------------------------------
+    def run(self) -> None:
+        """Execute this rank's action list."""
+        self.msg.start()
+        acts = self.schedule.actions[self.rank]
+        last: dict[int, int] = {}
+        for i, a in enumerate(acts):
+            last[self.schedule.iteration_of(a)] = i
+        marks: dict[int, list[int]] = {}
+        prev = -1
+        for it in range(self.job.total_iterations):
+            prev = max(prev, last.get(it, -1))
+            marks.setdefault(prev, []).append(it)
+        for it in marks.pop(-1, []):
+            self.rec.end_iteration(it)
+        started: set[int] = set()
+        in_grads: dict[int, list[torch.Tensor | None]] = {}
+        outputs: dict[int, tuple[torch.Tensor, ...]] = {}
+        for i, a in enumerate(acts):
+            it = self.schedule.iteration_of(a)
+            if it not in started and it < self.job.total_iterations:
+                started.add(it)
+                self.ctx.beat(it)
+            kind, mb = a.kind, a.mb
+            if kind == sch.RECV_ACT:
+                start = self.rec.now()
+                for j in range(len(self.mod.inputs)):
+                    self.slots.wait((ACT, mb, j), self.msg.check, self.job.timeout_s * 4)
+                self._wait_span(start, f"wait act mb{mb}", it)
+            elif kind == sch.RECV_GRAD:
+                start = self.rec.now()
+                for j, c in enumerate(self.mod.outputs or ()):
+                    if c.differentiable:
+                        self.slots.wait((ACT_GRAD, mb, j), self.msg.check,
+                                        self.job.timeout_s * 4)
+                self._wait_span(start, f"wait grad mb{mb}", it)
+            elif kind == sch.FORWARD:
+                out = self._forward(mb, it)
+                if not self.mod.is_last:
+                    outputs[mb] = out
+            elif kind == sch.SEND_ACT:
+                out = outputs.pop(mb)
+                for j, t in enumerate(out):
+                    self.msg.send(a.peer, ACT, mb * KEY_STRIDE + j, it, t)
+            elif kind == sch.RECOMPUTE:
+                self._recompute(mb, it)
+            elif kind == sch.LOAD:
+                self._load_next = True
+            elif kind == sch.PREDICT:
+                start = self.rec.now()
+                self._predict_next = True
+                self.rec.span(COMPUTE, PREDICT, f"predict stage{self.stage}", start,
+                              self.rec.now(), it)
+            elif kind == sch.BACKWARD:
+                in_grads[mb] = self._backward(mb, it)
+            elif kind == sch.SEND_GRAD:
+                for j, g in enumerate(in_grads.pop(mb)):
+                    if g is not None:
+                        self.msg.send(a.peer, ACT_GRAD, mb * KEY_STRIDE + j, it, g)
+            elif kind == sch.ALLREDUCE:
+                self._allreduce(it)
+            elif kind == sch.UPDATE:
+                self._update(it)
+            for done in marks.get(i, ()):
+                self.rec.end_iteration(done)
+                self.ctx.beat(done, 3)
+        self.msg.close()
+        self.ctx.extra.update({
+            "stage": self.stage, "passes": self.passes,
+            "stage_params": list(self.names),
+            "stash_peak_bytes": self.stash_peak,
+            "activation_peak_bytes": self.act_peak,
+            "microbatches": self.M,
+        })
+
+    def _wait_span(self, start: float, what: str, it: int) -> None:
+        end = self.rec.now()
+        if end - start > 20e-6:
+            self.rec.span(COMPUTE, WAIT, what, start, end, it)
+
+
+def replay_reference(job: Any, *, replicas_ok: bool = False) -> tuple[dict[str, Any],
+                                                                        list[list[Any]]]:
+    """Single-process replay of a straight pipeline's schedule: micro-batches in order,
+    each stage's forward and backward on the weight version the schedule prescribes
+    (:func:`prescribed_versions`), each stage's updates in its schedule order with the
+    gradients of the backwards before them. Returns the final ``state_dict`` and, per
+    stage, the passes ``[mb, kind, version]``. This is the staleness emulator: it needs no
+    processes and gives the distributed run's numerics."""
+    from realrun.runtime import build_model
+
+    pipe = job.pipeline
+    if any(r != 1 for r in pipe["replicas"]) and not replicas_ok:
+        raise ValueError("the replay covers straight pipelines (one rank per stage)")
+    M = int(pipe["microbatches"])
+    feat = features(job.scheme, job.options)
+    schedule = make_schedule(job.scheme, job.options, pipe["replicas"], M,
+                             job.total_iterations + int(pipe.get("tail", 0)))
+    setup = build_model(job, torch.device("cpu"))
+    split = split_model(setup.model, pipe["stage_layers"],
+                        zoo.example_inputs(job.model, job.batch_size // M, "meta"))
+    n = len(split.stages)
+    scale = 1.0 if not feat.flush else 1.0 / M
+    params = [st.stage_parameters() for st in split.stages]
+    opts = [make_optimizer(job, ps) if ps else None for ps in params]
+    history: list[list[tuple[list[torch.Tensor], list[torch.Tensor | None]]]] = []
+    for k in range(n):
+        history.append([([p.detach().clone() for p in params[k]], [None] * len(params[k]))])
+    want = [prescribed_versions(schedule, r) for r in range(n)]
+    ver = [{(mb, kind): (v) for mb, kind, v in w} for w in want]
+    acts = [schedule.actions[r] for r in range(n)]
+    pos = [0] * n
+    done_b: list[set[int]] = [set() for _ in range(n)]
+    grads: list[dict[int, list[torch.Tensor]]] = [{} for _ in range(n)]
+    pending: list[list[torch.Tensor] | None] = [None] * n
+    passes: list[list[Any]] = [[] for _ in range(n)]
+    cache: dict[int, Any] = {}
+
+    def weights(k: int, v: int, forward: bool, predict: bool) -> dict[str, torch.Tensor]:
+        base_v = v - (sch.version_difference(k, n, forward) if predict else 0)
+        w, bufs = history[k][base_v]
+        s = v - base_v
+        out = {}
+        for name, t, b in zip(split.stages[k].param_names, w, bufs):
+            x = t.clone() if b is None or s == 0 else t - s * job.lr * b
+            out[name] = x.requires_grad_()
+        return out
+
+    def predicts(k: int, mb: int, kind: str) -> bool:
+        seq = acts[k]
+        for i, a in enumerate(seq):
+            if a.kind == kind and a.mb == mb:
+                j = i - 1
+                while j >= 0 and seq[j].kind not in sch.PASS_KINDS:
+                    if seq[j].kind == sch.PREDICT:
+                        return True
+                    j -= 1
+                return False
+        return False
+
+    def run_stage(k: int, w: dict[str, torch.Tensor], x: tuple[torch.Tensor, ...],
+                  mb: int) -> Any:
+        out = split.stages[k].call(w, *x)
+        if split.stages[k].is_last:
+            out = (loss_of(out, microbatch(job, mb, M, cache)[1]) * scale,)
+        return out
+
+    for mb in range(schedule.microbatches):
+        xs, outs, ws = [], [], []
+        x = microbatch(job, mb, M, cache)[0]
+        for k in range(n):
+            v = ver[k][(mb, sch.FORWARD)]
+            w = weights(k, v, True, predicts(k, mb, sch.FORWARD))
+            x_in = tuple(t.detach().requires_grad_(k > 0 and t.is_floating_point())
+                         for t in x)
+            out = run_stage(k, w, x_in, mb)
+            xs.append(x_in)
+            outs.append(out)
+            ws.append(w)
+            passes[k].append([mb, sch.FORWARD, v])
+            x = tuple(o.detach() for o in out)
+        g_out: list[torch.Tensor] | None = None
+        for k in reversed(range(n)):
+            v = ver[k][(mb, sch.BACKWARD)]
+            same = feat.stash or feat.flush
+            w, out = ws[k], outs[k]
+            if not same:
+                w = weights(k, v, False, predicts(k, mb, sch.BACKWARD))
+                out = run_stage(k, w, xs[k], mb)
+            sel = [(o, None if g_out is None else g_out[j]) for j, o in enumerate(out)
+                   if o.requires_grad]
+            x_req = [t for t in xs[k] if t.requires_grad]
+            wl = [w[name] for name in split.stages[k].param_names]
+            got = torch.autograd.grad([o for o, _ in sel], x_req + wl,
+                                      [g for _, g in sel], allow_unused=True)
+            grads[k][mb] = [torch.zeros_like(t) if g is None else g
+                            for t, g in zip(wl, got[len(x_req):])]
+            it_x = iter(got[:len(x_req)])
+            g_out = [(lambda g, t: torch.zeros_like(t) if g is None else g)(next(it_x), t)
+                     if t.requires_grad else None for t in xs[k]]
+            passes[k].append([mb, sch.BACKWARD, v])
+            done_b[k].add(mb)
+        for k in range(n):              # updates whose backwards are all done
+            while pos[k] < len(acts[k]):
+                a = acts[k][pos[k]]
+                if a.kind == sch.BACKWARD:
+                    if a.mb not in done_b[k]:
+                        break
+                    g = grads[k].pop(a.mb)
+                    pending[k] = g if pending[k] is None else [x + y for x, y in
+                                                               zip(pending[k], g)]
+                elif a.kind == sch.UPDATE:
+                    for p, g in zip(params[k], pending[k] or []):
+                        p.grad = g.clone()
+                    opt = opts[k]
+                    if opt is not None:
+                        opt.step()
+                    pending[k] = None
+                    bufs = [opt.state.get(p, {}).get("momentum_buffer") if opt else None
+                            for p in params[k]]
+                    history[k].append(([p.detach().clone() for p in params[k]],
+                                       [None if b is None else b.clone() for b in bufs]))
+                pos[k] += 1
+    state = {k: v.detach().clone() for k, v in setup.model.state_dict().items()}
+    return state, passes

@@ -1,0 +1,199 @@
+"""The pipeline schemes for real (gloo on CPU, 2-3 ranks, small models): the model split
+along the partition, the simulator's schedules executed, and the numerics against
+single-process references (accumulated SGD for mp/gpipe, the schedule's weight-version
+replay for pipedream/spectrain)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="real runs need torch (make test installs it)")
+
+from realrun import zoo  # noqa: E402
+from realrun.job import Job  # noqa: E402
+from realrun.launch import launch  # noqa: E402
+from realrun.metrics import summarize  # noqa: E402
+from realrun.pipeline import (  # noqa: E402
+    make_schedule,
+    microbatch,
+    plan,
+    prescribed_versions,
+    replay_reference,
+)
+from realrun.runtime import build_model, loss_of, make_optimizer  # noqa: E402
+from realrun.stages import split_model  # noqa: E402
+
+pytestmark = pytest.mark.real
+
+
+def _trace_partition(model: str, batch: int, gpus: int) -> tuple[Any, Any]:
+    from realrun.profiler import ProfileConfig, profile_model
+    from simcore.partition import partition
+
+    trace = profile_model(model, ProfileConfig(batch_size=batch, analytic=True,
+                                               device_flops=1e12, progress=False))
+    return trace, partition(trace, gpus, 1e9, method="antichain", straight=True)
+
+
+# ---- stage modules ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("model, gpus, batch, crossing", [
+    ("mlp_small", 3, 4, 1),
+    ("cnn_small", 3, 4, 1),
+    ("resnet18", 4, 2, 2),          # the skip crosses every cut with the block's input
+    ("googlenet", 4, 1, 1),
+    ("densenet121", 4, 1, 4),       # the dense block's concatenation inputs
+])
+def test_stages_compose_to_the_whole_model(model: str, gpus: int, batch: int,
+                                           crossing: int) -> None:
+    trace, part = _trace_partition(model, batch, gpus)
+    torch.manual_seed(0)
+    net = zoo.build(model)
+    x = zoo.example_inputs(model, batch, seed=1)
+    split = split_model(net, [s.layers for s in part.stages], x,
+                        [layer.name for layer in trace.layers])
+    assert len(split.stages) == gpus
+    assert max(len(b) for b in split.boundaries) >= crossing
+    torch.manual_seed(7)
+    out_ref = net(*x)
+    first = next(iter(out_ref)) if isinstance(out_ref, tuple) else out_ref
+    first.float().pow(2).mean().backward()
+    grads = {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+    net.zero_grad(set_to_none=True)
+    torch.manual_seed(7)
+    h: Any = x
+    for st in split.stages:
+        h = st(*h)
+    out = next(iter(h)) if isinstance(h, tuple) else h
+    torch.testing.assert_close(out, first)
+    out.float().pow(2).mean().backward()
+    owners = [n for st in split.stages for n in st.param_names]
+    assert sorted(owners) == sorted(n for n, _p in net.named_parameters())
+    for n, p in net.named_parameters():
+        if n in grads:
+            torch.testing.assert_close(p.grad, grads[n], msg=n)
+
+
+# ---- runs ------------------------------------------------------------------------------
+
+def run(tmp_path: Path, scheme: str, gpus: int, model: str = "mlp_small", batch: int = 12,
+        options: dict[str, Any] | None = None, pipeline: dict[str, Any] | None = None,
+        **kw: Any) -> tuple[dict[str, Any], dict[str, Any], Job]:
+    options = options or {}
+    pipeline = pipeline or plan(model, batch, gpus, scheme, options)
+    kw.setdefault("iterations", 2)
+    kw.setdefault("lr", 0.05)
+    job = Job(scheme=scheme, model=model, workers=gpus, options=options, pipeline=pipeline,
+              batch_size=batch, save_weights=True, timeout_s=60.0, **kw)
+    records = launch(job, str(tmp_path))
+    return records, summarize(records), job
+
+
+def stage_weights(tmp_path: Path, records: dict[str, Any]) -> dict[str, Any]:
+    """Each parameter from the rank that trains it (the first replica)."""
+    out: dict[str, Any] = {}
+    for r in sorted(records["ranks"], key=lambda r: r["rank"]):
+        w = torch.load(tmp_path / f"weights-rank{r['rank']}.pt")
+        for n in r["stage_params"]:
+            out.setdefault(n, w[n])
+    return out
+
+
+def accumulated_sgd(job: Job) -> dict[str, Any]:
+    """One process, the whole model: per iteration the micro-batches' losses over ``M``,
+    gradients accumulated, one step."""
+    setup = build_model(job, torch.device("cpu"))
+    model = setup.model
+    opt = make_optimizer(job, list(model.parameters()))
+    m = job.pipeline["microbatches"]
+    cache: dict[int, Any] = {}
+    for it in range(job.total_iterations):
+        opt.zero_grad(set_to_none=True)
+        for j in range(m):
+            x, y = microbatch(job, it * m + j, m, cache)
+            (loss_of(model(*x), y) / m).backward()
+        opt.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def assert_params(real: dict[str, Any], ref: dict[str, Any], job: Job,
+                  atol: float = 2e-6) -> None:
+    assert real.keys() == ref.keys()
+    for k in real:
+        torch.testing.assert_close(real[k], ref[k], atol=atol, rtol=1e-5, msg=k)
+    init = dict(build_model(job, torch.device("cpu")).model.named_parameters())
+    assert any(not torch.equal(ref[k], init[k]) for k in ref), "the weights never moved"
+
+
+def assert_versions(records: dict[str, Any], job: Job) -> None:
+    """Each real pass used the weight version the schedule prescribes."""
+    p = job.pipeline
+    sched = make_schedule(job.scheme, job.options, p["replicas"], p["microbatches"],
+                          job.total_iterations + p["tail"])
+    for r in records["ranks"]:
+        got = [tuple(x) for x in r["passes"]]
+        assert got == prescribed_versions(sched, r["rank"]), f"rank {r['rank']}"
+
+
+@pytest.mark.parametrize("scheme, gpus, model, batch, options", [
+    ("mp", 3, "mlp_small", 8, {}),
+    ("gpipe", 2, "cnn_small", 8, {}),
+    ("gpipe", 3, "mlp_small", 12, {"recompute": True}),
+    ("gpipe", 2, "resnet18", 2, {"microbatches": 2}),   # two tensors cross the cut
+])
+def test_mp_and_gpipe_equal_accumulated_sgd(tmp_path: Path, scheme: str, gpus: int,
+                                            model: str, batch: int,
+                                            options: dict[str, Any]) -> None:
+    records, result, job = run(tmp_path, scheme, gpus, model, batch, options)
+    ref = accumulated_sgd(job)
+    assert_params(stage_weights(tmp_path, records), ref, job)
+    assert_versions(records, job)
+    assert result["microbatches"] == job.pipeline["microbatches"]
+    assert result["global_batch_size"] == batch
+    assert all(b == 0 for b in result["stash_peak_bytes"])
+    assert all(b > 0 for b in result["activation_peak_bytes"])
+
+
+@pytest.mark.parametrize("scheme, options", [
+    ("pipedream", {"straight": True}),
+    ("pipedream", {"straight": True, "stash": False}),
+    ("spectrain", {}),
+])
+def test_async_pipelines_equal_the_weight_version_replay(tmp_path: Path, scheme: str,
+                                                         options: dict[str, Any]) -> None:
+    records, result, job = run(tmp_path, scheme, 3, "mlp_small", 12, options)
+    ref, passes = replay_reference(job)
+    real = stage_weights(tmp_path, records)
+    assert_params(real, {k: ref[k] for k in real}, job)
+    assert_versions(records, job)
+    for r in records["ranks"]:
+        assert sorted(map(tuple, r["passes"])) == sorted(map(tuple, passes[r["stage"]]))
+    stash = result["stash_peak_bytes"]
+    if options.get("stash", scheme == "pipedream"):
+        # stage k keeps N - k - 1 older versions (a stage without weights keeps nothing)
+        per_copy = sum(real[n].numel() * 4 for n in records["ranks"][0]["stage_params"])
+        assert stash[0] == 2 * per_copy
+        assert stash[-1] == 0
+    else:
+        assert stash == [0, 0, 0]
+
+
+def test_replicated_stage_replicas_stay_identical(tmp_path: Path) -> None:
+    _trace, part = _trace_partition("mlp_small", 8, 2)
+    pipeline = {"stage_layers": [list(s.layers) for s in part.stages], "replicas": [2, 1],
+                "microbatches": 4, "tail": 1, "partition": "antichain"}
+    records, _result, job = run(tmp_path, "pipedream", 3, "mlp_small", 8, {},
+                                pipeline=pipeline)
+    assert_versions(records, job)
+    w0, w1 = (torch.load(tmp_path / f"weights-rank{r}.pt") for r in (0, 1))
+    own = next(r for r in records["ranks"] if r["rank"] == 0)["stage_params"]
+    init = dict(build_model(job, torch.device("cpu")).model.named_parameters())
+    for n in own:
+        assert torch.equal(w0[n], w1[n]), n
+    assert any(not torch.equal(w0[n], init[n]) for n in own)
+    # each replica ran every other micro-batch
+    mbs = {r["rank"]: {p[0] for p in r["passes"]} for r in records["ranks"]}
+    assert mbs[0].isdisjoint(mbs[1]) and mbs[0] | mbs[1] == mbs[2]
