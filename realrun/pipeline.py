@@ -120,9 +120,11 @@ def plan(model: str, batch_size: int, gpus: int, scheme: str,
     part = sim.make_partition()
     m = sim.microbatches(part)
     if batch_size % m:
+        up = -(-batch_size // m) * m
         raise ValueError(f"batch size {batch_size} is not a multiple of the {m} "
                          "micro-batches (a real micro-batch needs whole samples, all of "
-                         "one size)")
+                         f"one size); use e.g. --batch-size {up} or set "
+                         "scheme.microbatches")
     tail = 0 if sim.feat.flush else -(-(gpus - 1) // m)
     return {"stage_layers": [list(s.layers) for s in part.stages],
             "replicas": list(part.replicas), "microbatches": m, "tail": tail,

@@ -197,3 +197,65 @@ def test_replicated_stage_replicas_stay_identical(tmp_path: Path) -> None:
     # each replica ran every other micro-batch
     mbs = {r["rank"]: {p[0] for p in r["passes"]} for r in records["ranks"]}
     assert mbs[0].isdisjoint(mbs[1]) and mbs[0] | mbs[1] == mbs[2]
+
+
+# ---- traffic, memory and timelines against the simulator --------------------------------
+
+def simulate_same(tmp_path: Path, job: Job) -> Any:
+    """``sim run`` of the job's case on an analytic trace of the same model."""
+    from dtsim.resolve import build_config
+    from dtsim.spec import RunSpec
+    from realrun.profiler import ProfileConfig, profile_model
+    from simcore.engine import simulate
+    from traces.jsonfmt import save
+
+    trace = profile_model(job.model, ProfileConfig(batch_size=job.batch_size, analytic=True,
+                                                   device_flops=1e12, progress=False))
+    path = tmp_path / "trace.json"
+    save(trace, path)
+    settings = {"scheme": job.scheme, "gpus": job.workers, "model": str(path),
+                "topology": "ethernet", "batch_size": job.batch_size,
+                "iterations": job.iterations, "warmup_iterations": job.warmup_iterations,
+                "optimizer": job.optimizer}
+    settings.update({f"scheme.{k}": v for k, v in job.options.items()})
+    return simulate(build_config(RunSpec().replace(**settings), record_spans=False))
+
+
+@pytest.mark.parametrize("scheme, options", [
+    ("gpipe", {}),
+    ("pipedream", {"straight": True}),
+    ("spectrain", {}),
+])
+def test_bytes_and_stash_memory_equal_the_simulators(tmp_path: Path, scheme: str,
+                                                     options: dict[str, Any]) -> None:
+    _records, real, job = run(tmp_path, scheme, 3, "mlp_small", 12, options)
+    sim = simulate_same(tmp_path, job)
+    assert sim.extra["microbatches"] == real["microbatches"]
+    assert sim.extra["stage_replicas"] == real["stage_replicas"]
+    assert real["comm_bytes_per_iteration"] == sim.comm_bytes_per_iteration
+    assert real["stash_peak_bytes"] == sim.extra["stash_peak_bytes"]
+
+
+def test_cli_pipedream_json_and_trace(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from simcore.result import CONTRACT_KEYS
+
+    trace_out = tmp_path / "t.json"
+    sim = str(Path(sys.executable).parent / "sim")
+    out = subprocess.run([sim, "real", "--gpus", "3", "--scheme", "pipedream", "--model",
+                          "mlp_small", "--batch-size", "12", "--set", "scheme.straight=true",
+                          "--iterations", "2", "--json", "--trace-out", str(trace_out)],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert set(CONTRACT_KEYS) <= set(result)
+    assert result["gpus"] == 3 and result["global_batch_size"] == 12
+    assert result["stash_peak_bytes"][0] > 0
+    assert len(result["activation_peak_bytes"]) == 3
+    chrome = json.loads(trace_out.read_text())
+    cats = {e.get("cat") for e in chrome["traceEvents"] if e.get("ph") == "X"}
+    assert {"forward", "backward", "send", "recv", "update"} <= cats
+    assert any(e.get("ph") == "s" for e in chrome["traceEvents"])  # flow arrows
