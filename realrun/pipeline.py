@@ -266,6 +266,7 @@ class PipelineRuntime:
         self.stash_users: dict[int, int] = {}
         self.grads: list[torch.Tensor | None] = [None] * len(self.params)
         self.passes: list[list[int | str]] = []
+        self.losses: list[list[float]] = []     # last stage: [mb, loss] per forward
         self.stash_peak = 0
         self.act_held = 0
         self.act_peak = 0
@@ -364,6 +365,8 @@ class PipelineRuntime:
             weights = self._current()
         self._predict_next = False
         out, saved = self._run(weights, x, mb, keep_graph)
+        if self.mod.is_last:
+            self.losses.append([mb, float(out[0]) / self.scale])
         held = in_bytes + (saved if keep_graph else 0)
         self.kept[mb] = {"x": x, "out": out if keep_graph else None, "weights": weights,
                          "version": version, "held": held}
@@ -539,7 +542,7 @@ class PipelineRuntime:
             "stage_params": list(self.names),
             "stash_peak_bytes": self.stash_peak,
             "activation_peak_bytes": self.act_peak,
-            "microbatches": self.M,
+            "microbatches": self.M, "losses": self.losses,
         })
 
     def _wait_span(self, start: float, what: str, it: int) -> None:

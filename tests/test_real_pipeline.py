@@ -259,3 +259,36 @@ def test_cli_pipedream_json_and_trace(tmp_path: Path) -> None:
     cats = {e.get("cat") for e in chrome["traceEvents"] if e.get("ph") == "X"}
     assert {"forward", "backward", "send", "recv", "update"} <= cats
     assert any(e.get("ph") == "s" for e in chrome["traceEvents"])  # flow arrows
+
+
+def test_gpipe_equals_torch_pipelining_on_the_same_split(tmp_path: Path) -> None:
+    """torch.distributed.pipelining's own GPipe over the same stages: same micro-batch
+    losses, and (one SGD step) the same weights, so the same gradients."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    records, _result, job = run(tmp_path, "gpipe", 2, "mlp_small", 8,
+                                {"microbatches": 4}, iterations=1, warmup_iterations=0,
+                                optimizer="sgd")
+    job.write(tmp_path / "pp-job.json")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = str(Path(__file__).parent / "pipelining_crosscheck.py")
+    procs = [subprocess.Popen([sys.executable, script, str(tmp_path / "pp-job.json"),
+                               str(tmp_path)],
+                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2",
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                       PYTHONPATH=str(Path(__file__).parent.parent)))
+             for r in range(2)]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    theirs = [torch.load(tmp_path / f"torchpp-rank{r}.pt") for r in range(2)]
+    ours = stage_weights(tmp_path, records)
+    for t in theirs:
+        for n, w in t["weights"].items():
+            torch.testing.assert_close(ours[n], w, atol=1e-6, rtol=1e-5, msg=n)
+    last = next(r for r in records["ranks"] if r["stage"] == 1)
+    assert [x for _mb, x in last["losses"]] == pytest.approx(theirs[1]["losses"], rel=1e-6)
