@@ -292,3 +292,24 @@ def test_gpipe_equals_torch_pipelining_on_the_same_split(tmp_path: Path) -> None
             torch.testing.assert_close(ours[n], w, atol=1e-6, rtol=1e-5, msg=n)
     last = next(r for r in records["ranks"] if r["stage"] == 1)
     assert [x for _mb, x in last["losses"]] == pytest.approx(theirs[1]["losses"], rel=1e-6)
+
+
+@pytest.mark.parametrize("scheme, fault, words", [
+    ("gpipe", "hang:1:1", "rank 1 (worker) hung"),
+    ("pipedream", "kill:2:1", "rank 2 (worker) was killed by SIGKILL"),
+])
+def test_dead_or_hung_pipeline_rank_is_named(tmp_path: Path, scheme: str, fault: str,
+                                             words: str) -> None:
+    import subprocess
+
+    from realrun.launch import RankFailed
+
+    options = {"straight": True} if scheme == "pipedream" else {}
+    job = Job(scheme=scheme, model="mlp_small", workers=3, options=options,
+              pipeline=plan("mlp_small", 12, 3, scheme, options), batch_size=12,
+              iterations=3, timeout_s=4.0, fault=fault)
+    with pytest.raises(RankFailed) as info:
+        launch(job, str(tmp_path))
+    assert words in str(info.value)
+    out = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
+    assert out.stdout.strip() == "", "a rank process outlived the run"
