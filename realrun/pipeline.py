@@ -181,6 +181,13 @@ def prescribed_versions(schedule: sch.Schedule, rank: int) -> list[tuple[int, st
     return out
 
 
+def pass_seed(job: Any, mb: int, stage: int) -> int:
+    """The random seed of every pass of micro-batch ``mb`` at ``stage``: a re-run forward
+    (recompute, a backward on other weights) draws the same dropout masks as the forward,
+    and the replay draws the distributed run's."""
+    return ((job.seed * 1_000_003 + mb) * 1_009 + stage) % (1 << 62)
+
+
 def microbatch(job: Any, m: int, microbatches: int, cache: dict[int, Any]) -> Any:
     """Inputs and labels of micro-batch ``m`` (see module docs); ``cache`` keeps the
     current iteration's batch."""
@@ -343,6 +350,7 @@ class PipelineRuntime:
     def _run(self, weights: dict[str, torch.Tensor], x: tuple[torch.Tensor, ...],
              mb: int, grad: bool) -> tuple[Any, int]:
         counter = _SavedBytes()
+        torch.manual_seed(pass_seed(self.job, mb, self.stage))
         with torch.set_grad_enabled(grad), counter.hooks():
             out = self.mod.call(weights, *x)
             if self.mod.is_last:
@@ -612,6 +620,7 @@ def replay_reference(job: Any, *, replicas_ok: bool = False) -> tuple[dict[str, 
 
     def run_stage(k: int, w: dict[str, torch.Tensor], x: tuple[torch.Tensor, ...],
                   mb: int) -> Any:
+        torch.manual_seed(pass_seed(job, mb, k))
         out = split.stages[k].call(w, *x)
         if split.stages[k].is_last:
             out = (loss_of(out, microbatch(job, mb, M, cache)[1]) * scale,)

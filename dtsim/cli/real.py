@@ -283,6 +283,14 @@ def real_table(r: dict[str, Any], rate: float | None = None) -> str:
                         f"({'CUDA allocations' if r['device_type'] == 'cuda' else 'resident'})"),
         ("run", f"{r['events']:,} spans in {format_time(r['wall_s'])} (start-up included)"),
     ]
+    if "stash_peak_bytes" in r:
+        rows.insert(-1, ("pipeline", f"{len(r['stage_replicas'])} stages "
+                                     f"(replicas {r['stage_replicas']}), "
+                                     f"{r['microbatches']} micro-batches per iteration"))
+        rows.insert(-1, ("stash / activations",
+                         "peak per rank: " + ", ".join(
+                             f"{format_bytes(a)} / {format_bytes(b)}" for a, b in
+                             zip(r["stash_peak_bytes"], r["activation_peak_bytes"]))))
     if "wire_bytes_total" in r:
         rows.append(("on the wire", f"{format_bytes(r['wire_bytes_total'])} sent by the hosts' "
                                     "veths (kernel counters, whole run)"))
