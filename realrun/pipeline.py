@@ -281,6 +281,9 @@ class PipelineRuntime:
         self._predict_next = False
         self._load_next = False
         self._out_grads: dict[int, list[torch.Tensor]] = {}
+        self.record_layers = job.record_layers and ctx.setup.device.type != "cuda"
+        self._fwd_marks: list[Any] = []
+        self._grad_marks: list[Any] = []
 
     # ---- messages --------------------------------------------------------------------
     def _buffer_for(self, _src: int, kind: int, key: int) -> torch.Tensor:
@@ -372,22 +375,54 @@ class PipelineRuntime:
         else:
             weights = self._current()
         self._predict_next = False
-        out, saved = self._run(weights, x, mb, keep_graph)
+        self._layer_spans(FORWARD, it)
+        try:
+            out, saved = self._run(weights, x, mb, keep_graph)
+        finally:
+            self.mod.on_forward = self.mod.on_grad = None
         if self.mod.is_last:
             self.losses.append([mb, float(out[0]) / self.scale])
         held = in_bytes + (saved if keep_graph else 0)
         self.kept[mb] = {"x": x, "out": out if keep_graph else None, "weights": weights,
-                         "version": version, "held": held}
+                         "version": version, "held": held, "marks": self._fwd_marks}
         self._hold(held)
         self.passes.append([mb, sch.FORWARD, version])
-        self.rec.span(COMPUTE, FORWARD, f"stage{self.stage} mb{mb}", start, self.rec.now(),
-                      it)
+        if not self.record_layers:
+            self.rec.span(COMPUTE, FORWARD, f"stage{self.stage} mb{mb}", start,
+                          self.rec.now(), it)
         return tuple(o.detach() for o in out)
+
+    def _layer_spans(self, kind: str, it: int) -> None:
+        """Before a forward: per-layer forward spans and a gradient mark per layer output
+        (when layers are recorded)."""
+        self._fwd_marks: list[tuple[tuple[str, int], float]] = []
+        if not self.record_layers:
+            return
+        t0 = self.rec.t0
+
+        def on_forward(layer: tuple[str, int], a: float, b: float) -> None:
+            self.rec.span(COMPUTE, kind, layer[0], a - t0, b - t0, it, layer[1])
+
+        self.mod.on_forward = on_forward
+        self.mod.on_grad = self._grad_mark(self._fwd_marks)
+
+    def _grad_mark(self, marks: list[Any]) -> Any:
+        seen: set[int] = set()
+
+        def on_grad(layer: tuple[str, int]) -> None:
+            if layer[1] not in seen:
+                seen.add(layer[1])
+                marks.append((layer, self.rec.now()))
+        return on_grad
 
     def _recompute(self, mb: int, it: int) -> None:
         k = self.kept[mb]
         start = self.rec.now()
+        k["marks"] = []
+        if self.record_layers:
+            self.mod.on_grad = self._grad_mark(k["marks"])
         out, saved = self._run(k["weights"], k["x"], mb, True)
+        self.mod.on_grad = None
         k["out"] = out
         k["held"] += saved
         self._hold(saved)
@@ -403,11 +438,14 @@ class PipelineRuntime:
         start = self.rec.now()
         weights, version = k["weights"], k["version"]
         out = k["out"]
+        self._grad_marks = k.get("marks", [])
         if out is None:         # the backward's weights differ from the forward's
             if self._predict_next:
                 weights, version = self._predicted(False)
             else:
                 weights, version = self._current(), self.version
+            if self.record_layers:
+                self.mod.on_grad = self._grad_mark(self._grad_marks)
             out, saved = self._run(weights, k["x"], mb, True)
             self._hold(saved)
             k["held"] += saved
@@ -421,8 +459,17 @@ class PipelineRuntime:
                 gouts.append(None if out_grads is None else out_grads[j])
         x_req = [t for t in k["x"] if t.requires_grad]
         w = [weights[n] for n in self.names]
+        bstart = self.rec.now()
         got = torch.autograd.grad(outs, x_req + w, gouts, allow_unused=True) if outs else \
             [None] * (len(x_req) + len(w))
+        self.mod.on_grad = None
+        if self.record_layers:
+            marks = sorted(self._grad_marks, key=lambda m: m[1])
+            for i, ((name, index), t) in enumerate(marks):
+                end = marks[i + 1][1] if i + 1 < len(marks) else self.rec.now()
+                self.rec.span(COMPUTE, BACKWARD, name, bstart if i == 0 else t, end, it,
+                              index)
+            self._grad_marks = []
         for i, g in enumerate(got[len(x_req):]):
             if g is not None:
                 self.grads[i] = g.detach() if self.grads[i] is None else self.grads[i] + g
@@ -438,8 +485,9 @@ class PipelineRuntime:
         if self.feat.stash and self.async_ and k["out"] is not None:
             self._unstash(k["version"])
         self.passes.append([mb, sch.BACKWARD, version])
-        self.rec.span(COMPUTE, BACKWARD, f"stage{self.stage} mb{mb}", start, self.rec.now(),
-                      it)
+        if not self.record_layers:
+            self.rec.span(COMPUTE, BACKWARD, f"stage{self.stage} mb{mb}", start,
+                          self.rec.now(), it)
         return in_grads
 
     def _hold(self, nbytes: int) -> None:

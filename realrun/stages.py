@@ -24,7 +24,8 @@ runs the stage on other weight versions (PipeDream's stash, SpecTrain's predicti
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +72,8 @@ class StageModule(nn.Module):
     def __init__(self, gm: fx.GraphModule, index: int, nodes: list[fx.Node],
                  inputs: Sequence[Crossing], outputs: Sequence[Crossing] | None,
                  specs: dict[str, Any], leaves: dict[str, list[Any]],
-                 param_names: Sequence[str]) -> None:
+                 param_names: Sequence[str],
+                 layer_of: Mapping[str, tuple[str, int]] | None = None) -> None:
         super().__init__()
         self.gm = gm
         self.index = index
@@ -82,6 +84,12 @@ class StageModule(nn.Module):
         self._leaves = leaves           # non-tensor leaves of crossing values (static)
         self.param_names = tuple(param_names)
         """The stage's parameters by their names in the model (in ``gm`` too)."""
+        self.layer_of: dict[str, tuple[str, int]] = dict(layer_of or {})
+        """fx node name -> ``(trace layer name, index)`` of the stage's layers."""
+        self.on_forward: Callable[[tuple[str, int], float, float], None] | None = None
+        """If set, called after each layer's forward with its monotonic start and end."""
+        self.on_grad: Callable[[tuple[str, int]], None] | None = None
+        """If set, called when the gradient of a layer's output arrives in backward."""
 
     @property
     def is_last(self) -> bool:
@@ -129,11 +137,23 @@ class StageModule(nn.Module):
             return out
 
         result = None
+        on_forward, on_grad = self.on_forward, self.on_grad
         for n in self._nodes:
             if n.op == "output":
                 result = fx.node.map_arg(n.args[0], value)
-            else:
+                continue
+            layer = self.layer_of.get(n.name)
+            if layer is None or (on_forward is None and on_grad is None):
                 value(n)
+                continue
+            t0 = time.monotonic()
+            v = value(n)
+            if on_forward is not None:
+                on_forward(layer, t0, time.monotonic())
+            if on_grad is not None:
+                for t in pytree.tree_leaves(v):
+                    if isinstance(t, torch.Tensor) and t.requires_grad:
+                        t.register_hook(_grad_hook(on_grad, layer))
         if self.outputs is None:
             return result
         out = []
@@ -141,6 +161,13 @@ class StageModule(nn.Module):
             leaves = pytree.tree_leaves(value(by_name[c.node]))
             out.append(leaves[c.leaf])
         return tuple(out)
+
+
+def _grad_hook(on_grad: Callable[[tuple[str, int]], None],
+               layer: tuple[str, int]) -> Callable[[torch.Tensor], None]:
+    def hook(_g: torch.Tensor) -> None:
+        on_grad(layer)
+    return hook
 
 
 def _run(gm: fx.GraphModule, n: fx.Node, value: Any) -> Any:
@@ -240,13 +267,15 @@ def split_model(model: nn.Module, stage_layers: Sequence[Sequence[int]],
         if n.op == "placeholder":
             specs[n.name] = pytree.tree_flatten(values[n.name])[1]
             leaves[n.name] = [None]
+    layer_of = {layer.node.name: (layer.name, i) for i, layer in enumerate(graph.layers)
+                if layer.kind != "input"}
     stages = []
     for k in range(n_stages):
         own = [nodes[n.name] for n in gm.graph.nodes
                if stage_of_all.get(n.name) == k]
         stages.append(StageModule(gm, k, own, boundaries[k - 1] if k else placeholders,
                                   boundaries[k] if k < n_stages - 1 else None,
-                                  specs, leaves, params_of[k]))
+                                  specs, leaves, params_of[k], layer_of))
     _check_params(gm, stages)
     return Split(stages, boundaries)
 

@@ -259,6 +259,9 @@ def test_cli_pipedream_json_and_trace(tmp_path: Path) -> None:
     cats = {e.get("cat") for e in chrome["traceEvents"] if e.get("ph") == "X"}
     assert {"forward", "backward", "send", "recv", "update"} <= cats
     assert any(e.get("ph") == "s" for e in chrome["traceEvents"])  # flow arrows
+    # one span per layer and pass, named as the trace's (and sim run's) layers
+    names = {(e.get("cat"), e.get("name")) for e in chrome["traceEvents"] if e.get("ph") == "X"}
+    assert {("forward", "head"), ("backward", "head"), ("backward", "body.0")} <= names
 
 
 def test_gpipe_equals_torch_pipelining_on_the_same_split(tmp_path: Path) -> None:
