@@ -607,19 +607,18 @@ class PipelineRuntime:
             self.rec.span(COMPUTE, WAIT, what, start, end, it)
 
 
-def replay_reference(job: Any, *, replicas_ok: bool = False) -> tuple[dict[str, Any],
-                                                                        list[list[Any]]]:
-    """Single-process replay of a straight pipeline's schedule: micro-batches in order,
-    each stage's forward and backward on the weight version the schedule prescribes
-    (:func:`prescribed_versions`), each stage's updates in its schedule order with the
-    gradients of the backwards before them. Returns the final ``state_dict`` and, per
-    stage, the passes ``[mb, kind, version]``. This is the staleness emulator: it needs no
+def replay_reference(job: Any) -> tuple[dict[str, Any], list[list[Any]]]:
+    """Single-process replay of a pipeline's schedule: micro-batches in order, each
+    stage's forward and backward on the weight version the schedule prescribes
+    (:func:`prescribed_versions` of the rank that runs the micro-batch), each stage's
+    updates in its schedule order with the gradients of the backwards before them (a
+    replicated stage: the mean of its round's micro-batches, as its all-reduce makes it;
+    its replicas hold the same weights). Returns the final ``state_dict`` and, per stage,
+    the passes ``[mb, kind, version]``. This is the staleness emulator: it needs no
     processes and gives the distributed run's numerics."""
     from realrun.runtime import build_model
 
     pipe = job.pipeline
-    if any(r != 1 for r in pipe["replicas"]) and not replicas_ok:
-        raise ValueError("the replay covers straight pipelines (one rank per stage)")
     M = int(pipe["microbatches"])
     feat = features(job.scheme, job.options)
     schedule = make_schedule(job.scheme, job.options, pipe["replicas"], M,
@@ -634,9 +633,14 @@ def replay_reference(job: Any, *, replicas_ok: bool = False) -> tuple[dict[str, 
     history: list[list[tuple[list[torch.Tensor], list[torch.Tensor | None]]]] = []
     for k in range(n):
         history.append([([p.detach().clone() for p in params[k]], [None] * len(params[k]))])
-    want = [prescribed_versions(schedule, r) for r in range(n)]
-    ver = [{(mb, kind): (v) for mb, kind, v in w} for w in want]
-    acts = [schedule.actions[r] for r in range(n)]
+    if feat.flush and any(len(r) > 1 for r in schedule.stages):
+        raise ValueError("the replay covers replicated stages of 1F1B schedules only")
+    ver: list[dict[tuple[int, str], int]] = [{} for _ in range(n)]
+    for k, ranks in enumerate(schedule.stages):
+        for r in ranks:
+            ver[k].update({(mb, kind): v for mb, kind, v in prescribed_versions(schedule, r)})
+    acts = [schedule.actions[ranks[0]] for ranks in schedule.stages]
+    reps = [len(ranks) for ranks in schedule.stages]
     pos = [0] * n
     done_b: list[set[int]] = [set() for _ in range(n)]
     grads: list[dict[int, list[torch.Tensor]]] = [{} for _ in range(n)]
@@ -655,7 +659,7 @@ def replay_reference(job: Any, *, replicas_ok: bool = False) -> tuple[dict[str, 
         return out
 
     def predicts(k: int, mb: int, kind: str) -> bool:
-        seq = acts[k]
+        seq = schedule.actions[sch.replica_of(schedule.stages, k, mb)]
         for i, a in enumerate(seq):
             if a.kind == kind and a.mb == mb:
                 j = i - 1
@@ -715,9 +719,16 @@ def replay_reference(job: Any, *, replicas_ok: bool = False) -> tuple[dict[str, 
                 if a.kind == sch.BACKWARD:
                     if a.mb not in done_b[k]:
                         break
-                    g = grads[k].pop(a.mb)
-                    pending[k] = g if pending[k] is None else [x + y for x, y in
-                                                               zip(pending[k], g)]
+                    if reps[k] == 1:
+                        g = grads[k].pop(a.mb)
+                        pending[k] = g if pending[k] is None else [x + y for x, y in
+                                                                   zip(pending[k], g)]
+                elif a.kind == sch.ALLREDUCE:
+                    rnd = range(a.mb, a.mb + reps[k])
+                    if any(m not in done_b[k] for m in rnd):
+                        break
+                    parts = [grads[k].pop(m) for m in rnd]
+                    pending[k] = [sum(gs) / reps[k] for gs in zip(*parts)]
                 elif a.kind == sch.UPDATE:
                     for p, g in zip(params[k], pending[k] or []):
                         p.grad = g.clone()

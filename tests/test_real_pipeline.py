@@ -181,13 +181,16 @@ def test_async_pipelines_equal_the_weight_version_replay(tmp_path: Path, scheme:
         assert stash == [0, 0, 0]
 
 
-def test_replicated_stage_replicas_stay_identical(tmp_path: Path) -> None:
+def test_replicated_stage_replicas_stay_identical_and_equal_the_replay(tmp_path: Path) -> None:
     _trace, part = _trace_partition("mlp_small", 8, 2)
     pipeline = {"stage_layers": [list(s.layers) for s in part.stages], "replicas": [2, 1],
                 "microbatches": 4, "tail": 1, "partition": "antichain"}
     records, _result, job = run(tmp_path, "pipedream", 3, "mlp_small", 8, {},
                                 pipeline=pipeline)
     assert_versions(records, job)
+    ref, _passes = replay_reference(job)
+    real = stage_weights(tmp_path, records)
+    assert_params(real, {k: ref[k] for k in real}, job)
     w0, w1 = (torch.load(tmp_path / f"weights-rank{r}.pt") for r in (0, 1))
     own = next(r for r in records["ranks"] if r["rank"] == 0)["stage_params"]
     init = dict(build_model(job, torch.device("cpu")).model.named_parameters())
