@@ -31,16 +31,21 @@ def exponent(points: list[tuple[int, float]]) -> float:
     xs = [math.log(p) for p, _ in points]
     ys = [math.log(w) for _, w in points]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    return (sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-            / sum((x - mx) ** 2 for x in xs))
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
 
 
-def measure(scheme: str, gpus: int, fidelity: str, iterations: int, repeats: int,
-            topology: str) -> tuple[float, int]:
+def measure(
+    scheme: str, gpus: int, fidelity: str, iterations: int, repeats: int, topology: str
+) -> tuple[float, int]:
     """Median wall seconds of ``simulate()`` and the events of one run."""
-    config = build_config(RunSpec(scheme=scheme, gpus=gpus, topology=topology,
-                                  fidelity=fidelity, iterations=iterations),
-                          record_spans=False)
+    config = build_config(
+        RunSpec(
+            scheme=scheme, gpus=gpus, topology=topology, fidelity=fidelity, iterations=iterations
+        ),
+        record_spans=False,
+    )
     walls, events = [], 0
     for _ in range(repeats):
         t = time.perf_counter()
@@ -58,25 +63,33 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--topology", default="ib-cluster")
     opts = ap.parse_args()
-    runs = [("analytic", [int(x) for x in opts.gpus.split(",")]),
-            ("detailed", [int(x) for x in opts.detailed_gpus.split(",") if x])]
-    print(f"resnet50 on {opts.topology}, {opts.iterations + 1} simulated iterations per run, "
-          f"median of {opts.repeats}")
-    print(f"{'scheme':>7} {'fidelity':>9} {'GPUs':>5} {'wall s':>8} {'events':>11} "
-          f"{'us/event':>8}")
+    runs = [
+        ("analytic", [int(x) for x in opts.gpus.split(",")]),
+        ("detailed", [int(x) for x in opts.detailed_gpus.split(",") if x]),
+    ]
+    print(
+        f"resnet50 on {opts.topology}, {opts.iterations + 1} simulated iterations per run, "
+        f"median of {opts.repeats}"
+    )
+    print(f"{'scheme':>7} {'fidelity':>9} {'GPUs':>5} {'wall s':>8} {'events':>11} {'us/event':>8}")
     for scheme in opts.schemes.split(","):
         for fidelity, gpus in runs:
             points = []
             for p in gpus:
                 repeats = opts.repeats if p <= 256 else 1
-                wall, events = measure(scheme, p, fidelity, opts.iterations, repeats,
-                                       opts.topology)
+                wall, events = measure(scheme, p, fidelity, opts.iterations, repeats, opts.topology)
                 points.append((p, wall))
-                print(f"{scheme:>7} {fidelity:>9} {p:5d} {wall:8.3f} {events:11,d} "
-                      f"{1e6 * wall / events:8.2f}", flush=True)
+                print(
+                    f"{scheme:>7} {fidelity:>9} {p:5d} {wall:8.3f} {events:11,d} "
+                    f"{1e6 * wall / events:8.2f}",
+                    flush=True,
+                )
             if len(points) > 1:
-                print(f"{scheme:>7} {fidelity:>9} exponent k = {exponent(points):.2f} "
-                      f"(wall ~ GPUs^k over {points[0][0]}..{points[-1][0]})", flush=True)
+                print(
+                    f"{scheme:>7} {fidelity:>9} exponent k = {exponent(points):.2f} "
+                    f"(wall ~ GPUs^k over {points[0][0]}..{points[-1][0]})",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

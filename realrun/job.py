@@ -99,23 +99,31 @@ class Job:
 
     def __post_init__(self) -> None:
         if self.scheme not in REAL_SCHEMES:
-            raise JobError(f"scheme: {self.scheme!r} has no real runtime yet; choose one of: "
-                           f"{', '.join(REAL_SCHEMES)}")
+            raise JobError(
+                f"scheme: {self.scheme!r} has no real runtime yet; choose one of: "
+                f"{', '.join(REAL_SCHEMES)}"
+            )
         if self.backend not in BACKENDS:
-            raise JobError(f"backend: {self.backend!r} is not allowed; choose one of: "
-                           f"{', '.join(BACKENDS)}")
+            raise JobError(
+                f"backend: {self.backend!r} is not allowed; choose one of: {', '.join(BACKENDS)}"
+            )
         if self.workers < 1:
             raise JobError(f"gpus: {self.workers} is not allowed; need at least 1 rank")
         if self.scheme in PS_SCHEMES and self.servers < 1:
-            raise JobError(f"scheme.servers: {self.servers} is not allowed; {self.scheme} "
-                           "needs at least one server")
+            raise JobError(
+                f"scheme.servers: {self.servers} is not allowed; {self.scheme} "
+                "needs at least one server"
+            )
         if self.scheme in PIPELINE_SCHEMES:
             if not self.pipeline:
-                raise JobError(f"scheme: {self.scheme} needs a pipeline plan "
-                               "(realrun.pipeline.plan)")
+                raise JobError(
+                    f"scheme: {self.scheme} needs a pipeline plan (realrun.pipeline.plan)"
+                )
             if sum(self.pipeline["replicas"]) != self.workers:
-                raise JobError(f"gpus: {self.workers} ranks, but the plan's stages take "
-                               f"{sum(self.pipeline['replicas'])}")
+                raise JobError(
+                    f"gpus: {self.workers} ranks, but the plan's stages take "
+                    f"{sum(self.pipeline['replicas'])}"
+                )
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
         object.__setattr__(self, "pipeline", MappingProxyType(dict(self.pipeline)))
 

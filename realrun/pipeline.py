@@ -82,8 +82,15 @@ KEY_STRIDE = 1024
 
 # ---- the plan: partition, micro-batches ------------------------------------------------------
 
-def plan(model: str, batch_size: int, gpus: int, scheme: str,
-         options: Mapping[str, Any], optimizer: str = "momentum") -> dict[str, Any]:
+
+def plan(
+    model: str,
+    batch_size: int,
+    gpus: int,
+    scheme: str,
+    options: Mapping[str, Any],
+    optimizer: str = "momentum",
+) -> dict[str, Any]:
     """The stages and micro-batches ``sim run`` would use for this case (see module docs):
     ``{"stage_layers", "replicas", "microbatches", "tail", "partition"}``."""
     import os
@@ -98,13 +105,21 @@ def plan(model: str, batch_size: int, gpus: int, scheme: str,
     from simcore.schemes import get_scheme
     from traces.jsonfmt import save
 
-    trace = profile_model(model, ProfileConfig(batch_size=batch_size, analytic=True,
-                                               device_flops=1e12, progress=False))
+    trace = profile_model(
+        model,
+        ProfileConfig(batch_size=batch_size, analytic=True, device_flops=1e12, progress=False),
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
         save(trace, path)
-        settings = {"scheme": scheme, "gpus": gpus, "model": path, "topology": "ethernet",
-                    "batch_size": batch_size, "optimizer": optimizer}
+        settings = {
+            "scheme": scheme,
+            "gpus": gpus,
+            "model": path,
+            "topology": "ethernet",
+            "batch_size": batch_size,
+            "optimizer": optimizer,
+        }
         settings.update({f"scheme.{k}": v for k, v in options.items()})
         config = build_config(RunSpec().replace(**settings), record_spans=False)
     cls = get_scheme(scheme)
@@ -114,33 +129,47 @@ def plan(model: str, batch_size: int, gpus: int, scheme: str,
     sim = cls.__new__(cls)
     sim.options = opts
     sim.ctx = SimpleNamespace(
-        topology=topology, trace=config.trace, num_ranks=gpus, config=config,
-        optimizer_state_bytes=lambda b: OPTIMIZERS[config.optimizer][0] * b)
+        topology=topology,
+        trace=config.trace,
+        num_ranks=gpus,
+        config=config,
+        optimizer_state_bytes=lambda b: OPTIMIZERS[config.optimizer][0] * b,
+    )
     sim.feat = cls.features.for_options(opts)
     part = sim.make_partition()
     m = sim.microbatches(part)
     if batch_size % m:
         up = -(-batch_size // m) * m
-        raise ValueError(f"batch size {batch_size} is not a multiple of the {m} "
-                         "micro-batches (a real micro-batch needs whole samples, all of "
-                         f"one size); use e.g. --batch-size {up} or set "
-                         "scheme.microbatches")
+        raise ValueError(
+            f"batch size {batch_size} is not a multiple of the {m} "
+            "micro-batches (a real micro-batch needs whole samples, all of "
+            f"one size); use e.g. --batch-size {up} or set "
+            "scheme.microbatches"
+        )
     tail = 0 if sim.feat.flush else -(-(gpus - 1) // m)
-    return {"stage_layers": [list(s.layers) for s in part.stages],
-            "replicas": list(part.replicas), "microbatches": m, "tail": tail,
-            "partition": part.method}
+    return {
+        "stage_layers": [list(s.layers) for s in part.stages],
+        "replicas": list(part.replicas),
+        "microbatches": m,
+        "tail": tail,
+        "partition": part.method,
+    }
 
 
-def make_schedule(scheme: str, options: Mapping[str, Any], replicas: Sequence[int],
-                  microbatches: int, iterations: int) -> sch.Schedule:
+def make_schedule(
+    scheme: str,
+    options: Mapping[str, Any],
+    replicas: Sequence[int],
+    microbatches: int,
+    iterations: int,
+) -> sch.Schedule:
     """The simulator scheme's schedule for these stages (``make_schedule`` of its class)."""
     from simcore.config import options_from_mapping
     from simcore.schemes import get_scheme
 
     cls = get_scheme(scheme)
     opts = options_from_mapping(cls.Options, dict(options), prefix="scheme.")
-    return cls.make_schedule(sch.stages_from_replicas(replicas), microbatches, iterations,
-                             opts)
+    return cls.make_schedule(sch.stages_from_replicas(replicas), microbatches, iterations, opts)
 
 
 def features(scheme: str, options: Mapping[str, Any]) -> Any:
@@ -204,6 +233,7 @@ def microbatch(job: Any, m: int, microbatches: int, cache: dict[int, Any]) -> An
 
 # ---- the runtime -------------------------------------------------------------------------------
 
+
 class _SavedBytes:
     """Counts the bytes autograd saves while active (saved-tensor hooks)."""
 
@@ -237,13 +267,15 @@ class PipelineRuntime:
         self.M = int(pipe["microbatches"])
         self.tail = int(pipe.get("tail", 0))
         self.feat = features(job.scheme, job.options)
-        self.schedule = make_schedule(job.scheme, job.options, pipe["replicas"], self.M,
-                                      job.total_iterations + self.tail)
+        self.schedule = make_schedule(
+            job.scheme, job.options, pipe["replicas"], self.M, job.total_iterations + self.tail
+        )
         self.stage = self.schedule.stage_of()[self.rank]
         self.n_stages = len(self.schedule.stages)
         micro = job.batch_size // self.M
-        split = split_model(ctx.setup.model, pipe["stage_layers"],
-                            zoo.example_inputs(job.model, micro, "meta"))
+        split = split_model(
+            ctx.setup.model, pipe["stage_layers"], zoo.example_inputs(job.model, micro, "meta")
+        )
         self.mod: StageModule = split.stages[self.stage]
         self.params = self.mod.stage_parameters()
         self.names = self.mod.param_names
@@ -251,7 +283,7 @@ class PipelineRuntime:
         self.async_ = not self.feat.flush
         self.scale = 1.0 if self.async_ else 1.0 / self.M
         self.group = None
-        for ranks in self.schedule.stages:      # every rank creates every group, in order
+        for ranks in self.schedule.stages:  # every rank creates every group, in order
             if len(ranks) > 1:
                 g = dist.new_group(list(ranks), backend="gloo")
                 if self.rank in ranks:
@@ -265,15 +297,23 @@ class PipelineRuntime:
         # exist in every pipeline schedule (activations one way, gradients the other)
         self.slots = Slots()
         self.inbox: dict[tuple[int, int, int], torch.Tensor] = {}
-        self.msg = Messenger(self.rank, job.world_size, sorted(peers), self.rec, ctx.group,
-                             self._on_message, self._buffer_for, self._label)
+        self.msg = Messenger(
+            self.rank,
+            job.world_size,
+            sorted(peers),
+            self.rec,
+            ctx.group,
+            self._on_message,
+            self._buffer_for,
+            self._label,
+        )
         self.version = 0
         self.kept: dict[int, dict[str, Any]] = {}
         self.stash: dict[int, dict[str, torch.Tensor]] = {}
         self.stash_users: dict[int, int] = {}
         self.grads: list[torch.Tensor | None] = [None] * len(self.params)
         self.passes: list[list[int | str]] = []
-        self.losses: list[list[float]] = []     # last stage: [mb, loss] per forward
+        self.losses: list[list[float]] = []  # last stage: [mb, loss] per forward
         self.stash_peak = 0
         self.act_held = 0
         self.act_peak = 0
@@ -291,8 +331,9 @@ class PipelineRuntime:
         c = self.mod.inputs[j] if kind == ACT else self.mod.outputs[j]  # type: ignore[index]
         return torch.empty(c.shape, dtype=c.dtype)
 
-    def _on_message(self, _src: int, kind: int, key: int, _it: int, buf: torch.Tensor,
-                    _t: float) -> None:
+    def _on_message(
+        self, _src: int, kind: int, key: int, _it: int, buf: torch.Tensor, _t: float
+    ) -> None:
         k = (kind, key // KEY_STRIDE, key % KEY_STRIDE)
         self.inbox[k] = buf
         self.slots.set(k)
@@ -316,8 +357,11 @@ class PipelineRuntime:
         lr = self.job.lr
         out = {}
         for n, p in zip(self.names, self.params):
-            buf = self.optimizer.state.get(p, {}).get("momentum_buffer") \
-                if self.optimizer is not None else None
+            buf = (
+                self.optimizer.state.get(p, {}).get("momentum_buffer")
+                if self.optimizer is not None
+                else None
+            )
             w = p.detach().clone() if buf is None else p.detach() - s * lr * buf
             out[n] = w.requires_grad_()
         return out, self.version + s
@@ -325,8 +369,9 @@ class PipelineRuntime:
     def _stashed(self, mb: int) -> dict[str, torch.Tensor]:
         v = self.version
         if v not in self.stash:
-            self.stash[v] = {n: p.detach().clone().requires_grad_()
-                             for n, p in zip(self.names, self.params)}
+            self.stash[v] = {
+                n: p.detach().clone().requires_grad_() for n, p in zip(self.names, self.params)
+            }
         self.stash_users[v] = self.stash_users.get(v, 0) + 1
         self._note_stash()
         return self.stash[v]
@@ -347,11 +392,14 @@ class PipelineRuntime:
         if self.stage == 0:
             x, _labels = microbatch(self.job, mb, self.M, self.data)
             return x
-        return tuple(self._take(ACT, mb, j).requires_grad_(c.differentiable)
-                     for j, c in enumerate(self.mod.inputs))
+        return tuple(
+            self._take(ACT, mb, j).requires_grad_(c.differentiable)
+            for j, c in enumerate(self.mod.inputs)
+        )
 
-    def _run(self, weights: dict[str, torch.Tensor], x: tuple[torch.Tensor, ...],
-             mb: int, grad: bool) -> tuple[Any, int]:
+    def _run(
+        self, weights: dict[str, torch.Tensor], x: tuple[torch.Tensor, ...], mb: int, grad: bool
+    ) -> tuple[Any, int]:
         counter = _SavedBytes()
         torch.manual_seed(pass_seed(self.job, mb, self.stage))
         with torch.set_grad_enabled(grad), counter.hooks():
@@ -365,8 +413,9 @@ class PipelineRuntime:
         x = self._inputs(mb)
         start = self.rec.now()
         in_bytes = sum(t.numel() * t.element_size() for t in x)
-        keep_graph = not (self.feat.recompute or (self.async_ and not self.feat.stash)
-                          or self._predict_next)
+        keep_graph = not (
+            self.feat.recompute or (self.async_ and not self.feat.stash) or self._predict_next
+        )
         version = self.version
         if self._predict_next:
             weights, version = self._predicted(True)
@@ -383,13 +432,18 @@ class PipelineRuntime:
         if self.mod.is_last:
             self.losses.append([mb, float(out[0]) / self.scale])
         held = in_bytes + (saved if keep_graph else 0)
-        self.kept[mb] = {"x": x, "out": out if keep_graph else None, "weights": weights,
-                         "version": version, "held": held, "marks": self._fwd_marks}
+        self.kept[mb] = {
+            "x": x,
+            "out": out if keep_graph else None,
+            "weights": weights,
+            "version": version,
+            "held": held,
+            "marks": self._fwd_marks,
+        }
         self._hold(held)
         self.passes.append([mb, sch.FORWARD, version])
         if not self.record_layers:
-            self.rec.span(COMPUTE, FORWARD, f"stage{self.stage} mb{mb}", start,
-                          self.rec.now(), it)
+            self.rec.span(COMPUTE, FORWARD, f"stage{self.stage} mb{mb}", start, self.rec.now(), it)
         return tuple(o.detach() for o in out)
 
     def _layer_spans(self, kind: str, it: int) -> None:
@@ -413,6 +467,7 @@ class PipelineRuntime:
             if layer[1] not in seen:
                 seen.add(layer[1])
                 marks.append((layer, self.rec.now()))
+
         return on_grad
 
     def _recompute(self, mb: int, it: int) -> None:
@@ -426,20 +481,21 @@ class PipelineRuntime:
         k["out"] = out
         k["held"] += saved
         self._hold(saved)
-        self.rec.span(COMPUTE, RECOMPUTE, f"stage{self.stage} mb{mb}", start, self.rec.now(),
-                      it)
+        self.rec.span(COMPUTE, RECOMPUTE, f"stage{self.stage} mb{mb}", start, self.rec.now(), it)
 
     def _backward(self, mb: int, it: int) -> list[torch.Tensor | None]:
         k = self.kept.pop(mb)
         out_grads = None
         if not self.mod.is_last:
-            out_grads = [self._take(ACT_GRAD, mb, j) if c.differentiable else None
-                         for j, c in enumerate(self.mod.outputs or ())]
+            out_grads = [
+                self._take(ACT_GRAD, mb, j) if c.differentiable else None
+                for j, c in enumerate(self.mod.outputs or ())
+            ]
         start = self.rec.now()
         weights, version = k["weights"], k["version"]
         out = k["out"]
         self._grad_marks = k.get("marks", [])
-        if out is None:         # the backward's weights differ from the forward's
+        if out is None:  # the backward's weights differ from the forward's
             if self._predict_next:
                 weights, version = self._predicted(False)
             else:
@@ -460,21 +516,23 @@ class PipelineRuntime:
         x_req = [t for t in k["x"] if t.requires_grad]
         w = [weights[n] for n in self.names]
         bstart = self.rec.now()
-        got = torch.autograd.grad(outs, x_req + w, gouts, allow_unused=True) if outs else \
-            [None] * (len(x_req) + len(w))
+        got = (
+            torch.autograd.grad(outs, x_req + w, gouts, allow_unused=True)
+            if outs
+            else [None] * (len(x_req) + len(w))
+        )
         self.mod.on_grad = None
         if self.record_layers:
             marks = sorted(self._grad_marks, key=lambda m: m[1])
             for i, ((name, index), t) in enumerate(marks):
                 end = marks[i + 1][1] if i + 1 < len(marks) else self.rec.now()
-                self.rec.span(COMPUTE, BACKWARD, name, bstart if i == 0 else t, end, it,
-                              index)
+                self.rec.span(COMPUTE, BACKWARD, name, bstart if i == 0 else t, end, it, index)
             self._grad_marks = []
-        for i, g in enumerate(got[len(x_req):]):
+        for i, g in enumerate(got[len(x_req) :]):
             if g is not None:
                 self.grads[i] = g.detach() if self.grads[i] is None else self.grads[i] + g
         in_grads: list[torch.Tensor | None] = []
-        it_x = iter(got[:len(x_req)])
+        it_x = iter(got[: len(x_req)])
         for t in k["x"]:
             if t.requires_grad:
                 g = next(it_x)
@@ -486,8 +544,7 @@ class PipelineRuntime:
             self._unstash(k["version"])
         self.passes.append([mb, sch.BACKWARD, version])
         if not self.record_layers:
-            self.rec.span(COMPUTE, BACKWARD, f"stage{self.stage} mb{mb}", start,
-                          self.rec.now(), it)
+            self.rec.span(COMPUTE, BACKWARD, f"stage{self.stage} mb{mb}", start, self.rec.now(), it)
         return in_grads
 
     def _hold(self, nbytes: int) -> None:
@@ -509,22 +566,26 @@ class PipelineRuntime:
 
     def _allreduce(self, it: int) -> None:
         start = self.rec.now()
-        flat = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
-                          for p, g in zip(self.params, self.grads)])
+        flat = torch.cat(
+            [
+                (torch.zeros_like(p) if g is None else g).reshape(-1)
+                for p, g in zip(self.params, self.grads)
+            ]
+        )
         dist.all_reduce(flat, group=self.group)
         flat.div_(self.replicas)
         off = 0
         for i, p in enumerate(self.params):
             n = p.numel()
-            self.grads[i] = flat[off:off + n].view_as(p).clone()
+            self.grads[i] = flat[off : off + n].view_as(p).clone()
             off += n
         nbytes = flat.numel() * flat.element_size()
-        self.rec.span(COMM, "allreduce", f"stage{self.stage} grads", start, self.rec.now(), it,
-                      nbytes=nbytes)
+        self.rec.span(
+            COMM, "allreduce", f"stage{self.stage} grads", start, self.rec.now(), it, nbytes=nbytes
+        )
         ranks = self.schedule.stages[self.stage]
         nxt = ranks[(ranks.index(self.rank) + 1) % len(ranks)]
-        self.rec.count_sent(nxt, it, 2 * (self.replicas - 1) * nbytes // self.replicas,
-                            "allreduce")
+        self.rec.count_sent(nxt, it, 2 * (self.replicas - 1) * nbytes // self.replicas, "allreduce")
 
     # ---- the loop ----------------------------------------------------------------------
     def run(self) -> None:
@@ -559,8 +620,7 @@ class PipelineRuntime:
                 start = self.rec.now()
                 for j, c in enumerate(self.mod.outputs or ()):
                     if c.differentiable:
-                        self.slots.wait((ACT_GRAD, mb, j), self.msg.check,
-                                        self.job.timeout_s * 4)
+                        self.slots.wait((ACT_GRAD, mb, j), self.msg.check, self.job.timeout_s * 4)
                 self._wait_span(start, f"wait grad mb{mb}", it)
             elif kind == sch.FORWARD:
                 out = self._forward(mb, it)
@@ -577,8 +637,9 @@ class PipelineRuntime:
             elif kind == sch.PREDICT:
                 start = self.rec.now()
                 self._predict_next = True
-                self.rec.span(COMPUTE, PREDICT, f"predict stage{self.stage}", start,
-                              self.rec.now(), it)
+                self.rec.span(
+                    COMPUTE, PREDICT, f"predict stage{self.stage}", start, self.rec.now(), it
+                )
             elif kind == sch.BACKWARD:
                 in_grads[mb] = self._backward(mb, it)
             elif kind == sch.SEND_GRAD:
@@ -593,13 +654,17 @@ class PipelineRuntime:
                 self.rec.end_iteration(done)
                 self.ctx.beat(done, 3)
         self.msg.close()
-        self.ctx.extra.update({
-            "stage": self.stage, "passes": self.passes,
-            "stage_params": list(self.names),
-            "stash_peak_bytes": self.stash_peak,
-            "activation_peak_bytes": self.act_peak,
-            "microbatches": self.M, "losses": self.losses,
-        })
+        self.ctx.extra.update(
+            {
+                "stage": self.stage,
+                "passes": self.passes,
+                "stage_params": list(self.names),
+                "stash_peak_bytes": self.stash_peak,
+                "activation_peak_bytes": self.act_peak,
+                "microbatches": self.M,
+                "losses": self.losses,
+            }
+        )
 
     def _wait_span(self, start: float, what: str, it: int) -> None:
         end = self.rec.now()
@@ -621,11 +686,19 @@ def replay_reference(job: Any) -> tuple[dict[str, Any], list[list[Any]]]:
     pipe = job.pipeline
     M = int(pipe["microbatches"])
     feat = features(job.scheme, job.options)
-    schedule = make_schedule(job.scheme, job.options, pipe["replicas"], M,
-                             job.total_iterations + int(pipe.get("tail", 0)))
+    schedule = make_schedule(
+        job.scheme,
+        job.options,
+        pipe["replicas"],
+        M,
+        job.total_iterations + int(pipe.get("tail", 0)),
+    )
     setup = build_model(job, torch.device("cpu"))
-    split = split_model(setup.model, pipe["stage_layers"],
-                        zoo.example_inputs(job.model, job.batch_size // M, "meta"))
+    split = split_model(
+        setup.model,
+        pipe["stage_layers"],
+        zoo.example_inputs(job.model, job.batch_size // M, "meta"),
+    )
     n = len(split.stages)
     scale = 1.0 if not feat.flush else 1.0 / M
     params = [st.stage_parameters() for st in split.stages]
@@ -670,8 +743,7 @@ def replay_reference(job: Any) -> tuple[dict[str, Any], list[list[Any]]]:
                 return False
         return False
 
-    def run_stage(k: int, w: dict[str, torch.Tensor], x: tuple[torch.Tensor, ...],
-                  mb: int) -> Any:
+    def run_stage(k: int, w: dict[str, torch.Tensor], x: tuple[torch.Tensor, ...], mb: int) -> Any:
         torch.manual_seed(pass_seed(job, mb, k))
         out = split.stages[k].call(w, *x)
         if split.stages[k].is_last:
@@ -684,8 +756,7 @@ def replay_reference(job: Any) -> tuple[dict[str, Any], list[list[Any]]]:
         for k in range(n):
             v = ver[k][(mb, sch.FORWARD)]
             w = weights(k, v, True, predicts(k, mb, sch.FORWARD))
-            x_in = tuple(t.detach().requires_grad_(k > 0 and t.is_floating_point())
-                         for t in x)
+            x_in = tuple(t.detach().requires_grad_(k > 0 and t.is_floating_point()) for t in x)
             out = run_stage(k, w, x_in, mb)
             xs.append(x_in)
             outs.append(out)
@@ -700,20 +771,29 @@ def replay_reference(job: Any) -> tuple[dict[str, Any], list[list[Any]]]:
             if not same:
                 w = weights(k, v, False, predicts(k, mb, sch.BACKWARD))
                 out = run_stage(k, w, xs[k], mb)
-            sel = [(o, None if g_out is None else g_out[j]) for j, o in enumerate(out)
-                   if o.requires_grad]
+            sel = [
+                (o, None if g_out is None else g_out[j])
+                for j, o in enumerate(out)
+                if o.requires_grad
+            ]
             x_req = [t for t in xs[k] if t.requires_grad]
             wl = [w[name] for name in split.stages[k].param_names]
-            got = torch.autograd.grad([o for o, _ in sel], x_req + wl,
-                                      [g for _, g in sel], allow_unused=True)
-            grads[k][mb] = [torch.zeros_like(t) if g is None else g
-                            for t, g in zip(wl, got[len(x_req):])]
-            it_x = iter(got[:len(x_req)])
-            g_out = [(lambda g, t: torch.zeros_like(t) if g is None else g)(next(it_x), t)
-                     if t.requires_grad else None for t in xs[k]]
+            got = torch.autograd.grad(
+                [o for o, _ in sel], x_req + wl, [g for _, g in sel], allow_unused=True
+            )
+            grads[k][mb] = [
+                torch.zeros_like(t) if g is None else g for t, g in zip(wl, got[len(x_req) :])
+            ]
+            it_x = iter(got[: len(x_req)])
+            g_out = [
+                (lambda g, t: torch.zeros_like(t) if g is None else g)(next(it_x), t)
+                if t.requires_grad
+                else None
+                for t in xs[k]
+            ]
             passes[k].append([mb, sch.BACKWARD, v])
             done_b[k].add(mb)
-        for k in range(n):              # updates whose backwards are all done
+        for k in range(n):  # updates whose backwards are all done
             while pos[k] < len(acts[k]):
                 a = acts[k][pos[k]]
                 if a.kind == sch.BACKWARD:
@@ -721,8 +801,9 @@ def replay_reference(job: Any) -> tuple[dict[str, Any], list[list[Any]]]:
                         break
                     if reps[k] == 1:
                         g = grads[k].pop(a.mb)
-                        pending[k] = g if pending[k] is None else [x + y for x, y in
-                                                                   zip(pending[k], g)]
+                        pending[k] = (
+                            g if pending[k] is None else [x + y for x, y in zip(pending[k], g)]
+                        )
                 elif a.kind == sch.ALLREDUCE:
                     rnd = range(a.mb, a.mb + reps[k])
                     if any(m not in done_b[k] for m in rnd):
@@ -736,10 +817,16 @@ def replay_reference(job: Any) -> tuple[dict[str, Any], list[list[Any]]]:
                     if opt is not None:
                         opt.step()
                     pending[k] = None
-                    bufs = [opt.state.get(p, {}).get("momentum_buffer") if opt else None
-                            for p in params[k]]
-                    history[k].append(([p.detach().clone() for p in params[k]],
-                                       [None if b is None else b.clone() for b in bufs]))
+                    bufs = [
+                        opt.state.get(p, {}).get("momentum_buffer") if opt else None
+                        for p in params[k]
+                    ]
+                    history[k].append(
+                        (
+                            [p.detach().clone() for p in params[k]],
+                            [None if b is None else b.clone() for b in bufs],
+                        )
+                    )
                 pos[k] += 1
     state = {k: v.detach().clone() for k, v in setup.model.state_dict().items()}
     return state, passes

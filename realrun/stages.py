@@ -69,11 +69,18 @@ class Crossing:
 class StageModule(nn.Module):
     """One pipeline stage (see module docs)."""
 
-    def __init__(self, gm: fx.GraphModule, index: int, nodes: list[fx.Node],
-                 inputs: Sequence[Crossing], outputs: Sequence[Crossing] | None,
-                 specs: dict[str, Any], leaves: dict[str, list[Any]],
-                 param_names: Sequence[str],
-                 layer_of: Mapping[str, tuple[str, int]] | None = None) -> None:
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        index: int,
+        nodes: list[fx.Node],
+        inputs: Sequence[Crossing],
+        outputs: Sequence[Crossing] | None,
+        specs: dict[str, Any],
+        leaves: dict[str, list[Any]],
+        param_names: Sequence[str],
+        layer_of: Mapping[str, tuple[str, int]] | None = None,
+    ) -> None:
         super().__init__()
         self.gm = gm
         self.index = index
@@ -81,7 +88,7 @@ class StageModule(nn.Module):
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs) if outputs is not None else None
         self._specs = specs
-        self._leaves = leaves           # non-tensor leaves of crossing values (static)
+        self._leaves = leaves  # non-tensor leaves of crossing values (static)
         self.param_names = tuple(param_names)
         """The stage's parameters by their names in the model (in ``gm`` too)."""
         self.layer_of: dict[str, tuple[str, int]] = dict(layer_of or {})
@@ -103,13 +110,11 @@ class StageModule(nn.Module):
     def call(self, weights: dict[str, torch.Tensor], *flat: torch.Tensor) -> Any:
         """:meth:`forward` with the parameters in ``weights`` (by their names in the model)
         in place of the module's own (``torch.func.functional_call``)."""
-        return torch.func.functional_call(self, {f"gm.{n}": t for n, t in weights.items()},
-                                          flat)
+        return torch.func.functional_call(self, {f"gm.{n}": t for n, t in weights.items()}, flat)
 
     def forward(self, *flat: torch.Tensor) -> Any:
         if len(flat) != len(self.inputs):
-            raise ValueError(f"stage {self.index}: {len(flat)} inputs, expected "
-                             f"{len(self.inputs)}")
+            raise ValueError(f"stage {self.index}: {len(flat)} inputs, expected {len(self.inputs)}")
         env: dict[str, Any] = {}
         grouped: dict[str, dict[int, torch.Tensor]] = {}
         for c, t in zip(self.inputs, flat):
@@ -129,8 +134,9 @@ class StageModule(nn.Module):
                 for part in str(n.target).split("."):
                     out = getattr(out, part)
             elif n.op == "placeholder":
-                raise RuntimeError(f"stage {self.index}: model input {n.name} did not reach "
-                                   "this stage")
+                raise RuntimeError(
+                    f"stage {self.index}: model input {n.name} did not reach this stage"
+                )
             else:
                 out = _run(self.gm, n, value)
             env[n.name] = out
@@ -163,10 +169,12 @@ class StageModule(nn.Module):
         return tuple(out)
 
 
-def _grad_hook(on_grad: Callable[[tuple[str, int]], None],
-               layer: tuple[str, int]) -> Callable[[torch.Tensor], None]:
+def _grad_hook(
+    on_grad: Callable[[tuple[str, int]], None], layer: tuple[str, int]
+) -> Callable[[torch.Tensor], None]:
     def hook(_g: torch.Tensor) -> None:
         on_grad(layer)
+
     return hook
 
 
@@ -196,15 +204,17 @@ class Split:
     boundaries: list[tuple[Crossing, ...]]
 
 
-def split_model(model: nn.Module, stage_layers: Sequence[Sequence[int]],
-                example_inputs: tuple[Any, ...], layer_names: Sequence[str] | None = None
-                ) -> Split:
+def split_model(
+    model: nn.Module,
+    stage_layers: Sequence[Sequence[int]],
+    example_inputs: tuple[Any, ...],
+    layer_names: Sequence[str] | None = None,
+) -> Split:
     """Cut ``model`` into stages (see module docs). ``stage_layers`` are the trace layer
     indices of each stage (a :class:`~simcore.partition.Partition`'s ``stages[k].layers``),
     ``example_inputs`` a micro-batch of inputs (``meta`` works) that fixes the boundary
     tensors' shapes, ``layer_names`` the trace's names to check against."""
-    meta_inputs = tuple(t.to("meta") if isinstance(t, torch.Tensor) else t
-                        for t in example_inputs)
+    meta_inputs = tuple(t.to("meta") if isinstance(t, torch.Tensor) else t for t in example_inputs)
     meta = _meta_copy(model)
     graph = layer_graph(meta, meta_inputs)
     if layer_names is not None and tuple(layer_names) != tuple(x.name for x in graph.layers):
@@ -261,21 +271,36 @@ def split_model(model: nn.Module, stage_layers: Sequence[Sequence[int]],
     params_of: list[list[str]] = [[] for _ in range(n_stages)]
     for layer in graph.layers:
         params_of[stage_of[layer.node.name]].extend(layer.param_names)
-    placeholders = tuple(Crossing(n.name, 0, tuple(values[n.name].shape), values[n.name].dtype)
-                         for n in gm.graph.nodes if n.op == "placeholder")
+    placeholders = tuple(
+        Crossing(n.name, 0, tuple(values[n.name].shape), values[n.name].dtype)
+        for n in gm.graph.nodes
+        if n.op == "placeholder"
+    )
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             specs[n.name] = pytree.tree_flatten(values[n.name])[1]
             leaves[n.name] = [None]
-    layer_of = {layer.node.name: (layer.name, i) for i, layer in enumerate(graph.layers)
-                if layer.kind != "input"}
+    layer_of = {
+        layer.node.name: (layer.name, i)
+        for i, layer in enumerate(graph.layers)
+        if layer.kind != "input"
+    }
     stages = []
     for k in range(n_stages):
-        own = [nodes[n.name] for n in gm.graph.nodes
-               if stage_of_all.get(n.name) == k]
-        stages.append(StageModule(gm, k, own, boundaries[k - 1] if k else placeholders,
-                                  boundaries[k] if k < n_stages - 1 else None,
-                                  specs, leaves, params_of[k], layer_of))
+        own = [nodes[n.name] for n in gm.graph.nodes if stage_of_all.get(n.name) == k]
+        stages.append(
+            StageModule(
+                gm,
+                k,
+                own,
+                boundaries[k - 1] if k else placeholders,
+                boundaries[k] if k < n_stages - 1 else None,
+                specs,
+                leaves,
+                params_of[k],
+                layer_of,
+            )
+        )
     _check_params(gm, stages)
     return Split(stages, boundaries)
 
@@ -297,4 +322,3 @@ def _check_params(gm: fx.GraphModule, stages: list[StageModule]) -> None:
     missing = {n for n, p in gm.named_parameters() if p.requires_grad} - set(seen)
     if missing:
         raise ValueError(f"parameters in no stage: {sorted(missing)[:5]}")
-

@@ -27,8 +27,11 @@ def main(job_path: str, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     setup = build_model(job, torch.device("cpu"))
     m = job.pipeline["microbatches"]
-    split = split_model(setup.model, job.pipeline["stage_layers"],
-                        zoo.example_inputs(job.model, job.batch_size // m, "meta"))
+    split = split_model(
+        setup.model,
+        job.pipeline["stage_layers"],
+        zoo.example_inputs(job.model, job.batch_size // m, "meta"),
+    )
     stage = split.stages[rank]
     example = tuple(torch.zeros(c.shape, dtype=c.dtype) for c in stage.inputs)
     pstage = PipelineStage(stage, rank, world, torch.device("cpu"), input_args=example)
@@ -48,10 +51,15 @@ def main(job_path: str, out: str) -> None:
         for p in stage.stage_parameters():
             if p.grad is not None:
                 p -= job.lr * p.grad
-    torch.save({"weights": {n: p.detach().clone() for n, p in
-                            zip(stage.param_names, stage.stage_parameters())},
-                "losses": [float(x) for x in losses]},
-               os.path.join(out, f"torchpp-rank{rank}.pt"))
+    torch.save(
+        {
+            "weights": {
+                n: p.detach().clone() for n, p in zip(stage.param_names, stage.stage_parameters())
+            },
+            "losses": [float(x) for x in losses],
+        },
+        os.path.join(out, f"torchpp-rank{rank}.pt"),
+    )
     dist.barrier()
     dist.destroy_process_group()
 

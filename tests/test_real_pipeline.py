@@ -33,28 +33,35 @@ def _trace_partition(model: str, batch: int, gpus: int) -> tuple[Any, Any]:
     from realrun.profiler import ProfileConfig, profile_model
     from simcore.partition import partition
 
-    trace = profile_model(model, ProfileConfig(batch_size=batch, analytic=True,
-                                               device_flops=1e12, progress=False))
+    trace = profile_model(
+        model, ProfileConfig(batch_size=batch, analytic=True, device_flops=1e12, progress=False)
+    )
     return trace, partition(trace, gpus, 1e9, method="antichain", straight=True)
 
 
 # ---- stage modules ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("model, gpus, batch, crossing", [
-    ("mlp_small", 3, 4, 1),
-    ("cnn_small", 3, 4, 1),
-    ("resnet18", 4, 2, 2),          # the skip crosses every cut with the block's input
-    ("googlenet", 4, 1, 1),
-    ("densenet121", 4, 1, 4),       # the dense block's concatenation inputs
-])
-def test_stages_compose_to_the_whole_model(model: str, gpus: int, batch: int,
-                                           crossing: int) -> None:
+
+@pytest.mark.parametrize(
+    "model, gpus, batch, crossing",
+    [
+        ("mlp_small", 3, 4, 1),
+        ("cnn_small", 3, 4, 1),
+        ("resnet18", 4, 2, 2),  # the skip crosses every cut with the block's input
+        ("googlenet", 4, 1, 1),
+        ("densenet121", 4, 1, 4),  # the dense block's concatenation inputs
+    ],
+)
+def test_stages_compose_to_the_whole_model(
+    model: str, gpus: int, batch: int, crossing: int
+) -> None:
     trace, part = _trace_partition(model, batch, gpus)
     torch.manual_seed(0)
     net = zoo.build(model)
     x = zoo.example_inputs(model, batch, seed=1)
-    split = split_model(net, [s.layers for s in part.stages], x,
-                        [layer.name for layer in trace.layers])
+    split = split_model(
+        net, [s.layers for s in part.stages], x, [layer.name for layer in trace.layers]
+    )
     assert len(split.stages) == gpus
     assert max(len(b) for b in split.boundaries) >= crossing
     torch.manual_seed(7)
@@ -79,15 +86,32 @@ def test_stages_compose_to_the_whole_model(model: str, gpus: int, batch: int,
 
 # ---- runs ------------------------------------------------------------------------------
 
-def run(tmp_path: Path, scheme: str, gpus: int, model: str = "mlp_small", batch: int = 12,
-        options: dict[str, Any] | None = None, pipeline: dict[str, Any] | None = None,
-        **kw: Any) -> tuple[dict[str, Any], dict[str, Any], Job]:
+
+def run(
+    tmp_path: Path,
+    scheme: str,
+    gpus: int,
+    model: str = "mlp_small",
+    batch: int = 12,
+    options: dict[str, Any] | None = None,
+    pipeline: dict[str, Any] | None = None,
+    **kw: Any,
+) -> tuple[dict[str, Any], dict[str, Any], Job]:
     options = options or {}
     pipeline = pipeline or plan(model, batch, gpus, scheme, options)
     kw.setdefault("iterations", 2)
     kw.setdefault("lr", 0.05)
-    job = Job(scheme=scheme, model=model, workers=gpus, options=options, pipeline=pipeline,
-              batch_size=batch, save_weights=True, timeout_s=60.0, **kw)
+    job = Job(
+        scheme=scheme,
+        model=model,
+        workers=gpus,
+        options=options,
+        pipeline=pipeline,
+        batch_size=batch,
+        save_weights=True,
+        timeout_s=60.0,
+        **kw,
+    )
     records = launch(job, str(tmp_path))
     return records, summarize(records), job
 
@@ -119,8 +143,7 @@ def accumulated_sgd(job: Job) -> dict[str, Any]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def assert_params(real: dict[str, Any], ref: dict[str, Any], job: Job,
-                  atol: float = 2e-6) -> None:
+def assert_params(real: dict[str, Any], ref: dict[str, Any], job: Job, atol: float = 2e-6) -> None:
     assert real.keys() == ref.keys()
     for k in real:
         torch.testing.assert_close(real[k], ref[k], atol=atol, rtol=1e-5, msg=k)
@@ -131,22 +154,26 @@ def assert_params(real: dict[str, Any], ref: dict[str, Any], job: Job,
 def assert_versions(records: dict[str, Any], job: Job) -> None:
     """Each real pass used the weight version the schedule prescribes."""
     p = job.pipeline
-    sched = make_schedule(job.scheme, job.options, p["replicas"], p["microbatches"],
-                          job.total_iterations + p["tail"])
+    sched = make_schedule(
+        job.scheme, job.options, p["replicas"], p["microbatches"], job.total_iterations + p["tail"]
+    )
     for r in records["ranks"]:
         got = [tuple(x) for x in r["passes"]]
         assert got == prescribed_versions(sched, r["rank"]), f"rank {r['rank']}"
 
 
-@pytest.mark.parametrize("scheme, gpus, model, batch, options", [
-    ("mp", 3, "mlp_small", 8, {}),
-    ("gpipe", 2, "cnn_small", 8, {}),
-    ("gpipe", 3, "mlp_small", 12, {"recompute": True}),
-    ("gpipe", 2, "resnet18", 2, {"microbatches": 2}),   # two tensors cross the cut
-])
-def test_mp_and_gpipe_equal_accumulated_sgd(tmp_path: Path, scheme: str, gpus: int,
-                                            model: str, batch: int,
-                                            options: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "scheme, gpus, model, batch, options",
+    [
+        ("mp", 3, "mlp_small", 8, {}),
+        ("gpipe", 2, "cnn_small", 8, {}),
+        ("gpipe", 3, "mlp_small", 12, {"recompute": True}),
+        ("gpipe", 2, "resnet18", 2, {"microbatches": 2}),  # two tensors cross the cut
+    ],
+)
+def test_mp_and_gpipe_equal_accumulated_sgd(
+    tmp_path: Path, scheme: str, gpus: int, model: str, batch: int, options: dict[str, Any]
+) -> None:
     records, result, job = run(tmp_path, scheme, gpus, model, batch, options)
     ref = accumulated_sgd(job)
     assert_params(stage_weights(tmp_path, records), ref, job)
@@ -157,13 +184,17 @@ def test_mp_and_gpipe_equal_accumulated_sgd(tmp_path: Path, scheme: str, gpus: i
     assert all(b > 0 for b in result["activation_peak_bytes"])
 
 
-@pytest.mark.parametrize("scheme, options", [
-    ("pipedream", {"straight": True}),
-    ("pipedream", {"straight": True, "stash": False}),
-    ("spectrain", {}),
-])
-def test_async_pipelines_equal_the_weight_version_replay(tmp_path: Path, scheme: str,
-                                                         options: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "scheme, options",
+    [
+        ("pipedream", {"straight": True}),
+        ("pipedream", {"straight": True, "stash": False}),
+        ("spectrain", {}),
+    ],
+)
+def test_async_pipelines_equal_the_weight_version_replay(
+    tmp_path: Path, scheme: str, options: dict[str, Any]
+) -> None:
     records, result, job = run(tmp_path, scheme, 3, "mlp_small", 12, options)
     ref, passes = replay_reference(job)
     real = stage_weights(tmp_path, records)
@@ -183,10 +214,14 @@ def test_async_pipelines_equal_the_weight_version_replay(tmp_path: Path, scheme:
 
 def test_replicated_stage_replicas_stay_identical_and_equal_the_replay(tmp_path: Path) -> None:
     _trace, part = _trace_partition("mlp_small", 8, 2)
-    pipeline = {"stage_layers": [list(s.layers) for s in part.stages], "replicas": [2, 1],
-                "microbatches": 4, "tail": 1, "partition": "antichain"}
-    records, _result, job = run(tmp_path, "pipedream", 3, "mlp_small", 8, {},
-                                pipeline=pipeline)
+    pipeline = {
+        "stage_layers": [list(s.layers) for s in part.stages],
+        "replicas": [2, 1],
+        "microbatches": 4,
+        "tail": 1,
+        "partition": "antichain",
+    }
+    records, _result, job = run(tmp_path, "pipedream", 3, "mlp_small", 8, {}, pipeline=pipeline)
     assert_versions(records, job)
     ref, _passes = replay_reference(job)
     real = stage_weights(tmp_path, records)
@@ -204,6 +239,7 @@ def test_replicated_stage_replicas_stay_identical_and_equal_the_replay(tmp_path:
 
 # ---- traffic, memory and timelines against the simulator --------------------------------
 
+
 def simulate_same(tmp_path: Path, job: Job) -> Any:
     """``sim run`` of the job's case on an analytic trace of the same model."""
     from dtsim.resolve import build_config
@@ -212,25 +248,37 @@ def simulate_same(tmp_path: Path, job: Job) -> Any:
     from simcore.engine import simulate
     from traces.jsonfmt import save
 
-    trace = profile_model(job.model, ProfileConfig(batch_size=job.batch_size, analytic=True,
-                                                   device_flops=1e12, progress=False))
+    trace = profile_model(
+        job.model,
+        ProfileConfig(batch_size=job.batch_size, analytic=True, device_flops=1e12, progress=False),
+    )
     path = tmp_path / "trace.json"
     save(trace, path)
-    settings = {"scheme": job.scheme, "gpus": job.workers, "model": str(path),
-                "topology": "ethernet", "batch_size": job.batch_size,
-                "iterations": job.iterations, "warmup_iterations": job.warmup_iterations,
-                "optimizer": job.optimizer}
+    settings = {
+        "scheme": job.scheme,
+        "gpus": job.workers,
+        "model": str(path),
+        "topology": "ethernet",
+        "batch_size": job.batch_size,
+        "iterations": job.iterations,
+        "warmup_iterations": job.warmup_iterations,
+        "optimizer": job.optimizer,
+    }
     settings.update({f"scheme.{k}": v for k, v in job.options.items()})
     return simulate(build_config(RunSpec().replace(**settings), record_spans=False))
 
 
-@pytest.mark.parametrize("scheme, options", [
-    ("gpipe", {}),
-    ("pipedream", {"straight": True}),
-    ("spectrain", {}),
-])
-def test_bytes_and_stash_memory_equal_the_simulators(tmp_path: Path, scheme: str,
-                                                     options: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "scheme, options",
+    [
+        ("gpipe", {}),
+        ("pipedream", {"straight": True}),
+        ("spectrain", {}),
+    ],
+)
+def test_bytes_and_stash_memory_equal_the_simulators(
+    tmp_path: Path, scheme: str, options: dict[str, Any]
+) -> None:
     _records, real, job = run(tmp_path, scheme, 3, "mlp_small", 12, options)
     sim = simulate_same(tmp_path, job)
     assert sim.extra["microbatches"] == real["microbatches"]
@@ -248,10 +296,30 @@ def test_cli_pipedream_json_and_trace(tmp_path: Path) -> None:
 
     trace_out = tmp_path / "t.json"
     sim = str(Path(sys.executable).parent / "sim")
-    out = subprocess.run([sim, "real", "--gpus", "3", "--scheme", "pipedream", "--model",
-                          "mlp_small", "--batch-size", "12", "--set", "scheme.straight=true",
-                          "--iterations", "2", "--json", "--trace-out", str(trace_out)],
-                         capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [
+            sim,
+            "real",
+            "--gpus",
+            "3",
+            "--scheme",
+            "pipedream",
+            "--model",
+            "mlp_small",
+            "--batch-size",
+            "12",
+            "--set",
+            "scheme.straight=true",
+            "--iterations",
+            "2",
+            "--json",
+            "--trace-out",
+            str(trace_out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert set(CONTRACT_KEYS) <= set(result)
@@ -275,20 +343,36 @@ def test_gpipe_equals_torch_pipelining_on_the_same_split(tmp_path: Path) -> None
     import subprocess
     import sys
 
-    records, _result, job = run(tmp_path, "gpipe", 2, "mlp_small", 8,
-                                {"microbatches": 4}, iterations=1, warmup_iterations=0,
-                                optimizer="sgd")
+    records, _result, job = run(
+        tmp_path,
+        "gpipe",
+        2,
+        "mlp_small",
+        8,
+        {"microbatches": 4},
+        iterations=1,
+        warmup_iterations=0,
+        optimizer="sgd",
+    )
     job.write(tmp_path / "pp-job.json")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     script = str(Path(__file__).parent / "pipelining_crosscheck.py")
-    procs = [subprocess.Popen([sys.executable, script, str(tmp_path / "pp-job.json"),
-                               str(tmp_path)],
-                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2",
-                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                                       PYTHONPATH=str(Path(__file__).parent.parent)))
-             for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, str(tmp_path / "pp-job.json"), str(tmp_path)],
+            env=dict(
+                os.environ,
+                RANK=str(r),
+                WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                PYTHONPATH=str(Path(__file__).parent.parent),
+            ),
+        )
+        for r in range(2)
+    ]
     for p in procs:
         assert p.wait(timeout=120) == 0
     theirs = [torch.load(tmp_path / f"torchpp-rank{r}.pt") for r in range(2)]
@@ -300,20 +384,32 @@ def test_gpipe_equals_torch_pipelining_on_the_same_split(tmp_path: Path) -> None
     assert [x for _mb, x in last["losses"]] == pytest.approx(theirs[1]["losses"], rel=1e-6)
 
 
-@pytest.mark.parametrize("scheme, fault, words", [
-    ("gpipe", "hang:1:1", "rank 1 (worker) hung"),
-    ("pipedream", "kill:2:1", "rank 2 (worker) was killed by SIGKILL"),
-])
-def test_dead_or_hung_pipeline_rank_is_named(tmp_path: Path, scheme: str, fault: str,
-                                             words: str) -> None:
+@pytest.mark.parametrize(
+    "scheme, fault, words",
+    [
+        ("gpipe", "hang:1:1", "rank 1 (worker) hung"),
+        ("pipedream", "kill:2:1", "rank 2 (worker) was killed by SIGKILL"),
+    ],
+)
+def test_dead_or_hung_pipeline_rank_is_named(
+    tmp_path: Path, scheme: str, fault: str, words: str
+) -> None:
     import subprocess
 
     from realrun.launch import RankFailed
 
     options = {"straight": True} if scheme == "pipedream" else {}
-    job = Job(scheme=scheme, model="mlp_small", workers=3, options=options,
-              pipeline=plan("mlp_small", 12, 3, scheme, options), batch_size=12,
-              iterations=3, timeout_s=4.0, fault=fault)
+    job = Job(
+        scheme=scheme,
+        model="mlp_small",
+        workers=3,
+        options=options,
+        pipeline=plan("mlp_small", 12, 3, scheme, options),
+        batch_size=12,
+        iterations=3,
+        timeout_s=4.0,
+        fault=fault,
+    )
     with pytest.raises(RankFailed) as info:
         launch(job, str(tmp_path))
     assert words in str(info.value)

@@ -13,41 +13,112 @@ from traces.atomic import check_writable
 
 
 @click.command("profile")
-@click.option("--model", "model_name", required=True, type=click.Choice(zoo.names()),
-              metavar="NAME", help=f"Zoo model: {', '.join(zoo.names())}.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Samples in the profiled batch.")
-@click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
-              help="Where to measure (ignored with --analytic).")
-@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
-              help="Element type of parameters and activations.")
-@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
-              metavar="FILE", help="Trace file to write. [default: MODEL-DEVICE-bBATCH.json]")
-@click.option("--analytic", is_flag=True,
-              help="Do not measure: count FLOPs on the meta device and turn them into times "
-                   "(needs --device-flops).")
-@click.option("--device-flops", default=None, metavar="RATE",
-              help="Peak FLOP/s of the target device for --analytic, e.g. 15.7e12 or "
-                   "15.7TFLOPS (V100 fp32).")
-@click.option("--efficiency", type=click.FloatRange(0, 1, min_open=True),
-              default=DEFAULT_EFFICIENCY, show_default=True,
-              help="Fraction of --device-flops the layers reach (--analytic).")
-@click.option("--memory-bandwidth", default=None, metavar="RATE",
-              help="Device memory rate for --analytic, e.g. 900GB/s: a layer is never faster "
-                   "than moving its bytes. [default: ignore memory traffic]")
-@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Timed samples per layer and direction (the median is kept).")
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
-              help="Untimed calls before each timing.")
-@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
-              help="torch intra-op threads.")
+@click.option(
+    "--model",
+    "model_name",
+    required=True,
+    type=click.Choice(zoo.names()),
+    metavar="NAME",
+    help=f"Zoo model: {', '.join(zoo.names())}.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Samples in the profiled batch.",
+)
+@click.option(
+    "--device",
+    type=click.Choice(DEVICES),
+    default="cpu",
+    show_default=True,
+    help="Where to measure (ignored with --analytic).",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(DTYPES),
+    default="float32",
+    show_default=True,
+    help="Element type of parameters and activations.",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    metavar="FILE",
+    help="Trace file to write. [default: MODEL-DEVICE-bBATCH.json]",
+)
+@click.option(
+    "--analytic",
+    is_flag=True,
+    help="Do not measure: count FLOPs on the meta device and turn them into times "
+    "(needs --device-flops).",
+)
+@click.option(
+    "--device-flops",
+    default=None,
+    metavar="RATE",
+    help="Peak FLOP/s of the target device for --analytic, e.g. 15.7e12 or 15.7TFLOPS (V100 fp32).",
+)
+@click.option(
+    "--efficiency",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=DEFAULT_EFFICIENCY,
+    show_default=True,
+    help="Fraction of --device-flops the layers reach (--analytic).",
+)
+@click.option(
+    "--memory-bandwidth",
+    default=None,
+    metavar="RATE",
+    help="Device memory rate for --analytic, e.g. 900GB/s: a layer is never faster "
+    "than moving its bytes. [default: ignore memory traffic]",
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Timed samples per layer and direction (the median is kept).",
+)
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Untimed calls before each timing.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="torch intra-op threads.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the inputs.")
-@click.option("--progress/--no-progress", default=True, show_default=True,
-              help="Show a progress bar on stderr.")
-def profile(model_name: str, batch_size: int, device: str, dtype: str, out: str | None,
-            analytic: bool, device_flops: str | None, efficiency: float,
-            memory_bandwidth: str | None, repeats: int, warmup: int, threads: int, seed: int,
-            progress: bool) -> None:
+@click.option(
+    "--progress/--no-progress",
+    default=True,
+    show_default=True,
+    help="Show a progress bar on stderr.",
+)
+def profile(
+    model_name: str,
+    batch_size: int,
+    device: str,
+    dtype: str,
+    out: str | None,
+    analytic: bool,
+    device_flops: str | None,
+    efficiency: float,
+    memory_bandwidth: str | None,
+    repeats: int,
+    warmup: int,
+    threads: int,
+    seed: int,
+    progress: bool,
+) -> None:
     """Profile a model of the zoo into a layer trace (dtsim JSON).
 
     Every layer of the model's torch.fx graph is timed on its own, forward and backward
@@ -78,9 +149,19 @@ def profile(model_name: str, batch_size: int, device: str, dtype: str, out: str 
     started = time.perf_counter()
     try:
         config = ProfileConfig(
-            batch_size=batch_size, device=device, dtype=dtype, warmup=warmup, repeats=repeats,
-            threads=threads, analytic=analytic, device_flops=flops_rate, efficiency=efficiency,
-            memory_bytes_per_s=mem_rate, seed=seed, progress=progress)
+            batch_size=batch_size,
+            device=device,
+            dtype=dtype,
+            warmup=warmup,
+            repeats=repeats,
+            threads=threads,
+            analytic=analytic,
+            device_flops=flops_rate,
+            efficiency=efficiency,
+            memory_bytes_per_s=mem_rate,
+            seed=seed,
+            progress=progress,
+        )
         trace = profile_model(model_name, config)
     except ProfileError as exc:
         raise BadInput(str(exc)) from None
@@ -89,4 +170,5 @@ def profile(model_name: str, batch_size: int, device: str, dtype: str, out: str 
         f"wrote {path}: {model_name}, {len(trace.layers)} layers, batch {batch_size} on "
         f"{trace.meta.device}; forward {format_time(trace.forward_s)} + backward "
         f"{format_time(trace.backward_s)} per batch; {trace.param_count / 1e6:.2f}M params "
-        f"({format_bytes(trace.param_bytes)}); took {time.perf_counter() - started:.1f} s")
+        f"({format_bytes(trace.param_bytes)}); took {time.perf_counter() - started:.1f} s"
+    )

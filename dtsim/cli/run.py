@@ -15,8 +15,13 @@ from traces.atomic import check_writable
 @click.command("run")
 @run_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-@click.option("--trace-out", type=click.Path(dir_okay=False, writable=True), default=None,
-              metavar="FILE", help="Write a Chrome trace (open in https://ui.perfetto.dev).")
+@click.option(
+    "--trace-out",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    metavar="FILE",
+    help="Write a Chrome trace (open in https://ui.perfetto.dev).",
+)
 @click.pass_context
 def run(ctx: click.Context, as_json: bool, trace_out: str | None, **params: Any) -> None:
     """Simulate one training configuration and print its metrics.
@@ -38,8 +43,9 @@ def run(ctx: click.Context, as_json: bool, trace_out: str | None, **params: Any)
     if trace_out:
         from simcore.chrome import to_chrome_trace
 
-        meta = {"dtsim": {k: v for k, v in result.to_dict().items()
-                          if not isinstance(v, dict | list)}}
+        meta = {
+            "dtsim": {k: v for k, v in result.to_dict().items() if not isinstance(v, dict | list)}
+        }
         write_json(trace_out, to_chrome_trace(result.spans, result.device_names, meta))
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))

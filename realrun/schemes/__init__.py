@@ -10,8 +10,7 @@ from typing import Any
 
 from realrun.job import PIPELINE_SCHEMES
 
-RUNTIMES = {"dp": "DPRuntime", "ps": "PSRuntime", "p3": "P3Runtime",
-            "gossip": "GossipRuntime"}
+RUNTIMES = {"dp": "DPRuntime", "ps": "PSRuntime", "p3": "P3Runtime", "gossip": "GossipRuntime"}
 """Scheme name -> class in ``realrun.schemes.<name>``."""
 
 

@@ -82,12 +82,19 @@ class Shard:
 class ServerOptions:
     """Options every parameter-server scheme has."""
 
-    placement: str = option("colocated", "where servers run: on the workers' hosts or on "
-                                         "dedicated hosts on the fabric", choices=PLACEMENTS)
-    servers: int = option(0, "number of servers (0: one per machine when colocated, one per "
-                             "worker when dedicated)", minimum=0)
-    server_bandwidth: float = option(20e9, "memory bandwidth at which a server adds pushes "
-                                           "and applies updates", unit="rate")
+    placement: str = option(
+        "colocated",
+        "where servers run: on the workers' hosts or on dedicated hosts on the fabric",
+        choices=PLACEMENTS,
+    )
+    servers: int = option(
+        0,
+        "number of servers (0: one per machine when colocated, one per worker when dedicated)",
+        minimum=0,
+    )
+    server_bandwidth: float = option(
+        20e9, "memory bandwidth at which a server adds pushes and applies updates", unit="rate"
+    )
 
 
 def server_count(options: Any, topology: Topology) -> int:
@@ -145,9 +152,10 @@ def mean_field_plan(config: SimConfig, options: Any, topology: Topology) -> Mean
     if any(b != list(range(i * per_box, (i + 1) * per_box)) for i, b in enumerate(boxes)):
         return "it needs every machine full, ranks numbered machine by machine"
     devs = topology.devices
-    if len(topology.hosts) != nboxes or any(devs[h].box != devs[topology.gpus[b[0]]].box
-                                            for h, b in zip(topology.hosts, boxes,
-                                                            strict=True)):
+    if len(topology.hosts) != nboxes or any(
+        devs[h].box != devs[topology.gpus[b[0]]].box
+        for h, b in zip(topology.hosts, boxes, strict=True)
+    ):
         return "it needs one host per machine"
     if any(devs[link.src].box < 0 and devs[link.dst].box < 0 for link in topology.links):
         return "it needs the machines on one switch"
@@ -191,8 +199,11 @@ class ParameterServerScheme(Scheme):
     @classmethod
     def check(cls, config: SimConfig, options: Any, topology: Topology) -> None:
         if options.placement == "colocated" and not topology.hosts:
-            raise ConfigError("scheme.placement", "colocated",
-                              f"topology {topology.name!r} has no host CPUs; use dedicated")
+            raise ConfigError(
+                "scheme.placement",
+                "colocated",
+                f"topology {topology.name!r} has no host CPUs; use dedicated",
+            )
         use_mean_field(config, options, topology)
 
     @abstractmethod
@@ -215,8 +226,7 @@ class ParameterServerScheme(Scheme):
             self._plan_every_worker(topo)
         else:
             self._plan_mean_field(self.mean_field, topo)
-        self.server_name = [f"{topo.devices[d].name}/ps{s}" for s, d in
-                            enumerate(self.server_dev)]
+        self.server_name = [f"{topo.devices[d].name}/ps{s}" for s, d in enumerate(self.server_dev)]
         self.server_busy = [0.0] * len(self.server_dev)
         # Server s's pushes of shard k per iteration: expected[k][s].
         self.expected: list[dict[int, int]] = []
@@ -231,7 +241,7 @@ class ParameterServerScheme(Scheme):
         self.follower_ops = LayerOps(trace)
         # Per pushing worker: the last iteration whose values have come back, per layer.
         self.avail = [dict.fromkeys(self.layer_shards, -1) for _ in range(self.p)]
-        self.left: dict[tuple[int, int, int], int] = {}      # (rank, it, layer) -> parts
+        self.left: dict[tuple[int, int, int], int] = {}  # (rank, it, layer) -> parts
         self.layers_left = [[len(self.layer_shards)] * n_it for _ in range(self.p)]
         self.bwd_done = [[False] * n_it for _ in range(self.p)]
         self.waiting: dict[tuple[int, int], list[tuple[int, Event]]] = {}
@@ -273,8 +283,12 @@ class ParameterServerScheme(Scheme):
         for sh in self.shards:
             local = round(sh.nbytes / h)
             remote = sh.nbytes - local
-            self.parts.append(tuple(tuple((s, nb) for s, nb in ((c, local), (1 - c, remote))
-                                          if nb > 0) for c in (0, 1)))
+            self.parts.append(
+                tuple(
+                    tuple((s, nb) for s, nb in ((c, local), (1 - c, remote)) if nb > 0)
+                    for c in (0, 1)
+                )
+            )
         self.share = [sh.nbytes / h for sh in self.shards]
         self.ctx.traffic_scale = h / 2
 
@@ -324,8 +338,17 @@ class ParameterServerScheme(Scheme):
             sh = self.shards[k]
             for s, nb in self.parts[k][c]:
                 n += 1
-                net.send(src, self.server_dev[s], nb, self._push_arrived, priority=sh.priority,
-                         tag=f"push L{layer}", rank_src=r, iteration=it, payload=(k, s, r, it))
+                net.send(
+                    src,
+                    self.server_dev[s],
+                    nb,
+                    self._push_arrived,
+                    priority=sh.priority,
+                    tag=f"push L{layer}",
+                    rank_src=r,
+                    iteration=it,
+                    payload=(k, s, r, it),
+                )
         self.left[(r, it, layer)] = n
 
     def _value_arrived(self, msg: Message) -> None:
@@ -367,12 +390,10 @@ class ParameterServerScheme(Scheme):
         end = start + seconds
         self.server_busy[s] = end
         if self.ctx.config.record_spans:
-            self.ctx.compute_log.append((self.server_name[s], kind, kind, start, end, it, -1,
-                                         -1))
+            self.ctx.compute_log.append((self.server_name[s], kind, kind, start, end, it, -1, -1))
         return end
 
-    def _server_work(self, s: int, seconds: float, kind: str, it: int, then: Any,
-                     arg: Any) -> None:
+    def _server_work(self, s: int, seconds: float, kind: str, it: int, then: Any, arg: Any) -> None:
         env = self.ctx.env
         ev = env.timeout(self._server_time(s, seconds, kind, it) - env.now, arg)
         ev.callbacks.append(then)
@@ -396,9 +417,17 @@ class ParameterServerScheme(Scheme):
 
     def _added(self, ev: Any) -> None:
         k, s, r, it, nb = ev._value
-        self.ctx.net.send(self.server_dev[s], self.ctx.topology.gpus[r], self.control_bytes,
-                          self._acked, priority=self.shards[k].priority, tag="ack", rank_dst=r,
-                          iteration=it, payload=(k, s, r, it, nb))
+        self.ctx.net.send(
+            self.server_dev[s],
+            self.ctx.topology.gpus[r],
+            self.control_bytes,
+            self._acked,
+            priority=self.shards[k].priority,
+            tag="ack",
+            rank_dst=r,
+            iteration=it,
+            payload=(k, s, r, it, nb),
+        )
         key = (k, s, it)
         self.added[key] = self.added.get(key, 0) + 1
         if self.added[key] == self.expected[k][s]:
@@ -429,9 +458,17 @@ class ParameterServerScheme(Scheme):
 
     def _acked(self, msg: Message) -> None:
         k, s, r, it, _nb = msg.payload
-        self.ctx.net.send(self.ctx.topology.gpus[r], self.server_dev[s], self.control_bytes,
-                          self._pull_arrived, priority=self.shards[k].priority,
-                          tag="pull request", rank_src=r, iteration=it, payload=msg.payload)
+        self.ctx.net.send(
+            self.ctx.topology.gpus[r],
+            self.server_dev[s],
+            self.control_bytes,
+            self._pull_arrived,
+            priority=self.shards[k].priority,
+            tag="pull request",
+            rank_src=r,
+            iteration=it,
+            payload=msg.payload,
+        )
 
     def _pull_arrived(self, msg: Message) -> None:
         k, s, r, it, nb = msg.payload
@@ -442,9 +479,17 @@ class ParameterServerScheme(Scheme):
 
     def _send_value(self, k: int, s: int, r: int, it: int, nbytes: int) -> None:
         sh = self.shards[k]
-        self.ctx.net.send(self.server_dev[s], self.ctx.topology.gpus[r], nbytes,
-                          self._value_arrived, priority=sh.priority, tag=f"pull L{sh.layer}",
-                          rank_dst=r, iteration=it, payload=(k, s, r, it))
+        self.ctx.net.send(
+            self.server_dev[s],
+            self.ctx.topology.gpus[r],
+            nbytes,
+            self._value_arrived,
+            priority=sh.priority,
+            tag=f"pull L{sh.layer}",
+            rank_dst=r,
+            iteration=it,
+            payload=(k, s, r, it),
+        )
 
     def extra_metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {"servers": self.S, "shards": len(self.shards)}
