@@ -17,12 +17,14 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import netns_unavailable_reason
+
 pytest.importorskip("torch", reason="real runs need torch (make test installs it)")
 
 from realrun import netns
 from realrun.job import Job
 from realrun.launch import Placement, launch
-from realrun.netns import EmulatedCluster, NetnsUnavailable, check_available, list_ours
+from realrun.netns import EmulatedCluster, list_ours
 
 pytestmark = pytest.mark.real
 
@@ -30,15 +32,7 @@ SIM = str(Path(sys.executable).parent / "sim")
 MBIT = 1e6 / 8
 
 
-def _reason() -> str | None:
-    try:
-        check_available()
-    except NetnsUnavailable as err:
-        return str(err)
-    return None
-
-
-_REASON = _reason()
+_REASON = netns_unavailable_reason()
 needs_netns = pytest.mark.skipif(_REASON is not None,
                                  reason=f"network namespaces unavailable: {_REASON}")
 
