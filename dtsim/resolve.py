@@ -48,8 +48,11 @@ def load_preset(name: str) -> dict[str, Any]:
         try:
             with open(name, encoding="utf-8") as fh:
                 data = yaml.safe_load(fh)
-        except (OSError, yaml.YAMLError) as exc:
-            first = str(exc).strip().splitlines()[0]
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            from traces.errors import unreadable
+
+            first = (unreadable(exc) if isinstance(exc, (OSError, UnicodeDecodeError))
+                     else str(exc).strip().splitlines()[0])
             raise ConfigError("topology", name, f"cannot be read as a preset ({first})") from None
         if not isinstance(data, dict) or "box" not in data:
             raise ConfigError("topology", name, "a preset file needs at least a 'box' section "

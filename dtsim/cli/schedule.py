@@ -50,8 +50,14 @@ def schedule(scheme: str, stages: int, replicas: str, microbatches: int, iterati
 
     try:
         if from_file:
-            with open(from_file, encoding="utf-8") as fh:
-                s = Schedule.from_text(fh.read(), name=from_file)
+            try:
+                with open(from_file, encoding="utf-8") as fh:
+                    text = fh.read()
+            except (OSError, UnicodeDecodeError) as exc:
+                from traces.errors import unreadable
+
+                raise ConfigError("--from-file", from_file, unreadable(exc)) from None
+            s = Schedule.from_text(text, name=from_file)
         else:
             if replicas:
                 try:
