@@ -69,6 +69,9 @@ def schedule(scheme: str, stages: int, replicas: str, microbatches: int, iterati
                                                               "separated by commas, e.g. 2,1,1")
             else:
                 reps = [1] * stages
+            from dtsim.cli.guard import check_schedule
+
+            check_schedule(sum(reps), microbatches, iterations)
             cls = get_scheme(scheme)
             source = click.get_current_context().get_parameter_source("microbatches")
             if scheme == "mp" and source == ParameterSource.COMMANDLINE:
