@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from simpy import Environment

@@ -4,9 +4,10 @@
 ``gpus`` is answered at once), the simulated system's events (compute ops and message
 transfers, chunk by chunk in the detailed model) and the messages the run keeps for its
 metrics, and turns them into seconds and bytes with per-event and per-message costs
-measured on a 2-core machine (``bench/guard_estimate.py`` compares them with real runs). The estimate is meant to be
-right within a small factor; a caller (the ``sim`` command) compares it with what the
-machine can give and refuses runs that could not finish, saying what to change.
+measured on a 2-core machine (``bench/guard_estimate.py`` compares them with real runs).
+The estimate is meant to be right within a small factor; a caller (the ``sim``
+command) compares it with what the machine can give and refuses runs that could not
+finish, saying what to change.
 
 :func:`schedule_actions` does the same for a pipeline schedule laid out as a grid.
 """

@@ -28,10 +28,9 @@ def run(ctx: click.Context, as_json: bool, trace_out: str | None, **params: Any)
       sim run --gpus 16 --topology dgx1 --bandwidth 25Gbps --set scheme.algorithm=hierarchical
       sim run --gpus 4 --scheme ps --topology ethernet --model vgg16 --json
     """
+    from dtsim.cli.guard import check_work, progress_bar
     from dtsim.resolve import build_config
     from simcore.engine import simulate
-
-    from dtsim.cli.guard import check_work, progress_bar
 
     if trace_out:
         if trace_out == "-" and as_json:
