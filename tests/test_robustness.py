@@ -322,10 +322,10 @@ def test_profile_with_a_batch_that_cannot_fit_is_one_line(tmp_path, capsys):
 # ---- fuzzing the loaders -----------------------------------------------------------------
 
 def _valid_trace_text() -> str:
+    import tempfile
+
     from traces import save_trace
     from traces.catalog import load_builtin
-
-    import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "t.json")
@@ -356,7 +356,7 @@ def mutated(text: str) -> st.SearchStrategy[bytes]:
 def assert_user_error_only(fn) -> None:
     try:
         fn()
-    except Exception as exc:  # noqa: BLE001 - the point: any exception must be a user error
+    except Exception as exc:
         code, message = exit_code_and_message(exc)
         assert code is not None, f"{type(exc).__name__}: {exc}"
         assert message and "\n" not in message
