@@ -104,10 +104,14 @@ def _check_memory(model_name: str, batch_size: int, device: str, dtype: str) -> 
     """Refuse (exit 2) a batch whose inputs, layer outputs and parameters (counted on the
     meta device, where nothing is allocated) would not fit the device's memory: profiling
     keeps every layer's output, its gradient and the parameters' gradients."""
+    import torch
+
     from dtsim.cli.guard import MEMORY_SHARE, machine_memory
     from realrun.profiler import ProfileConfig, ProfileError, profile_model
     from simcore.units import format_bytes
 
+    if device == "cuda" and not torch.cuda.is_available():
+        return          # the real run says there is no GPU
     try:
         shape = profile_model(model_name, ProfileConfig(
             batch_size=batch_size, dtype=dtype, analytic=True, device_flops=1e12,
@@ -117,8 +121,6 @@ def _check_memory(model_name: str, batch_size: int, device: str, dtype: str) -> 
     need = (2 * sum(layer.activation_bytes for layer in shape.layers)
             + 3 * shape.param_bytes)
     if device == "cuda":
-        import torch
-
         have = torch.cuda.get_device_properties(0).total_memory
     else:
         have = int(MEMORY_SHARE * machine_memory())
