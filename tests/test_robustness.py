@@ -391,3 +391,20 @@ def test_fuzzed_topology_files_never_crash_the_loader(tmp_path_factory, data):
         resolve_topology(config, 0)
 
     assert_user_error_only(load)
+
+
+def test_the_cli_progress_bar_draws_the_simulation_share(monkeypatch):
+    import io
+    import sys
+
+    from dtsim.cli import guard
+
+    monkeypatch.setattr(guard, "BAR_DELAY_S", 0.0)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    config = build_config(RunSpec(gpus=8, scheme="dp", iterations=2), record_spans=False)
+    with guard.progress_bar(True) as progress:
+        simulate(config, progress=progress)
+    text = sys.stderr.getvalue()
+    assert "simulating" in text and "100%" in text
+    with guard.progress_bar(False) as progress:
+        assert progress is None

@@ -35,9 +35,27 @@ What the mean field leaves out is the imbalance of whole shards: which server ke
 urgent first layers, bursts of pushes of one slice onto one server. Where the full model
 keeps a steady period the two agree within 1%; when bandwidth is the bottleneck the full
 model can swing between slow and fast iterations; the mean field does not swing and gives
-the fast ones, 11-28% below the full model's mean in ``bench/p3_mean_field.py``. The
-``ps`` baseline keeps the full model: its hash placement of whole arrays is uneven by
-design, and that imbalance is the cost P3 removes.
+the fast ones, 11-28% below the full model's mean in ``bench/p3_mean_field.py``.
+
+**Placed mean field** (``ps``, whose hash placement of whole arrays is uneven by design:
+that imbalance is the cost P3 removes, so it must stay; see
+:meth:`ParameterServerScheme._plan_mean_field_placed`). Machines 0 and 1 are simulated
+and mirrored as above, but every server keeps the shards the real placement gives it.
+An array split over every server is balanced and folded as above. A whole shard keeps
+its concentration on its server: its remote pushes (and the acknowledgements, requests
+and values that answer them) are *groups* of identical messages
+(:meth:`~simcore.network.AnalyticNetwork.send_grouped`) that carry the bytes of all
+remote workers on the server's side of the route; for a server on neither simulated
+machine, both simulated machines carry half of them over private *shadow* copies of the
+server machine's links (:class:`~simcore.network.ShadowLink`), which also wait for the
+twin machine's traffic (what the mirrored workers of that machine send and receive),
+and the server's work waits for its twin server's. What is exact: the bytes every server
+receives and sends and the work it does, the payload totals, and everything where
+compute hides communication. What is not: a group's members arrive together (the full
+model's workers, each waiting only for its own values, can drift apart around one hot
+server), and an array's parts are folded (the full model sends them to the servers in
+one order, a hot spot moving from server to server): ``bench/mean_field_accuracy.py``
+measures both against the full model.
 """
 
 from __future__ import annotations
