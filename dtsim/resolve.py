@@ -113,8 +113,14 @@ def build_config(spec: RunSpec, *, record_spans: bool = True) -> SimConfig:
                         nic_per_gpu=spec.nic_per_gpu)
     scale = spec.compute_scale
     if not scale:
-        gpu = preset.get("gpu", {})
-        peak = float(gpu.get("peak_flops", gpu_peak_flops().get(str(gpu.get("model")), 0)) or 0)
+        gpu = preset.get("gpu") or {}
+        try:
+            peak = float(gpu.get("peak_flops", gpu_peak_flops().get(str(gpu.get("model")), 0))
+                         or 0)
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError("topology", spec.topology,
+                              f"gpu.peak_flops must be a number of FLOP/s such as 15.7e12 "
+                              f"({exc})") from None
         scale = device_scale(trace.meta.device, str(gpu.get("model", "")), peak) if peak else 1.0
     return SimConfig(
         trace=trace, topology=topo, scheme=spec.scheme, options=options,
