@@ -292,7 +292,11 @@ def run_point(pid: str, values: Mapping[str, Any], spec: Mapping[str, Any]) -> d
 
     row: dict[str, Any] = {"point_id": pid, "status": "ok"}
     try:
-        result = simulate(build_config(apply_settings(RunSpec(), spec), record_spans=False))
+        from dtsim.cli.guard import check_work
+
+        config = build_config(apply_settings(RunSpec(), spec), record_spans=False)
+        check_work(config)      # a point too big for this machine fails at once
+        result = simulate(config)
         row.update(flatten_result(result.to_dict()))
         error = ""
     except Exception as exc:

@@ -407,3 +407,13 @@ def test_the_cli_progress_bar_draws_the_simulation_share(monkeypatch):
     assert "simulating" in sys.stderr.getvalue()
     with guard.progress_bar(False) as progress:
         assert progress is None
+
+
+def test_a_sweep_point_too_big_fails_alone(tmp_path, capsys):
+    out = tmp_path / "g.csv"
+    code, text, err = run_main(capsys, "sweep", "--scheme", "dp", "--gpus", "2,1000000000",
+                               "--fidelity", "analytic", "--iterations", "1", "--out",
+                               str(out), "-j", "1")
+    assert code == 1 and "1 of 2 points failed" in err
+    assert "too big to finish here" in text
+    assert "iteration_time_s" in out.read_text()
