@@ -267,7 +267,9 @@ def test_the_estimate_grows_with_gpus_and_iterations(scheme, fidelity, log_gpus,
                                      record_spans=False))
     a, b, c = est(2 ** log_gpus, its), est(2 ** (log_gpus + 1), its), est(2 ** log_gpus,
                                                                          its + 1)
-    assert 0 < a.memory_bytes <= b.memory_bytes and a.memory_bytes <= c.memory_bytes
+    if a.mean_field == b.mean_field:     # a mean field starting at more GPUs costs less
+        assert 0 < a.memory_bytes <= b.memory_bytes
+    assert 0 < a.memory_bytes <= c.memory_bytes
     assert 0 < a.seconds <= c.seconds and a.events <= c.events
 
 
