@@ -105,6 +105,8 @@ class SweepSummary:
     out: str
     wall_s: float
     errors: tuple[tuple[Mapping[str, Any], str], ...] = ()
+    failed_before: int = 0
+    """Points of the plan that had failed in an earlier run and were not run again."""
 
 
 # ---- planning ---------------------------------------------------------------------------
@@ -255,8 +257,14 @@ def run_point(pid: str, values: Mapping[str, Any], spec: Mapping[str, Any]) -> d
     row: dict[str, Any] = {"point_id": pid, "status": "ok"}
     run_spec = None
     try:
+        from simcore.guard import machine_memory, work_refusal
+
         run_spec = apply_settings(RunSpec(), spec)
-        result = simulate(build_config(run_spec, record_spans=False))
+        config = build_config(run_spec, record_spans=False)
+        too_big = work_refusal(config, machine_memory())
+        if too_big:             # a point too big for this machine fails at once
+            raise ValueError(too_big)
+        result = simulate(config)
         row.update(flatten_result(result.to_dict()))
         error = ""
     except Exception as exc:
@@ -422,9 +430,13 @@ def run_sweep(plan: SweepPlan, out: str, *, jobs: int = 1, scheduler: str | None
                 bar.close()
             store.save()
         rows = len(store.rows)
+        again = {p.point_id for p in todo}
+        before = sum(1 for p in plan.points if p.point_id not in again and p.point_id in done
+                     and done[p.point_id].get("status") != "ok")
     return SweepSummary(points=len(plan.points), skipped=len(plan.points) - len(todo),
                         computed=computed, failed=len(failed), rows=rows, out=out,
-                        wall_s=time.perf_counter() - t0, errors=tuple(failed))
+                        wall_s=time.perf_counter() - t0, errors=tuple(failed),
+                        failed_before=before)
 
 
 def _progress(total: int, enabled: bool) -> Any:

@@ -49,8 +49,11 @@ def load_preset(name: str) -> dict[str, Any]:
         try:
             with open(name, encoding="utf-8") as fh:
                 data = yaml.safe_load(fh)
-        except (OSError, yaml.YAMLError) as exc:
-            first = str(exc).strip().splitlines()[0]
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            from traces.errors import unreadable
+
+            first = (unreadable(exc) if isinstance(exc, OSError | UnicodeDecodeError)
+                     else str(exc).strip().splitlines()[0])
             raise ConfigError("topology", name, f"cannot be read as a preset ({first})") from None
         if not isinstance(data, dict) or "box" not in data:
             raise ConfigError("topology", name, "a preset file needs at least a 'box' section "
@@ -109,8 +112,14 @@ def build_config(spec: RunSpec, *, record_spans: bool = True) -> SimConfig:
                         nic_per_gpu=spec.nic_per_gpu)
     scale = spec.compute_scale
     if scale is None:
-        gpu = preset.get("gpu", {})
-        peak = float(gpu.get("peak_flops", gpu_peak_flops().get(str(gpu.get("model")), 0)) or 0)
+        gpu = preset.get("gpu") or {}
+        try:
+            peak = float(gpu.get("peak_flops", gpu_peak_flops().get(str(gpu.get("model")), 0))
+                         or 0)
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError("topology", spec.topology,
+                              f"gpu.peak_flops must be a number of FLOP/s such as 15.7e12 "
+                              f"({exc})") from None
         scale = device_scale(trace.meta, str(gpu.get("model", "")), peak) if peak else 1.0
     return SimConfig(trace=trace, topology=topo, options=options, compute_scale=scale,
                      record_spans=record_spans, **{n: getattr(spec, n) for n in SHARED})

@@ -148,8 +148,10 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         with open(p, encoding="utf-8") as fh:
             text = fh.read()
-    except OSError as exc:
-        raise ConfigError("config", p, f"cannot be read ({exc.strerror or exc})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        from traces.errors import unreadable
+
+        raise ConfigError("config", p, f"cannot be read ({unreadable(exc)})") from None
     try:
         if p.endswith(".json"):
             data = json.loads(text)

@@ -13,7 +13,7 @@ from simcore.units import (
 
 @pytest.mark.parametrize("text, expected", [
     ("10Gbps", 1.25e9), ("100Gb/s", 12.5e9), ("25GB/s", 25e9), ("1.5 GB/s", 1.5e9),
-    ("8bps", 1.0), ("12.5e9", 12.5e9), (3e9, 3e9), ("1GiB/s", 2**30),
+    ("8bps", 1.0), ("12.5e9B/s", 12.5e9), (3e9, 3e9), ("1GiB/s", 2**30),
 ])
 def test_parse_rate(text, expected):
     assert parse_rate(text) == pytest.approx(expected)

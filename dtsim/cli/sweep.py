@@ -93,6 +93,16 @@ def sweep(config_file: str | None, settings: tuple[str, ...], out: str, jobs: in
         click.echo(f"  failed: {_show(values)}: {error}")
     if len(s.errors) > 10:
         click.echo(f"  ... and {len(s.errors) - 10} more (see the 'error' column)")
+    if s.failed or s.failed_before:
+        now = f"{s.failed} of {s.computed} computed now" if s.computed else ""
+        before = f"{s.failed_before} from an earlier run" if s.failed_before else ""
+        n = s.failed + s.failed_before
+        err = click.ClickException(f"{n} of {s.points} point{'s' if s.points != 1 else ''} "
+                                   f"failed ({'; '.join(x for x in (now, before) if x)}); "
+                                   f"their errors are in the 'error' column of {s.out}; "
+                                   f"fix them and rerun with --retry-failed")
+        err.exit_code = 1
+        raise err
 
 
 def _show(values: dict[str, Any] | Any) -> str:

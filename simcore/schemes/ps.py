@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simcore.config import option
-from simcore.schemes._psbase import ParameterServerScheme, ServerOptions, Shard
+from simcore.schemes._psbase import MEAN_FIELD, ParameterServerScheme, ServerOptions, Shard
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,11 @@ class PSOptions(ServerOptions):
     big_array_bytes: int = option(4_000_000, "arrays at least this big are split over all "
                                              "servers (MXNet: 1e6 elements)", unit="bytes",
                                   minimum=1)
+    mean_field: str = option("auto", "analytic fidelity: simulate two machines and mirror "
+                                     "them onto the rest, every server keeping its real "
+                                     "shards; auto: from 5 identical machines, on: wherever "
+                                     "the cluster allows, off: every worker and server",
+                             choices=MEAN_FIELD)
 
 
 def mxnet_shards(layer_bytes: list[tuple[int, int]], servers: int,
@@ -50,6 +55,7 @@ class ParameterServer(ParameterServerScheme):
     summary = "parameter servers, per-layer push then pull in backward order (MXNet baseline)"
     Options = PSOptions
     fused = False
+    keeps_placement = True
 
     def make_shards(self, num_servers: int) -> list[Shard]:
         layers = [(i, layer.param_bytes) for i, layer in enumerate(self.ctx.trace.layers)
