@@ -132,7 +132,7 @@ def _normalise(key: str) -> str:
 
 def _check_named(name: str, value: Any) -> None:
     """Check a value that names a model or a topology preset (the spec checks the rest)."""
-    from simcore.resolve import load_preset, resolve_trace
+    from analysis.resolve import load_preset, resolve_trace
 
     if name == "model":
         resolve_trace(value)
@@ -251,8 +251,8 @@ def run_point(pid: str, values: Mapping[str, Any], spec: Mapping[str, Any]) -> d
     """Simulate one point in this process and return its row (see module docs). Never
     raises for a failing simulation: the row then has ``status`` ``error`` and the
     error in one line."""
+    from analysis.resolve import build_config
     from simcore.engine import simulate
-    from simcore.resolve import build_config
 
     row: dict[str, Any] = {"point_id": pid, "status": "ok"}
     run_spec = None

@@ -434,7 +434,7 @@ class AnalyticNetwork(Network):
                       rank_src, rank_dst, iteration, (payload, weights))
         self._next_id += 1
         self._record(msg)
-        now = self.env._now
+        now = self.env.now
         end = self._reserve_grouped(msg, now, weights) if hops and nbytes > 0 else now
         if not hops or nbytes <= 0:
             msg.start_s = now
@@ -469,7 +469,7 @@ class AnalyticNetwork(Network):
         return tail
 
     def _arrive_grouped(self, ev: Any) -> None:
-        msg: Message = ev._value
+        msg: Message = ev.value
         payload, weights = msg.payload
         msg.payload = payload
         for st, w in zip(msg.hops, weights, strict=True):

@@ -337,7 +337,7 @@ def _valid_trace_text() -> str:
 
 
 VALID_TRACE = _valid_trace_text()
-with open(os.path.join(os.path.dirname(__file__), "..", "dtsim", "presets", "topologies",
+with open(os.path.join(os.path.dirname(__file__), "..", "simcore", "presets", "topologies",
                        "ib-cluster.yaml"), encoding="utf-8") as _fh:
     VALID_TOPOLOGY = _fh.read()
 

@@ -54,9 +54,10 @@ def sweep(config_file: str | None, settings: tuple[str, ...], out: str, jobs: in
                 --gpus 8,16,32,64,128 --set scheme.algorithm=ring,tree --out scale.csv
       sim sweep ... --scheduler tcp://10.0.0.5:8786
     """
+    from analysis.resolve import load_config_file
     from analysis.sweep import plan_sweep, run_sweep, split_values
     from simcore.config import ConfigError
-    from simcore.spec import RunSpec, apply_settings, load_config_file, parse_set
+    from simcore.spec import RunSpec, apply_settings, parse_set
 
     base: dict[str, Any] = {}
     axes: dict[str, Any] = {}

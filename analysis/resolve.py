@@ -9,7 +9,9 @@ names here.
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -123,3 +125,29 @@ def build_config(spec: RunSpec, *, record_spans: bool = True) -> SimConfig:
         scale = device_scale(trace.meta, str(gpu.get("model", "")), peak) if peak else 1.0
     return SimConfig(trace=trace, topology=topo, options=options, compute_scale=scale,
                      record_spans=record_spans, **{n: getattr(spec, n) for n in SHARED})
+
+
+def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a YAML or JSON config file into a mapping of settings (``ConfigError`` if it
+    cannot be read or is not a mapping)."""
+    p = os.fspath(path)
+    try:
+        with open(p, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        from traces.errors import unreadable
+
+        raise ConfigError("config", p, f"cannot be read ({unreadable(exc)})") from None
+    try:
+        if p.endswith(".json"):
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError("config", p, f"is not valid YAML/JSON ({first})") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError("config", p, "must contain a mapping of settings (key: value)")
+    return dict(data)
