@@ -54,8 +54,9 @@ def swept_columns(df: Any) -> list[str]:
     """Columns of ``df`` that describe a run's settings (spec fields, ``scheme.KEY``)."""
     from simcore.spec import FIELDS
 
-    return [c for c in df.columns if (c in FIELDS and c != "scheme_options")
-            or c.startswith("scheme.")]
+    return [
+        c for c in df.columns if (c in FIELDS and c != "scheme_options") or c.startswith("scheme.")
+    ]
 
 
 def select_rows(df: Any, where: Mapping[str, str] | None = None) -> Any:
@@ -66,8 +67,11 @@ def select_rows(df: Any, where: Mapping[str, str] | None = None) -> Any:
         df = df[df["status"].fillna("ok") == "ok"]
     for col, want in (where or {}).items():
         if col not in df.columns:
-            raise ConfigError("where", f"{col}={want}",
-                              f"no column {col!r}; columns: {', '.join(map(str, df.columns))}")
+            raise ConfigError(
+                "where",
+                f"{col}={want}",
+                f"no column {col!r}; columns: {', '.join(map(str, df.columns))}",
+            )
         df = df[_matches(df[col], str(want))]
     if df.empty:
         shown = " ".join(f"{k}={v}" for k, v in (where or {}).items()) or "(all rows)"
@@ -94,10 +98,14 @@ def require(df: Any, **cols: str | None) -> None:
     """``ConfigError`` naming the first option (``x="bandwidth"`` is ``--x``) whose
     column ``df`` lacks."""
     for opt, c in cols.items():
-        if c and c not in df.columns and not (c == "bandwidth"
-                                              and "bandwidth_bytes_per_s" in df.columns):
-            raise ConfigError(opt, c, "not a column of the results; columns: "
-                                             f"{', '.join(map(str, df.columns))}")
+        if (
+            c
+            and c not in df.columns
+            and not (c == "bandwidth" and "bandwidth_bytes_per_s" in df.columns)
+        ):
+            raise ConfigError(
+                opt, c, f"not a column of the results; columns: {', '.join(map(str, df.columns))}"
+            )
 
 
 def bandwidth_gbps(df: Any) -> Any:
@@ -110,9 +118,12 @@ def bandwidth_gbps(df: Any) -> Any:
         try:
             return parse_rate(v) * 8 / 1e9
         except UnitError:
-            raise ConfigError("bandwidth", v, "expected a rate such as 10Gbps (an empty "
-                                              "value is the preset's: sweep it explicitly)") \
-                from None
+            raise ConfigError(
+                "bandwidth",
+                v,
+                "expected a rate such as 10Gbps (an empty "
+                "value is the preset's: sweep it explicitly)",
+            ) from None
 
     return df["bandwidth"].map(gbps)
 
@@ -162,9 +173,18 @@ def _theme() -> Any:
     return sns
 
 
-def xy_plot(df: Any, x: str, y: str, *, hue: str | None = None, col: str | None = None,
-            kind: str = "auto", where: Mapping[str, str] | None = None,
-            logx: bool | None = None, title: str | None = None) -> Any:
+def xy_plot(
+    df: Any,
+    x: str,
+    y: str,
+    *,
+    hue: str | None = None,
+    col: str | None = None,
+    kind: str = "auto",
+    where: Mapping[str, str] | None = None,
+    logx: bool | None = None,
+    title: str | None = None,
+) -> Any:
     """``y`` against ``x`` coloured by ``hue``, one panel per value of ``col``. Lines for a
     numeric ``x`` (or ``bandwidth``), bars for a categorical one (``kind`` forces either).
     Several rows at one (x, hue, col) are averaged."""
@@ -182,14 +202,27 @@ def xy_plot(df: Any, x: str, y: str, *, hue: str | None = None, col: str | None 
     data[y] = _to_numeric(data[y])
     data = _as_category(_as_category(data, hue), col)
     ncol = data[col].nunique() if col else 1
-    facet = {"col": col, "col_wrap": min(ncol, 3) if col and ncol > 1 else None,
-             "height": 3.4, "aspect": 1.35}
+    facet = {
+        "col": col,
+        "col_wrap": min(ncol, 3) if col and ncol > 1 else None,
+        "height": 3.4,
+        "aspect": 1.35,
+    }
     if kind == "line":
         if not numeric_x:
             raise ConfigError("x", x, "a line plot needs a numeric x column; use --kind bar")
         data[xcol] = _to_numeric(data[xcol])
-        g = sns.relplot(data=data, x=xcol, y=y, hue=hue, kind="line", marker="o",
-                        errorbar=None, facet_kws={"sharey": False}, **facet)
+        g = sns.relplot(
+            data=data,
+            x=xcol,
+            y=y,
+            hue=hue,
+            kind="line",
+            marker="o",
+            errorbar=None,
+            facet_kws={"sharey": False},
+            **facet,
+        )
         span = data[xcol].max() / max(data[xcol].min(), 1e-300)
         if logx if logx is not None else (data[xcol].min() > 0 and span >= 16):
             for ax in g.axes.flat:
@@ -199,8 +232,9 @@ def xy_plot(df: Any, x: str, y: str, *, hue: str | None = None, col: str | None 
             _set_xticks(g.axes.flat, ticks)
     elif kind == "bar":
         data = _as_category(data, xcol)
-        g = sns.catplot(data=data, x=xcol, y=y, hue=hue, kind="bar", errorbar=None,
-                        sharey=False, **facet)
+        g = sns.catplot(
+            data=data, x=xcol, y=y, hue=hue, kind="bar", errorbar=None, sharey=False, **facet
+        )
     else:
         raise ConfigError("kind", kind, f"choose one of: {', '.join(KINDS)}")
     g.set_axis_labels(label(x), label(y))
@@ -221,8 +255,14 @@ def _set_xticks(axes: Any, values: Sequence[float]) -> None:
         ax.xaxis.set_minor_locator(NullLocator())
 
 
-def speedup_plot(df: Any, *, hue: str | None = "scheme", col: str | None = None,
-                 where: Mapping[str, str] | None = None, title: str | None = None) -> Any:
+def speedup_plot(
+    df: Any,
+    *,
+    hue: str | None = "scheme",
+    col: str | None = None,
+    where: Mapping[str, str] | None = None,
+    title: str | None = None,
+) -> Any:
     """Speedup over one GPU against the number of GPUs, with the linear ideal dashed."""
     df = select_rows(df, where)
     col = col or _auto_col(df, ("model", "topology"))
@@ -241,15 +281,29 @@ def speedup_plot(df: Any, *, hue: str | None = "scheme", col: str | None = None,
     return fig
 
 
-def throughput_plot(df: Any, *, hue: str | None = "scheme", col: str | None = None,
-                    where: Mapping[str, str] | None = None, title: str | None = None) -> Any:
+def throughput_plot(
+    df: Any,
+    *,
+    hue: str | None = "scheme",
+    col: str | None = None,
+    where: Mapping[str, str] | None = None,
+    title: str | None = None,
+) -> Any:
     """Throughput against inter-node bandwidth (Gbit/s, log axis)."""
     require(df, x="bandwidth")
     df = select_rows(df, where)
     col = col or _auto_col(df, ("model", "gpus", "topology"))
     hue = hue if hue in df.columns else None
-    return xy_plot(df, "bandwidth", "throughput_samples_s", hue=hue, col=col, kind="line",
-                   logx=True, title=title)
+    return xy_plot(
+        df,
+        "bandwidth",
+        "throughput_samples_s",
+        hue=hue,
+        col=col,
+        kind="line",
+        logx=True,
+        title=title,
+    )
 
 
 def _auto_col(df: Any, candidates: Sequence[str]) -> str | None:
@@ -260,8 +314,14 @@ def _auto_col(df: Any, candidates: Sequence[str]) -> str | None:
     return None
 
 
-def utilization_plot(df: Any, *, hue: str | None = None, col: str | None = None,
-                     where: Mapping[str, str] | None = None, title: str | None = None) -> Any:
+def utilization_plot(
+    df: Any,
+    *,
+    hue: str | None = None,
+    col: str | None = None,
+    where: Mapping[str, str] | None = None,
+    title: str | None = None,
+) -> Any:
     """Utilisation of each GPU (rank on x). Each row is one configuration, labelled by the
     settings that differ between the selected rows unless ``hue`` is given."""
     import pandas as pd
@@ -284,15 +344,28 @@ def utilization_plot(df: Any, *, hue: str | None = None, col: str | None = None,
     sns = _theme()
     data = _as_category(data, col)
     many = data["GPU"].nunique() > 32
-    facet = {"col": col, "col_wrap": min(data[col].nunique(), 3) if col else None,
-             "height": 3.4, "aspect": 1.6}
+    facet = {
+        "col": col,
+        "col_wrap": min(data[col].nunique(), 3) if col else None,
+        "height": 3.4,
+        "aspect": 1.6,
+    }
     use_hue = "config" if data["config"].nunique() > 1 or data["config"].iloc[0] else None
     if many:
-        g = sns.relplot(data=data, x="GPU", y="utilisation", hue=use_hue, kind="line",
-                        errorbar=None, drawstyle="steps-mid", **facet)
+        g = sns.relplot(
+            data=data,
+            x="GPU",
+            y="utilisation",
+            hue=use_hue,
+            kind="line",
+            errorbar=None,
+            drawstyle="steps-mid",
+            **facet,
+        )
     else:
-        g = sns.catplot(data=data, x="GPU", y="utilisation", hue=use_hue, kind="bar",
-                        errorbar=None, **facet)
+        g = sns.catplot(
+            data=data, x="GPU", y="utilisation", hue=use_hue, kind="bar", errorbar=None, **facet
+        )
     g.set_axis_labels("GPU rank", "utilisation (% of wall time busy)")
     for ax in g.axes.flat:
         ax.set_ylim(0, 105)
@@ -314,28 +387,39 @@ def read_chrome_trace(path: str) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         from traces.errors import unreadable
 
-        raise ConfigError("TRACE", path, f"is not a JSON Chrome trace "
-                                         f"({' '.join(unreadable(exc).split())[:200]})") from None
+        raise ConfigError(
+            "TRACE", path, f"is not a JSON Chrome trace ({' '.join(unreadable(exc).split())[:200]})"
+        ) from None
     if isinstance(data, list):
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise ConfigError("TRACE", path, "is not a Chrome trace (no traceEvents list); "
-                                         "make one with sim run --trace-out FILE")
+        raise ConfigError(
+            "TRACE",
+            path,
+            "is not a Chrome trace (no traceEvents list); make one with sim run --trace-out FILE",
+        )
     return data
 
 
-def gantt_plot(trace: Mapping[str, Any], *, where: Mapping[str, str] | None = None,
-               title: str | None = None) -> Any:
+def gantt_plot(
+    trace: Mapping[str, Any], *, where: Mapping[str, str] | None = None, title: str | None = None
+) -> Any:
     """A timeline: one row per device and stream (lanes of one stream merged), one bar per
     slice, coloured by kind (forward, backward, send, allreduce...). ``where`` filters
     slices by ``device``, ``stream``, ``kind`` or ``iteration``."""
     events = trace["traceEvents"]
-    procs = {e["pid"]: e["args"]["name"] for e in events
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
-    threads = {(e["pid"], e["tid"]): str(e["args"]["name"]).split(" #")[0] for e in events
-               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    procs = {
+        e["pid"]: e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
+    threads = {
+        (e["pid"], e["tid"]): str(e["args"]["name"]).split(" #")[0]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
     allowed = {"device", "stream", "kind", "iteration"}
-    for k in (where or {}):
+    for k in where or {}:
         if k not in allowed:
             raise ConfigError("where", k, f"a timeline filters by {', '.join(sorted(allowed))}")
     rows: dict[tuple[Any, str], dict[str, list[tuple[float, float]]]] = {}
@@ -351,10 +435,10 @@ def gantt_plot(trace: Mapping[str, Any], *, where: Mapping[str, str] | None = No
         attrs = {"device": dev, "stream": stream, "kind": kind, "iteration": str(it)}
         if any(attrs[k] != str(v) for k, v in (where or {}).items()):
             continue
-        first_tid[pid, stream] = min(first_tid.get((pid, stream), e.get("tid", 0)),
-                                     e.get("tid", 0))
+        first_tid[pid, stream] = min(first_tid.get((pid, stream), e.get("tid", 0)), e.get("tid", 0))
         rows.setdefault((pid, stream), {}).setdefault(kind, []).append(
-            (float(e["ts"]) / 1e3, float(e.get("dur", 0)) / 1e3))
+            (float(e["ts"]) / 1e3, float(e.get("dur", 0)) / 1e3)
+        )
     if not rows:
         shown = " ".join(f"{k}={v}" for k, v in (where or {}).items()) or "(all)"
         raise ConfigError("where", shown, "selects no slices of the trace")
@@ -364,8 +448,13 @@ def gantt_plot(trace: Mapping[str, Any], *, where: Mapping[str, str] | None = No
     plt = _pyplot()
     order = sorted(rows, key=lambda r: (r[0], first_tid[r]))
     kinds = list(dict.fromkeys(k for r in order for k in rows[r]))
-    palette = dict(zip(kinds, sns.color_palette("tab10" if len(kinds) <= 10 else "husl",
-                                                len(kinds)), strict=True))
+    palette = dict(
+        zip(
+            kinds,
+            sns.color_palette("tab10" if len(kinds) <= 10 else "husl", len(kinds)),
+            strict=True,
+        )
+    )
     height = min(0.32 * len(order) + 1.4, 40.0)
     fig, ax = plt.subplots(figsize=(11, height))
     for i, r in enumerate(order):
@@ -376,12 +465,18 @@ def gantt_plot(trace: Mapping[str, Any], *, where: Mapping[str, str] | None = No
     ax.set_ylim(len(order) - 0.5, -0.5)
     ax.set_xlabel("simulated time (ms)")
     ax.grid(axis="y", visible=False)
-    ax.legend(handles=[Patch(color=palette[k], label=k) for k in kinds],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.legend(
+        handles=[Patch(color=palette[k], label=k) for k in kinds],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        frameon=False,
+    )
     meta = trace.get("otherData", {}).get("dtsim", {})
     if title is None and meta:
-        title = (f"{meta.get('scheme')} | {meta.get('model')} | {meta.get('gpus')} GPUs | "
-                 f"{meta.get('topology')}")
+        title = (
+            f"{meta.get('scheme')} | {meta.get('model')} | {meta.get('gpus')} GPUs | "
+            f"{meta.get('topology')}"
+        )
     if title:
         ax.set_title(title)
     return fig
@@ -396,8 +491,9 @@ def save_figure(fig: Any, path: str) -> None:
 
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in FIGURE_SUFFIXES:
-        raise ConfigError("out", path, f"expected a file name ending in "
-                                         f"{', '.join(FIGURE_SUFFIXES)}")
+        raise ConfigError(
+            "out", path, f"expected a file name ending in {', '.join(FIGURE_SUFFIXES)}"
+        )
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
         raise ConfigError("out", path, f"its folder {d} does not exist")
@@ -408,9 +504,17 @@ def save_figure(fig: Any, path: str) -> None:
         _pyplot().close(fig)
 
 
-def plot_results(path: str, kind: str = "auto", *, x: str | None = None, y: str | None = None,
-                 hue: str | None = None, col: str | None = None,
-                 where: Mapping[str, str] | None = None, title: str | None = None) -> Any:
+def plot_results(
+    path: str,
+    kind: str = "auto",
+    *,
+    x: str | None = None,
+    y: str | None = None,
+    hue: str | None = None,
+    col: str | None = None,
+    where: Mapping[str, str] | None = None,
+    title: str | None = None,
+) -> Any:
     """The figure ``sim plot`` draws for results file (or, for ``gantt``, Chrome trace)
     ``path``; see :data:`KINDS`."""
     from analysis.store import read_table
@@ -426,8 +530,7 @@ def plot_results(path: str, kind: str = "auto", *, x: str | None = None, y: str 
         except OSError:
             head = ""
         if '"traceEvents"' in head:
-            raise ConfigError("kind", kind, f"{path} is a Chrome trace: plot it with "
-                                              "--kind gantt")
+            raise ConfigError("kind", kind, f"{path} is a Chrome trace: plot it with --kind gantt")
     df = read_table(path)
     if kind == "speedup":
         return speedup_plot(df, hue=hue or "scheme", col=col, where=where, title=title)
@@ -436,10 +539,21 @@ def plot_results(path: str, kind: str = "auto", *, x: str | None = None, y: str 
     if kind == "utilization":
         return utilization_plot(df, hue=hue, col=col, where=where, title=title)
     if not x or not y:
-        raise ConfigError("x", x or "", "give --x and --y, or a ready --kind (speedup, "
-                                          "throughput, utilization, gantt)")
+        raise ConfigError(
+            "x",
+            x or "",
+            "give --x and --y, or a ready --kind (speedup, throughput, utilization, gantt)",
+        )
     return xy_plot(df, x, y, hue=hue, col=col, kind=kind, where=where, title=title)
 
 
-__all__ = ["KINDS", "gantt_plot", "plot_results", "save_figure", "speedup_plot",
-           "throughput_plot", "utilization_plot", "xy_plot"]
+__all__ = [
+    "KINDS",
+    "gantt_plot",
+    "plot_results",
+    "save_figure",
+    "speedup_plot",
+    "throughput_plot",
+    "utilization_plot",
+    "xy_plot",
+]

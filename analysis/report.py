@@ -23,17 +23,35 @@ from analysis.plots import save_figure, throughput_plot, xy_plot
 from analysis.sweep import plan_sweep, run_sweep
 from simcore.spec import FLAG_FIELDS
 
-PAPER_MODELS = ("vgg16", "resnet18", "resnet50", "resnet101", "alexnet", "resnext50",
-                "resnext101", "inception_v3", "densenet121", "squeezenet1_0")
+PAPER_MODELS = (
+    "vgg16",
+    "resnet18",
+    "resnet50",
+    "resnet101",
+    "alexnet",
+    "resnext50",
+    "resnext101",
+    "inception_v3",
+    "densenet121",
+    "squeezenet1_0",
+)
 """The antichain paper's ten models (built-in PipeDream profiles)."""
 
 PAPER_PARTITION_S = {
-    ("vgg16", 4): 0.01, ("vgg16", 8): 0.03, ("resnet50", 4): 0.38, ("resnet50", 8): 1.17,
-    ("resnet101", 4): 1.20, ("resnet101", 8): 3.69, ("inception_v3", 4): 3.07,
-    ("inception_v3", 8): 4.12, ("densenet121", 4): 1.29, ("densenet121", 8): 3.73,
+    ("vgg16", 4): 0.01,
+    ("vgg16", 8): 0.03,
+    ("resnet50", 4): 0.38,
+    ("resnet50", 8): 1.17,
+    ("resnet101", 4): 1.20,
+    ("resnet101", 8): 3.69,
+    ("inception_v3", 4): 3.07,
+    ("inception_v3", 8): 4.12,
+    ("densenet121", 4): 1.29,
+    ("densenet121", 8): 3.73,
 }
 """The antichain paper's Table 1: its partitioner's run time (s) per (model, GPUs), for
 the models docs/schemes.md, section 9 quotes."""
+
 
 def pipeline_schemes() -> tuple[str, ...]:
     """The registered schemes that run a pipeline schedule, in display order."""
@@ -76,12 +94,15 @@ class Section:
 
 def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A Markdown table (numbers right-aligned)."""
+
     def cell(v: Any) -> str:
         return str(v).replace("|", "\\|")
 
     numeric = [all(_numberlike(r[i]) for r in rows) and rows for i in range(len(header))]
-    out = ["| " + " | ".join(map(cell, header)) + " |",
-           "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
+    out = [
+        "| " + " | ".join(map(cell, header)) + " |",
+        "|" + "|".join("---:" if n else "---" for n in numeric) + "|",
+    ]
     out += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
     return "\n".join(out)
 
@@ -101,8 +122,7 @@ def _num(v: Any, digits: int = 1) -> str:
     return f"{v:,.{digits}f}"
 
 
-def sweep_command(base: Mapping[str, Any], axes: Mapping[str, Sequence[Any]],
-                  out: str) -> str:
+def sweep_command(base: Mapping[str, Any], axes: Mapping[str, Sequence[Any]], out: str) -> str:
     """The ``sim sweep`` command line that runs the same points."""
     parts = ["sim sweep"]
     settings = {**{k: (v,) for k, v in base.items()}, **axes}
@@ -125,22 +145,22 @@ def _value(df: Any, where: Mapping[str, Any], col: str) -> float:
 
 # ---- the sections ------------------------------------------------------------------------
 
-_BANDWIDTHS = ("1Gbps", "2Gbps", "4Gbps", "6Gbps", "8Gbps", "10Gbps", "15Gbps", "20Gbps",
-               "30Gbps")
+_BANDWIDTHS = ("1Gbps", "2Gbps", "4Gbps", "6Gbps", "8Gbps", "10Gbps", "15Gbps", "20Gbps", "30Gbps")
 
 
 def _p3_table(df: Any, present: Sequence[str]) -> str:
     rows = []
     for model in dict.fromkeys(df["model"]):
         for bw in dict.fromkeys(df["bandwidth"]):
-            ps = _value(df, {"model": model, "bandwidth": bw, "scheme": "ps"},
-                        "throughput_samples_s")
-            p3 = _value(df, {"model": model, "bandwidth": bw, "scheme": "p3"},
-                        "throughput_samples_s")
+            ps = _value(
+                df, {"model": model, "bandwidth": bw, "scheme": "ps"}, "throughput_samples_s"
+            )
+            p3 = _value(
+                df, {"model": model, "bandwidth": bw, "scheme": "p3"}, "throughput_samples_s"
+            )
             gain = f"{100 * (p3 / ps - 1):+.0f}%" if ps > 0 and p3 == p3 else "-"
             rows.append((model, bw, _num(ps), _num(p3), gain))
-    return md_table(("model", "bandwidth", "ps (samples/s)", "p3 (samples/s)", "P3 gain"),
-                    rows)
+    return md_table(("model", "bandwidth", "ps (samples/s)", "p3 (samples/s)", "P3 gain"), rows)
 
 
 def _gossip_figure(df: Any) -> Any:
@@ -169,8 +189,7 @@ def _vs_baseline_table(df: Any, present: Sequence[str], across: str) -> str:
         row: list[Any] = [v]
         for s in present:
             t = _value(df, {across: v, "scheme": s}, "throughput_samples_s")
-            row.append(_num(t) + ("" if s == base or not b > 0 or t != t
-                                  else f" ({t / b:.2f}x)"))
+            row.append(_num(t) + ("" if s == base or not b > 0 or t != t else f" ({t / b:.2f}x)"))
         rows.append(row)
     return md_table([across] + [f"{s} (samples/s)" for s in present], rows)
 
@@ -182,14 +201,29 @@ def _scheme_bars(df: Any, across: str | None) -> Any:
 def _overview_table(df: Any, present: Sequence[str]) -> str:
     rows = []
     for _, r in df.iterrows():
-        rows.append((r["scheme"], _num(r["throughput_samples_s"]), _num(r["speedup"], 2),
-                     f"{100 * r['gpu_utilization']:.1f}%",
-                     _num(r["peak_memory_bytes"] / 2**30, 2),
-                     "yes" if _truthy(r.get("fits_in_memory")) else "no",
-                     _num(r["comm_bytes_per_iteration"] / 2**20, 1)))
-    return md_table(("scheme", "throughput (samples/s)", "speedup", "GPU utilisation",
-                     "peak memory (GiB)", "fits in GPU memory", "sent per iteration (MiB)"),
-                    rows)
+        rows.append(
+            (
+                r["scheme"],
+                _num(r["throughput_samples_s"]),
+                _num(r["speedup"], 2),
+                f"{100 * r['gpu_utilization']:.1f}%",
+                _num(r["peak_memory_bytes"] / 2**30, 2),
+                "yes" if _truthy(r.get("fits_in_memory")) else "no",
+                _num(r["comm_bytes_per_iteration"] / 2**20, 1),
+            )
+        )
+    return md_table(
+        (
+            "scheme",
+            "throughput (samples/s)",
+            "speedup",
+            "GPU utilisation",
+            "peak memory (GiB)",
+            "fits in GPU memory",
+            "sent per iteration (MiB)",
+        ),
+        rows,
+    )
 
 
 def _truthy(v: Any) -> bool:
@@ -203,61 +237,69 @@ def sections() -> list[Section]:
     every = tuple(registry())
     return [
         Section(
-            key="all-schemes", title="Every scheme at a glance",
+            key="all-schemes",
+            title="Every scheme at a glance",
             claim="Not a paper's claim: one common configuration for every scheme that "
-                  "exists, so that a new scheme shows up here first.",
-            schemes=every, needs_all=False,
-            setup="ResNet-50, 4 GPUs in one PCIe box (preset pcie), batch per replica as "
-                  "profiled.",
+            "exists, so that a new scheme shows up here first.",
+            schemes=every,
+            needs_all=False,
+            setup="ResNet-50, 4 GPUs in one PCIe box (preset pcie), batch per replica as profiled.",
             base={"topology": "pcie", "gpus": 4, "model": "resnet50"},
             axes=lambda quick: {"iterations": (2 if quick else 3,)},
             figure=lambda df: _scheme_bars(df, None),
             table=_overview_table,
         ),
         Section(
-            key="p3-vs-ps", title="P3 against the parameter server across bandwidths",
+            key="p3-vs-ps",
+            title="P3 against the parameter server across bandwidths",
             claim="P3 (priority-based parameter propagation) raises throughput over the "
-                  "MXNet parameter server by 25% for ResNet-50, 38% for Sockeye and 66% "
-                  "for VGG-19 at limited bandwidth; the gain grows as bandwidth shrinks "
-                  "until compute no longer hides anything.",
+            "MXNet parameter server by 25% for ResNet-50, 38% for Sockeye and 66% "
+            "for VGG-19 at limited bandwidth; the gain grows as bandwidth shrinks "
+            "until compute no longer hides anything.",
             schemes=("ps", "p3"),
             setup="4 hosts with one V100 each on one Ethernet switch (preset ethernet), "
-                  "link rate swept; GNMT stands in for Sockeye and VGG-16 for VGG-19.",
+            "link rate swept; GNMT stands in for Sockeye and VGG-16 for VGG-19.",
             base={"topology": "ethernet", "gpus": 4},
-            axes=lambda quick: {"model": ("resnet50",) if quick
-                                else ("resnet50", "vgg16", "gnmt"),
-                                "bandwidth": ("1Gbps", "10Gbps") if quick else _BANDWIDTHS,
-                                "iterations": (2 if quick else 3,)},
+            axes=lambda quick: {
+                "model": ("resnet50",) if quick else ("resnet50", "vgg16", "gnmt"),
+                "bandwidth": ("1Gbps", "10Gbps") if quick else _BANDWIDTHS,
+                "iterations": (2 if quick else 3,),
+            },
             figure=lambda df: throughput_plot(df, col="model"),
             table=_p3_table,
         ),
         Section(
-            key="gossip-vs-allreduce", title="GossipGraD against all-reduce, 8 to 1024 GPUs",
+            key="gossip-vs-allreduce",
+            title="GossipGraD against all-reduce, 8 to 1024 GPUs",
             claim="GossipGraD keeps about 100% compute efficiency for ResNet-50 on 128 P100 "
-                  "GPUs over InfiniBand: one partner per step, O(1) messages per worker, "
-                  "where a ring all-reduce pays 2(p-1) latency terms.",
+            "GPUs over InfiniBand: one partner per step, O(1) messages per worker, "
+            "where a ring all-reduce pays 2(p-1) latency terms.",
             schemes=("dp", "gossip"),
             setup="ResNet-50 on 4-GPU P100 nodes joined by InfiniBand EDR (preset "
-                  "ib-cluster), analytic network model; efficiency = speedup / GPUs.",
+            "ib-cluster), analytic network model; efficiency = speedup / GPUs.",
             base={"topology": "ib-cluster", "model": "resnet50", "fidelity": "analytic"},
-            axes=lambda quick: {"gpus": (8, 16) if quick
-                                else tuple(2 ** k for k in range(3, 11)),
-                                "iterations": (1 if quick else 2,)},
+            axes=lambda quick: {
+                "gpus": (8, 16) if quick else tuple(2**k for k in range(3, 11)),
+                "iterations": (1 if quick else 2,),
+            },
             figure=_gossip_figure,
             table=_gossip_table,
         ),
         Section(
-            key="pipelines-vs-dp", title="Pipeline schemes against data parallelism, 4 GPUs",
+            key="pipelines-vs-dp",
+            title="Pipeline schemes against data parallelism, 4 GPUs",
             claim="SpecTrain: up to 8.91x the throughput of data parallelism on 4 GPUs; the "
-                  "antichain paper: GPipe with its partition reaches speedup 3.4 on 4 GPUs; "
-                  "naive model parallelism keeps one GPU busy at a time.",
-            schemes=("dp", *pipeline_schemes()), needs_all=False,
+            "antichain paper: GPipe with its partition reaches speedup 3.4 on 4 GPUs; "
+            "naive model parallelism keeps one GPU busy at a time.",
+            schemes=("dp", *pipeline_schemes()),
+            needs_all=False,
             setup="4 GPUs in one PCIe box (preset pcie): a convolutional (VGG-16), a "
-                  "fully-connected-heavy (AlexNet) and a recurrent (GNMT) model.",
+            "fully-connected-heavy (AlexNet) and a recurrent (GNMT) model.",
             base={"topology": "pcie", "gpus": 4},
-            axes=lambda quick: {"model": ("alexnet",) if quick
-                                else ("vgg16", "alexnet", "gnmt"),
-                                "iterations": (2 if quick else 3,)},
+            axes=lambda quick: {
+                "model": ("alexnet",) if quick else ("vgg16", "alexnet", "gnmt"),
+                "iterations": (2 if quick else 3,),
+            },
             figure=lambda df: _scheme_bars(df, "model"),
             table=lambda df, present: _vs_baseline_table(df, present, "model"),
         ),
@@ -281,24 +323,31 @@ def run_partitioner(model: str, gpus: int) -> dict[str, Any]:
     result = partition(resolve_trace(model), gpus, PARTITION_BANDWIDTH_BYTES_PER_S)
     compute = [s.compute_s for s in result.stages]
     mean = sum(compute) / len(compute)
-    return {"model": model, "gpus": gpus, "stages": len(result.stages),
-            "replicas": sum(s.replicas for s in result.stages),
-            "bottleneck_s": result.bottleneck_s,
-            "imbalance": max(compute) / mean if mean > 0 else math.nan,
-            "speedup_vs_1gpu": result.speedup_vs_1gpu, "partition_s": result.wall_s,
-            "paper_partition_s": PAPER_PARTITION_S.get((model, gpus), math.nan)}
+    return {
+        "model": model,
+        "gpus": gpus,
+        "stages": len(result.stages),
+        "replicas": sum(s.replicas for s in result.stages),
+        "bottleneck_s": result.bottleneck_s,
+        "imbalance": max(compute) / mean if mean > 0 else math.nan,
+        "speedup_vs_1gpu": result.speedup_vs_1gpu,
+        "partition_s": result.wall_s,
+        "paper_partition_s": PAPER_PARTITION_S.get((model, gpus), math.nan),
+    }
 
 
 def partition_section(out_dir: str, quick: bool) -> str:
     """The partitioner's balance for the paper's ten models on 4 and 8 GPUs (Markdown)."""
     import pandas as pd
 
-    head = ("## The antichain partitioner's balance, ten models on 4 and 8 GPUs\n\n"
-            "*Paper:* the antichain DAG partitioner balances the stages of VGG-16, "
-            "ResNet-18/50/101, AlexNet, ResNeXt-50/101, Inception-v3, DenseNet-121 and "
-            "SqueezeNet on 4 and 8 GPUs, and partitions each in at most a few seconds "
-            "(its Table 1).\n\n"
-            "*Here:* `sim partition --model M --gpus G --bandwidth 10Gbps` for each.\n\n")
+    head = (
+        "## The antichain partitioner's balance, ten models on 4 and 8 GPUs\n\n"
+        "*Paper:* the antichain DAG partitioner balances the stages of VGG-16, "
+        "ResNet-18/50/101, AlexNet, ResNeXt-50/101, Inception-v3, DenseNet-121 and "
+        "SqueezeNet on 4 and 8 GPUs, and partitions each in at most a few seconds "
+        "(its Table 1).\n\n"
+        "*Here:* `sim partition --model M --gpus G --bandwidth 10Gbps` for each.\n\n"
+    )
     _make_dirs(out_dir)
     models = PAPER_MODELS[:2] if quick else PAPER_MODELS
     wanted = [(m, g) for m in models for g in (4, 8)]
@@ -306,8 +355,7 @@ def partition_section(out_dir: str, quick: bool) -> str:
     # Like the simulated sections, a rerun reuses what data/ already holds.
     old = pd.read_csv(data) if os.path.exists(data) else None
     if old is not None and set(wanted) <= set(zip(old["model"], old["gpus"], strict=True)):
-        rows = [old[(old["model"] == m) & (old["gpus"] == g)].iloc[0].to_dict()
-                for m, g in wanted]
+        rows = [old[(old["model"] == m) & (old["gpus"] == g)].iloc[0].to_dict() for m, g in wanted]
     else:
         rows = [run_partitioner(m, g) for m, g in wanted]
     df = pd.DataFrame(rows)
@@ -315,15 +363,40 @@ def partition_section(out_dir: str, quick: bool) -> str:
     fig = xy_plot(df, "model", "imbalance", hue="gpus", kind="bar")
     save_figure(fig, os.path.join(out_dir, "figures", "partitioner-balance.png"))
     table = md_table(
-        ("model", "GPUs", "stages", "replicas", "bottleneck (ms)",
-         "imbalance (max/mean stage)", "predicted speedup", "time (s)", "paper's time (s)"),
-        [(r["model"], r["gpus"], r["stages"], r["replicas"], _num(1e3 * r["bottleneck_s"], 2),
-          _num(r["imbalance"], 2), _num(r["speedup_vs_1gpu"], 2),
-          _num(r["partition_s"], 3), _num(r["paper_partition_s"], 2)) for r in rows])
-    return (head + "![partitioner balance](figures/partitioner-balance.png)\n\n" + table
-            + "\n\nImbalance 1.00 means perfectly equal stage compute times; a stage "
-              "replicated r times counts its compute once (each replica runs 1/r of the "
-              "micro-batches).\n")
+        (
+            "model",
+            "GPUs",
+            "stages",
+            "replicas",
+            "bottleneck (ms)",
+            "imbalance (max/mean stage)",
+            "predicted speedup",
+            "time (s)",
+            "paper's time (s)",
+        ),
+        [
+            (
+                r["model"],
+                r["gpus"],
+                r["stages"],
+                r["replicas"],
+                _num(1e3 * r["bottleneck_s"], 2),
+                _num(r["imbalance"], 2),
+                _num(r["speedup_vs_1gpu"], 2),
+                _num(r["partition_s"], 3),
+                _num(r["paper_partition_s"], 2),
+            )
+            for r in rows
+        ],
+    )
+    return (
+        head
+        + "![partitioner balance](figures/partitioner-balance.png)\n\n"
+        + table
+        + "\n\nImbalance 1.00 means perfectly equal stage compute times; a stage "
+        "replicated r times counts its compute once (each replica runs 1/r of the "
+        "micro-batches).\n"
+    )
 
 
 # ---- the report ----------------------------------------------------------------------------
@@ -345,8 +418,9 @@ def _make_dirs(out_dir: str) -> None:
         os.makedirs(os.path.join(out_dir, sub), exist_ok=True)
 
 
-def run_section(sec: Section, out_dir: str, quick: bool, jobs: int,
-                progress: bool) -> tuple[str, str, int]:
+def run_section(
+    sec: Section, out_dir: str, quick: bool, jobs: int, progress: bool
+) -> tuple[str, str, int]:
     """Run one section's sweep; returns ``(markdown, what is missing, points computed)``."""
     from simcore.schemes import registry
 
@@ -383,16 +457,22 @@ def run_section(sec: Section, out_dir: str, quick: bool, jobs: int,
     if failed.shape[0]:
         text.append("")
     if absent:
-        text.append(f"**Not yet in this build:** {missing}; "
-                    + ("the comparison itself cannot be made until "
-                       f"{'it exists' if len(absent) == 1 else 'they exist'}."
-                       if sec.needs_all else "these rows will appear once they exist.")
-                    + "\n")
+        text.append(
+            f"**Not yet in this build:** {missing}; "
+            + (
+                "the comparison itself cannot be made until "
+                f"{'it exists' if len(absent) == 1 else 'they exist'}."
+                if sec.needs_all
+                else "these rows will appear once they exist."
+            )
+            + "\n"
+        )
     return "\n".join(text), missing, summary.computed
 
 
-def build_report(out_dir: str, *, quick: bool = False, jobs: int = 1,
-                 progress: bool = False) -> ReportSummary:
+def build_report(
+    out_dir: str, *, quick: bool = False, jobs: int = 1, progress: bool = False
+) -> ReportSummary:
     """Run every section and write ``out_dir/report.md`` with its figures and data."""
     from simcore.schemes import ORDER, registry
     from simcore.version import __version__
@@ -416,27 +496,45 @@ def build_report(out_dir: str, *, quick: bool = False, jobs: int = 1,
         "# dtsim report: the seed papers' comparisons on the simulator\n",
         f"Made by `sim report{' --quick' if quick else ''}` with dtsim {__version__}. "
         f"Schemes in this build: {', '.join(reg)}"
-        + (f"; not yet: {', '.join(absent)}" if absent else "") + ".\n",
+        + (f"; not yet: {', '.join(absent)}" if absent else "")
+        + ".\n",
         "Every number is simulated; the data behind each figure is in `data/` (plot it "
         "again with `sim plot data/FILE.csv ...`).\n",
         "## Coverage\n",
-        md_table(("comparison", "status"),
-                 [(sec.title, f"missing: {missing[sec.title]}" if sec.title in missing
-                   else "complete") for sec in sections()]
-                 + [("The antichain partitioner's balance", "complete")])
+        md_table(
+            ("comparison", "status"),
+            [
+                (
+                    sec.title,
+                    f"missing: {missing[sec.title]}" if sec.title in missing else "complete",
+                )
+                for sec in sections()
+            ]
+            + [("The antichain partitioner's balance", "complete")],
+        )
         + "\n",
     ]
     if quick:
-        head.insert(2, "*Quick mode:* fewer models, bandwidths and GPU counts than the full "
-                       "report.\n")
+        head.insert(
+            2, "*Quick mode:* fewer models, bandwidths and GPU counts than the full report.\n"
+        )
     from traces.atomic import atomic_path
 
     path = os.path.join(out_dir, "report.md")
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         fh.write("\n".join(head) + "\n" + "\n".join(parts))
-    return ReportSummary(path=path, missing=missing, computed=computed,
-                         wall_s=time.perf_counter() - t0)
+    return ReportSummary(
+        path=path, missing=missing, computed=computed, wall_s=time.perf_counter() - t0
+    )
 
 
-__all__ = ["PAPER_MODELS", "ReportSummary", "Section", "build_report", "md_table",
-           "run_partitioner", "sections", "sweep_command"]
+__all__ = [
+    "PAPER_MODELS",
+    "ReportSummary",
+    "Section",
+    "build_report",
+    "md_table",
+    "run_partitioner",
+    "sections",
+    "sweep_command",
+]

@@ -54,16 +54,24 @@ def load_preset(name: str) -> dict[str, Any]:
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             from traces.errors import unreadable
 
-            first = (unreadable(exc) if isinstance(exc, OSError | UnicodeDecodeError)
-                     else str(exc).strip().splitlines()[0])
+            first = (
+                unreadable(exc)
+                if isinstance(exc, OSError | UnicodeDecodeError)
+                else str(exc).strip().splitlines()[0]
+            )
             raise ConfigError("topology", name, f"cannot be read as a preset ({first})") from None
         if not isinstance(data, dict) or "box" not in data:
-            raise ConfigError("topology", name, "a preset file needs at least a 'box' section "
-                                                "(see simcore/presets/topologies/*.yaml)")
+            raise ConfigError(
+                "topology",
+                name,
+                "a preset file needs at least a 'box' section "
+                "(see simcore/presets/topologies/*.yaml)",
+            )
         data.setdefault("name", os.path.splitext(os.path.basename(name))[0])
         return data
-    raise ConfigError("topology", name, f"choose one of: {', '.join(presets)}, "
-                                        "or give a preset YAML file")
+    raise ConfigError(
+        "topology", name, f"choose one of: {', '.join(presets)}, or give a preset YAML file"
+    )
 
 
 @cache
@@ -110,21 +118,32 @@ def build_config(spec: RunSpec, *, record_spans: bool = True) -> SimConfig:
     options = options_from_mapping(scheme.Options, spec.scheme_options, prefix="scheme.")
     trace = resolve_trace(spec.model)
     preset = load_preset(spec.topology)
-    topo = TopologySpec(preset=preset, gpus=spec.gpus, bandwidth_bytes_per_s=spec.bandwidth,
-                        nic_per_gpu=spec.nic_per_gpu)
+    topo = TopologySpec(
+        preset=preset,
+        gpus=spec.gpus,
+        bandwidth_bytes_per_s=spec.bandwidth,
+        nic_per_gpu=spec.nic_per_gpu,
+    )
     scale = spec.compute_scale
     if scale is None:
         gpu = preset.get("gpu") or {}
         try:
-            peak = float(gpu.get("peak_flops", gpu_peak_flops().get(str(gpu.get("model")), 0))
-                         or 0)
+            peak = float(gpu.get("peak_flops", gpu_peak_flops().get(str(gpu.get("model")), 0)) or 0)
         except (TypeError, ValueError, AttributeError) as exc:
-            raise ConfigError("topology", spec.topology,
-                              f"gpu.peak_flops must be a number of FLOP/s such as 15.7e12 "
-                              f"({exc})") from None
+            raise ConfigError(
+                "topology",
+                spec.topology,
+                f"gpu.peak_flops must be a number of FLOP/s such as 15.7e12 ({exc})",
+            ) from None
         scale = device_scale(trace.meta, str(gpu.get("model", "")), peak) if peak else 1.0
-    return SimConfig(trace=trace, topology=topo, options=options, compute_scale=scale,
-                     record_spans=record_spans, **{n: getattr(spec, n) for n in SHARED})
+    return SimConfig(
+        trace=trace,
+        topology=topo,
+        options=options,
+        compute_scale=scale,
+        record_spans=record_spans,
+        **{n: getattr(spec, n) for n in SHARED},
+    )
 
 
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:

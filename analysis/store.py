@@ -70,8 +70,11 @@ def unflatten_row(row: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]
     for k in keys:
         if k in FLATTENED:
             prefix = k + "."
-            out[k] = {c[len(prefix):]: v for c, v in row.items()
-                      if c.startswith(prefix) and not _is_missing(v)}
+            out[k] = {
+                c[len(prefix) :]: v
+                for c, v in row.items()
+                if c.startswith(prefix) and not _is_missing(v)
+            }
             continue
         v = row.get(k)
         if isinstance(v, str) and v[:1] in "[{":
@@ -89,8 +92,11 @@ def output_format(path: str) -> str:
 
 
 def _drop_missing(rec: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in rec.items()
-            if v is not None and not (isinstance(v, float) and math.isnan(v))}
+    return {
+        k: v
+        for k, v in rec.items()
+        if v is not None and not (isinstance(v, float) and math.isnan(v))
+    }
 
 
 def read_table(path: str) -> Any:
@@ -122,8 +128,7 @@ def read_table(path: str) -> Any:
         return pd.DataFrame([flatten_result(o) for o in objs])
     except Exception as exc:  # OSError, JSON, pyarrow and pandas parser errors
         first = " ".join(str(exc).split())[:200]
-        raise ConfigError("results", path, f"cannot be read as a results table ({first})") \
-            from None
+        raise ConfigError("results", path, f"cannot be read as a results table ({first})") from None
 
 
 def rows_frame(rows: Sequence[dict[str, Any]], first: Sequence[str] = ()) -> Any:
@@ -210,9 +215,13 @@ class SweepStore:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise ConfigError("out", self.out, "another sweep is writing it right now "
-                                                     f"({self.lock_path}); wait for it or "
-                                                     "choose another file") from None
+                raise ConfigError(
+                    "out",
+                    self.out,
+                    "another sweep is writing it right now "
+                    f"({self.lock_path}); wait for it or "
+                    "choose another file",
+                ) from None
             try:
                 same = os.stat(self.lock_path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
@@ -234,9 +243,13 @@ class SweepStore:
             df = read_table(self.out)
             missing = [c for c in ("point_id", "status") if c not in df.columns]
             if missing:
-                raise ConfigError("out", self.out, "exists and is not a sweep's output "
-                                                     f"(no {missing[0]} column); choose "
-                                                     "another file")
+                raise ConfigError(
+                    "out",
+                    self.out,
+                    "exists and is not a sweep's output "
+                    f"(no {missing[0]} column); choose "
+                    "another file",
+                )
             for rec in df.to_dict(orient="records"):
                 rec = _drop_missing(rec)
                 if rec.get("status") == "ok":

@@ -39,8 +39,18 @@ from simcore.config import ConfigError, parse_field
 from simcore.settings import UNIT_KINDS, kind_of
 from simcore.spec import FIELDS, RunSpec, apply_settings
 
-__all__ = ["FLATTENED", "Point", "SweepPlan", "SweepSummary", "flatten_result", "plan_sweep",
-           "point_id", "run_sweep", "split_values", "unflatten_row"]
+__all__ = [
+    "FLATTENED",
+    "Point",
+    "SweepPlan",
+    "SweepSummary",
+    "flatten_result",
+    "plan_sweep",
+    "point_id",
+    "run_sweep",
+    "split_values",
+    "unflatten_row",
+]
 
 OPTION_PREFIX = "scheme."
 
@@ -120,8 +130,11 @@ def split_values(name: str, text: Any) -> tuple[Any, ...]:
     else:
         items = tuple(s.strip() for s in str(text).split(","))
     if not items or any(isinstance(s, str) and not s for s in items):
-        raise ConfigError(name, text, "expected a comma-separated list of values without "
-                                      "empty items, e.g. 1Gbps,10Gbps")
+        raise ConfigError(
+            name,
+            text,
+            "expected a comma-separated list of values without empty items, e.g. 1Gbps,10Gbps",
+        )
     return items
 
 
@@ -197,22 +210,28 @@ def plan_sweep(base: RunSpec, axes: Mapping[str, Sequence[Any]]) -> SweepPlan:
     fields_of = {s: _option_fields(s) for s in schemes}
     base_opts = dict(base.scheme_options)
     option_values = {k: (v,) for k, v in base_opts.items()}
-    option_values.update({k[len(OPTION_PREFIX):]: v for k, v in norm.items()
-                          if k.startswith(OPTION_PREFIX)})
+    option_values.update(
+        {k[len(OPTION_PREFIX) :]: v for k, v in norm.items() if k.startswith(OPTION_PREFIX)}
+    )
     for key, vals in option_values.items():
         takers = [s for s in schemes if key in fields_of[s]]
         if not takers:
             theirs = sorted({f for s in schemes for f in fields_of[s]})
-            raise ConfigError(OPTION_PREFIX + key, vals[0],
-                              f"none of the swept schemes ({', '.join(schemes)}) takes this "
-                              f"option; theirs: {', '.join(theirs) or '(none)'}", unknown=True)
+            raise ConfigError(
+                OPTION_PREFIX + key,
+                vals[0],
+                f"none of the swept schemes ({', '.join(schemes)}) takes this "
+                f"option; theirs: {', '.join(theirs) or '(none)'}",
+                unknown=True,
+            )
         for s in takers:
             for v in vals:
                 parse_field(fields_of[s][key], v, OPTION_PREFIX + key)
 
     names = list(norm)
-    lists = [tuple(zip(converted.get(n, norm[n]), shown.get(n, norm[n]), strict=True))
-             for n in names]
+    lists = [
+        tuple(zip(converted.get(n, norm[n]), shown.get(n, norm[n]), strict=True)) for n in names
+    ]
     plain = dataclasses.replace(base, scheme_options=MappingProxyType({}))
     points: dict[str, Point] = {}
     for combo in itertools.product(*lists):
@@ -224,8 +243,8 @@ def plan_sweep(base: RunSpec, axes: Mapping[str, Sequence[Any]]) -> SweepPlan:
         settings: dict[str, Any] = {}
         for name, v in typed.items():
             if name.startswith(OPTION_PREFIX):
-                if name[len(OPTION_PREFIX):] in takes:
-                    opts[name[len(OPTION_PREFIX):]] = v
+                if name[len(OPTION_PREFIX) :] in takes:
+                    opts[name[len(OPTION_PREFIX) :]] = v
                 else:
                     values[name] = None
             else:
@@ -234,8 +253,9 @@ def plan_sweep(base: RunSpec, axes: Mapping[str, Sequence[Any]]) -> SweepPlan:
         spec = apply_settings(plain, settings)
         pid = point_id(spec)
         points.setdefault(pid, Point(pid, MappingProxyType(values), spec))
-    return SweepPlan(base, MappingProxyType({n: shown.get(n, norm[n]) for n in names}),
-                     tuple(points.values()))
+    return SweepPlan(
+        base, MappingProxyType({n: shown.get(n, norm[n]) for n in names}), tuple(points.values())
+    )
 
 
 # ---- one point ---------------------------------------------------------------------------
@@ -262,7 +282,7 @@ def run_point(pid: str, values: Mapping[str, Any], spec: Mapping[str, Any]) -> d
         run_spec = apply_settings(RunSpec(), spec)
         config = build_config(run_spec, record_spans=False)
         too_big = work_refusal(config, machine_memory())
-        if too_big:             # a point too big for this machine fails at once
+        if too_big:  # a point too big for this machine fails at once
             raise ValueError(too_big)
         result = simulate(config)
         row.update(flatten_result(result.to_dict()))
@@ -285,8 +305,13 @@ def _task(p: Point) -> tuple[str, dict[str, Any], dict[str, Any]]:
 def error_row(p: Point, exc: BaseException) -> dict[str, Any]:
     """The row of a point whose worker failed outside :func:`run_point` (a lost worker)."""
     pid, values, spec = _task(p)
-    return {"point_id": pid, "status": "error", **values, "error": one_line(exc),
-            "spec": json.dumps(spec, sort_keys=True, separators=(",", ":"), default=str)}
+    return {
+        "point_id": pid,
+        "status": "error",
+        **values,
+        "error": one_line(exc),
+        "spec": json.dumps(spec, sort_keys=True, separators=(",", ":"), default=str),
+    }
 
 
 # ---- runners -----------------------------------------------------------------------------
@@ -329,13 +354,15 @@ def run_dask(points: Sequence[Point], scheduler: str) -> Iterator[dict[str, Any]
     try:
         from dask.distributed import Client, as_completed
     except ImportError:
-        raise ConfigError("scheduler", scheduler, "needs dask.distributed: "
-                                                    "pip install 'dtsim[dist]'") from None
+        raise ConfigError(
+            "scheduler", scheduler, "needs dask.distributed: pip install 'dtsim[dist]'"
+        ) from None
     try:
         client = Client(scheduler, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as exc:
-        raise ConfigError("scheduler", scheduler,
-                          f"no Dask scheduler answers there ({one_line(exc)})") from None
+        raise ConfigError(
+            "scheduler", scheduler, f"no Dask scheduler answers there ({one_line(exc)})"
+        ) from None
     try:
         queue = list(reversed(points))
         group = 1
@@ -346,8 +373,12 @@ def run_dask(points: Sequence[Point], scheduler: str) -> Iterator[dict[str, Any]
             workers = max(1, len(client.scheduler_info().get("workers", {})))
             while queue and done.count() < 2 * workers:
                 batch = [queue.pop() for _ in range(min(group, len(queue)))]
-                fut = client.submit(run_points, [_task(p) for p in batch], pure=False,
-                                    key=f"dtsim-{batch[0].point_id}-{len(batch)}")
+                fut = client.submit(
+                    run_points,
+                    [_task(p) for p in batch],
+                    pure=False,
+                    key=f"dtsim-{batch[0].point_id}-{len(batch)}",
+                )
                 tasks[fut] = batch
                 done.add(fut)
 
@@ -378,8 +409,9 @@ def choose_runner(jobs: int = 1, scheduler: str | None = None) -> Runner:
     if scheduler:
         return lambda points: run_dask(points, scheduler)
     if jobs == 0 or jobs < -1:
-        raise ConfigError("jobs", jobs, "expected a positive number of workers, or -1 "
-                                          "for one per core")
+        raise ConfigError(
+            "jobs", jobs, "expected a positive number of workers, or -1 for one per core"
+        )
 
     def local(points: Sequence[Point]) -> Iterator[dict[str, Any]]:
         if jobs == 1 or len(points) < 2:
@@ -392,10 +424,17 @@ def choose_runner(jobs: int = 1, scheduler: str | None = None) -> Runner:
 # ---- the sweep ---------------------------------------------------------------------------
 
 
-def run_sweep(plan: SweepPlan, out: str, *, jobs: int = 1, scheduler: str | None = None,
-              retry_failed: bool = False, progress: bool = False,
-              on_row: Callable[[dict[str, Any]], None] | None = None,
-              runner: Runner | None = None) -> SweepSummary:
+def run_sweep(
+    plan: SweepPlan,
+    out: str,
+    *,
+    jobs: int = 1,
+    scheduler: str | None = None,
+    retry_failed: bool = False,
+    progress: bool = False,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    runner: Runner | None = None,
+) -> SweepSummary:
     """Run the points of ``plan`` that ``out`` (``.parquet`` or ``.csv``) does not hold
     yet (failed ones too with ``retry_failed``), appending each row as it finishes, and
     write ``out`` whole at the end (also when interrupted). ``on_row`` sees each new
@@ -406,15 +445,22 @@ def run_sweep(plan: SweepPlan, out: str, *, jobs: int = 1, scheduler: str | None
     run = runner or choose_runner(jobs, scheduler)
     with SweepStore(out) as store:
         done = store.rows
-        todo = [p for p in plan.points if p.point_id not in done
-                or (retry_failed and done[p.point_id].get("status") != "ok")]
-        store.first = ("point_id", "status", *plan.swept,
-                       *(["bandwidth_bytes_per_s"] if "bandwidth" in plan.axes else []))
+        todo = [
+            p
+            for p in plan.points
+            if p.point_id not in done or (retry_failed and done[p.point_id].get("status") != "ok")
+        ]
+        store.first = (
+            "point_id",
+            "status",
+            *plan.swept,
+            *(["bandwidth_bytes_per_s"] if "bandwidth" in plan.axes else []),
+        )
         bar = _progress(len(todo), progress)
         failed: list[tuple[Mapping[str, Any], str]] = []
         computed = 0
         try:
-            for row in (run(todo) if todo else ()):
+            for row in run(todo) if todo else ():
                 store.append(row)
                 computed += 1
                 if row["status"] != "ok":
@@ -431,12 +477,24 @@ def run_sweep(plan: SweepPlan, out: str, *, jobs: int = 1, scheduler: str | None
             store.save()
         rows = len(store.rows)
         again = {p.point_id for p in todo}
-        before = sum(1 for p in plan.points if p.point_id not in again and p.point_id in done
-                     and done[p.point_id].get("status") != "ok")
-    return SweepSummary(points=len(plan.points), skipped=len(plan.points) - len(todo),
-                        computed=computed, failed=len(failed), rows=rows, out=out,
-                        wall_s=time.perf_counter() - t0, errors=tuple(failed),
-                        failed_before=before)
+        before = sum(
+            1
+            for p in plan.points
+            if p.point_id not in again
+            and p.point_id in done
+            and done[p.point_id].get("status") != "ok"
+        )
+    return SweepSummary(
+        points=len(plan.points),
+        skipped=len(plan.points) - len(todo),
+        computed=computed,
+        failed=len(failed),
+        rows=rows,
+        out=out,
+        wall_s=time.perf_counter() - t0,
+        errors=tuple(failed),
+        failed_before=before,
+    )
 
 
 def _progress(total: int, enabled: bool) -> Any:

@@ -39,8 +39,11 @@ from simcore import simulate
 def sim_executable() -> list[str]:
     """The ``sim`` console script next to this Python, or ``python -m``-style fallback."""
     exe = os.path.join(os.path.dirname(sys.executable), "sim")
-    return [exe] if os.path.exists(exe) else [sys.executable, "-c",
-                                              "from dtsim.cli import main; main()"]
+    return (
+        [exe]
+        if os.path.exists(exe)
+        else [sys.executable, "-c", "from dtsim.cli import main; main()"]
+    )
 
 
 def end_to_end(args: list[str], repeats: int) -> list[float]:
@@ -81,8 +84,11 @@ def spec_from_args(args: list[str]) -> RunSpec:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--args", default="--gpus 8 --scheme dp",
-                    help="arguments of 'sim run' (simple --flag value pairs)")
+    ap.add_argument(
+        "--args",
+        default="--gpus 8 --scheme dp",
+        help="arguments of 'sim run' (simple --flag value pairs)",
+    )
     opts = ap.parse_args()
     args = shlex.split(opts.args)
 
@@ -98,18 +104,27 @@ def main() -> None:
         raw_rates.append(raw_simpy_rate())
     med = statistics.median
     print(f"command            sim run {' '.join(args)}")
-    print(f"end to end         median {med(e2e):.3f} s, best {min(e2e):.3f} s "
-          f"over {opts.repeats} fresh processes")
-    print(f"simulate()         median {med(r.events / x for x in sched_rates) * 1e3:.1f} ms "
-          f"in-process")
-    print(f"raw SimPy          {med(raw_rates):,.0f} timeouts/s (median; best "
-          f"{max(raw_rates):,.0f})")
-    for label, count, rates in (("model events", r.model_events, model_rates),
-                                ("scheduler events", r.events, sched_rates)):
+    print(
+        f"end to end         median {med(e2e):.3f} s, best {min(e2e):.3f} s "
+        f"over {opts.repeats} fresh processes"
+    )
+    print(
+        f"simulate()         median {med(r.events / x for x in sched_rates) * 1e3:.1f} ms "
+        f"in-process"
+    )
+    print(
+        f"raw SimPy          {med(raw_rates):,.0f} timeouts/s (median; best {max(raw_rates):,.0f})"
+    )
+    for label, count, rates in (
+        ("model events", r.model_events, model_rates),
+        ("scheduler events", r.events, sched_rates),
+    ):
         paired = med(x / y for x, y in zip(rates, raw_rates, strict=True))
-        print(f"{label:18s} {count:,} per run, {med(rates):,.0f}/s (median); "
-              f"ratio to raw SimPy {paired:.2f} (median of pairs), "
-              f"{max(rates) / max(raw_rates):.2f} (best/best)")
+        print(
+            f"{label:18s} {count:,} per run, {med(rates):,.0f}/s (median); "
+            f"ratio to raw SimPy {paired:.2f} (median of pairs), "
+            f"{max(rates) / max(raw_rates):.2f} (best/best)"
+        )
 
 
 if __name__ == "__main__":

@@ -45,26 +45,34 @@ def main() -> None:
     ap.add_argument("--topology", default="ib-cluster")
     ap.add_argument("--model", default="resnet50")
     opts = ap.parse_args()
-    base = RunSpec(topology=opts.topology, model=opts.model, fidelity=opts.fidelity,
-                   iterations=opts.iterations)
+    base = RunSpec(
+        topology=opts.topology, model=opts.model, fidelity=opts.fidelity, iterations=opts.iterations
+    )
     one = simulate(build_config(base.replace(scheme="dp", gpus=1), record_spans=False))
     config = build_config(base, record_spans=False)
     dp_opts = DPOptions()
     buckets = len(ddp_buckets(config.trace, dp_opts.bucket_bytes, dp_opts.first_bucket_bytes))
     t1 = one.iteration_time_s
-    print(f"{opts.model} on {opts.topology}, {opts.fidelity} fidelity; 1 GPU: "
-          f"{1e3 * t1:.1f} ms per iteration; dp ring over {buckets} buckets")
-    print(f"{'GPUs':>5}  {'gossip ms':>9}  {'eff':>6}  {'dp ms':>8}  {'eff':>6}  "
-          f"{'ring latency ms':>15}  {'wall s':>7}")
+    print(
+        f"{opts.model} on {opts.topology}, {opts.fidelity} fidelity; 1 GPU: "
+        f"{1e3 * t1:.1f} ms per iteration; dp ring over {buckets} buckets"
+    )
+    print(
+        f"{'GPUs':>5}  {'gossip ms':>9}  {'eff':>6}  {'dp ms':>8}  {'eff':>6}  "
+        f"{'ring latency ms':>15}  {'wall s':>7}"
+    )
     for p in (int(x) for x in opts.gpus.split(",")):
         t = time.perf_counter()
         gossip = simulate(build_config(base.replace(scheme="gossip", gpus=p), record_spans=False))
         dp = simulate(build_config(base.replace(scheme="dp", gpus=p), record_spans=False))
         lat = ring_latency_s(opts.topology, p, buckets)
-        print(f"{p:5d}  {1e3 * gossip.iteration_time_s:9.1f}  "
-              f"{t1 / gossip.iteration_time_s:6.3f}  {1e3 * dp.iteration_time_s:8.1f}  "
-              f"{t1 / dp.iteration_time_s:6.3f}  {1e3 * lat:15.2f}  "
-              f"{time.perf_counter() - t:7.1f}", flush=True)
+        print(
+            f"{p:5d}  {1e3 * gossip.iteration_time_s:9.1f}  "
+            f"{t1 / gossip.iteration_time_s:6.3f}  {1e3 * dp.iteration_time_s:8.1f}  "
+            f"{t1 / dp.iteration_time_s:6.3f}  {1e3 * lat:15.2f}  "
+            f"{time.perf_counter() - t:7.1f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -38,10 +38,25 @@ class Target:
     method: str  # "cpu", "analytic" or "gpu"
 
 
-CPU_TARGETS = [("resnet18", 8), ("alexnet", 16), ("squeezenet1_0", 8), ("snn", 128),
-               ("residual_lstm", 8), ("transformer", 2), ("seq2seq", 32), ("googlenet", 8)]
-SEED_TARGETS = [("vgg16", 64), ("resnet50", 128), ("resnet152", 64), ("inception_v3", 64),
-                ("transformer", 32), ("residual_lstm", 64), ("snn", 256)]
+CPU_TARGETS = [
+    ("resnet18", 8),
+    ("alexnet", 16),
+    ("squeezenet1_0", 8),
+    ("snn", 128),
+    ("residual_lstm", 8),
+    ("transformer", 2),
+    ("seq2seq", 32),
+    ("googlenet", 8),
+]
+SEED_TARGETS = [
+    ("vgg16", 64),
+    ("resnet50", 128),
+    ("resnet152", 64),
+    ("inception_v3", 64),
+    ("transformer", 32),
+    ("residual_lstm", 64),
+    ("snn", 256),
+]
 
 
 def targets(with_gpu: bool) -> list[Target]:
@@ -60,26 +75,41 @@ def make(target: Target) -> dict:
     from traces import save_trace
 
     if target.method == "analytic":
-        config = ProfileConfig(batch_size=target.batch_size, analytic=True,
-                               device_flops=V100_FLOPS, efficiency=DEFAULT_EFFICIENCY,
-                               memory_bytes_per_s=V100_MEMORY_BYTES_PER_S, progress=False)
+        config = ProfileConfig(
+            batch_size=target.batch_size,
+            analytic=True,
+            device_flops=V100_FLOPS,
+            efficiency=DEFAULT_EFFICIENCY,
+            memory_bytes_per_s=V100_MEMORY_BYTES_PER_S,
+            progress=False,
+        )
     else:
-        config = ProfileConfig(batch_size=target.batch_size,
-                               device="cuda" if target.method == "gpu" else "cpu",
-                               threads=1, progress=False)
+        config = ProfileConfig(
+            batch_size=target.batch_size,
+            device="cuda" if target.method == "gpu" else "cpu",
+            threads=1,
+            progress=False,
+        )
     trace = profile_model(target.model, config)
     rel = f"zoo/{target.name}.json"
     save_trace(trace, os.path.join(BUILTIN, rel))
     m = trace.meta
-    kind = {"cpu": "CPU-profiled", "gpu": "GPU-profiled",
-            "analytic": "ANALYTIC (not measured), V100-class"}[target.method]
+    kind = {
+        "cpu": "CPU-profiled",
+        "gpu": "GPU-profiled",
+        "analytic": "ANALYTIC (not measured), V100-class",
+    }[target.method]
     return {
-        "file": rel, "format": "dtsim",
+        "file": rel,
+        "format": "dtsim",
         "description": f"{get(target.model).description}; {kind}, batch {m.batch_size}",
         "device": _table_device(m.device) if target.method == "gpu" else m.device,
-        "framework": m.framework, "batch_size": m.batch_size,
-        "provenance": (f"{m.provenance}. Made {m.date} with {m.framework} by "
-                       f"'python bench/make_builtin_traces.py --only {target.name}'."),
+        "framework": m.framework,
+        "batch_size": m.batch_size,
+        "provenance": (
+            f"{m.provenance}. Made {m.date} with {m.framework} by "
+            f"'python bench/make_builtin_traces.py --only {target.name}'."
+        ),
     }
 
 
@@ -96,10 +126,19 @@ def _table_device(name: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Make the requested built-in traces and merge them into index.json."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", default=None, metavar="NAME",
-                    help="built-in names to make (default: all)")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                    help="cuda: also profile the seed models on the GPU")
+    ap.add_argument(
+        "--only",
+        nargs="*",
+        default=None,
+        metavar="NAME",
+        help="built-in names to make (default: all)",
+    )
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: also profile the seed models on the GPU",
+    )
     args = ap.parse_args(argv)
     todo = targets(args.device == "cuda")
     if args.only:

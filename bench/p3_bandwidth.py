@@ -30,8 +30,15 @@ def gain_row(model: str, gbps: float, fidelity: str, iterations: int) -> dict[st
     """Iteration times of ps and p3 and P3's gain (percent) at ``gbps``."""
     out: dict[str, float] = {}
     for scheme in ("ps", "p3"):
-        spec = RunSpec(scheme=scheme, gpus=4, topology="ethernet", model=model,
-                       bandwidth=f"{gbps:g}Gbps", fidelity=fidelity, iterations=iterations)
+        spec = RunSpec(
+            scheme=scheme,
+            gpus=4,
+            topology="ethernet",
+            model=model,
+            bandwidth=f"{gbps:g}Gbps",
+            fidelity=fidelity,
+            iterations=iterations,
+        )
         r = simulate(build_config(spec, record_spans=False))
         out[scheme] = r.iteration_time_s
         out[f"{scheme}_thr"] = r.throughput_samples_s
@@ -45,13 +52,16 @@ def main() -> None:
     ap.add_argument("--models", default="resnet50,vgg16,gnmt")
     ap.add_argument("--gbps", default=",".join(map(str, GBPS)))
     ap.add_argument("--fidelity", default="detailed", choices=("detailed", "analytic"))
-    ap.add_argument("--iterations", type=int, default=3,
-                    help="measured iterations per run (after one warm-up)")
+    ap.add_argument(
+        "--iterations", type=int, default=3, help="measured iterations per run (after one warm-up)"
+    )
     opts = ap.parse_args()
     rates = [float(x) for x in opts.gbps.split(",")]
     t0 = time.perf_counter()
-    print("4 one-GPU hosts (ethernet preset, co-located servers); P3 gain = "
-          "throughput(p3) / throughput(ps) - 1")
+    print(
+        "4 one-GPU hosts (ethernet preset, co-located servers); P3 gain = "
+        "throughput(p3) / throughput(ps) - 1"
+    )
     for model in opts.models.split(","):
         print(f"\n{model}")
         print(f"  {'Gbps':>5}  {'ps ms':>8}  {'p3 ms':>8}  {'gain':>7}  {'wall s':>6}")
@@ -59,8 +69,11 @@ def main() -> None:
         for gbps in rates:
             row = gain_row(model, gbps, opts.fidelity, opts.iterations)
             best = max(best, (row["gain"], gbps))
-            print(f"  {gbps:5g}  {1e3 * row['ps']:8.1f}  {1e3 * row['p3']:8.1f}  "
-                  f"{row['gain']:6.1f}%  {row['ps_wall'] + row['p3_wall']:6.1f}", flush=True)
+            print(
+                f"  {gbps:5g}  {1e3 * row['ps']:8.1f}  {1e3 * row['p3']:8.1f}  "
+                f"{row['gain']:6.1f}%  {row['ps_wall'] + row['p3_wall']:6.1f}",
+                flush=True,
+            )
         name, paper = PAPER.get(model, (model, float("nan")))
         print(f"  peak gain {best[0]:.1f}% at {best[1]:g} Gbps; the paper: +{paper}% for {name}")
     print(f"\ntotal wall time {time.perf_counter() - t0:.0f} s")

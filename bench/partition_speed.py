@@ -23,17 +23,35 @@ import time
 from simcore.partition import partition
 from traces import load_builtin
 
-MODELS = ("vgg16", "resnet18", "resnet50", "resnet101", "alexnet", "resnext50", "resnext101",
-          "inception_v3", "densenet121", "squeezenet1_0")
+MODELS = (
+    "vgg16",
+    "resnet18",
+    "resnet50",
+    "resnet101",
+    "alexnet",
+    "resnext50",
+    "resnext101",
+    "inception_v3",
+    "densenet121",
+    "squeezenet1_0",
+)
 """The antichain paper's ten models."""
 
-TABLE1_S = {("vgg16", 4): 0.01, ("vgg16", 8): 0.03, ("resnet50", 4): 0.38,
-            ("resnet50", 8): 1.17, ("resnet101", 4): 1.20, ("resnet101", 8): 3.69,
-            ("inception_v3", 4): 3.07, ("inception_v3", 8): 4.12,
-            ("densenet121", 4): 1.29, ("densenet121", 8): 3.73}
+TABLE1_S = {
+    ("vgg16", 4): 0.01,
+    ("vgg16", 8): 0.03,
+    ("resnet50", 4): 0.38,
+    ("resnet50", 8): 1.17,
+    ("resnet101", 4): 1.20,
+    ("resnet101", 8): 3.69,
+    ("inception_v3", 4): 3.07,
+    ("inception_v3", 8): 4.12,
+    ("densenet121", 4): 1.29,
+    ("densenet121", 8): 3.73,
+}
 """The paper's partitioner run times (seconds) quoted in docs/schemes.md, section 9."""
 
-BANDWIDTH = 1.25e9   # 10 Gbps, PipeDream's optimizer's usual setting
+BANDWIDTH = 1.25e9  # 10 Gbps, PipeDream's optimizer's usual setting
 
 
 def load(model: str):
@@ -47,8 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--gpus", type=int, nargs="+", default=[4, 8])
     args = ap.parse_args(argv)
-    print(f"{'model':<14}{'source':<8}{'gpus':>5} {'mode':<11}{'states':>9}{'median':>10}"
-          f"{'best':>10}{'Table 1':>9}  bottleneck")
+    print(
+        f"{'model':<14}{'source':<8}{'gpus':>5} {'mode':<11}{'states':>9}{'median':>10}"
+        f"{'best':>10}{'Table 1':>9}  bottleneck"
+    )
     slower = []
     for model in args.models.split(","):
         trace, source = load(model)
@@ -66,9 +86,11 @@ def main(argv: list[str] | None = None) -> int:
                 if ref is not None and med >= ref:
                     slower.append((model, gpus, straight))
                 mode = "straight" if straight else "replicated"
-                print(f"{model:<14}{source:<8}{gpus:>5} {mode:<11}{p.states:>9,}"
-                      f"{med * 1e3:>8.1f}ms{best * 1e3:>8.1f}ms{mark}  "
-                      f"{p.bottleneck_s * 1e3:.3f} ms {list(p.replicas)}")
+                print(
+                    f"{model:<14}{source:<8}{gpus:>5} {mode:<11}{p.states:>9,}"
+                    f"{med * 1e3:>8.1f}ms{best * 1e3:>8.1f}ms{mark}  "
+                    f"{p.bottleneck_s * 1e3:.3f} ms {list(p.replicas)}"
+                )
     if slower:
         print(f"slower than Table 1: {slower}")
         return 1

@@ -28,8 +28,18 @@ from simcore import simulate
 from simcore.partition import partition
 
 SCHEMES = ("dp", "mp", "gpipe", "pipedream", "spectrain")
-TEN = ("vgg16", "resnet18", "resnet50", "resnet101", "alexnet", "resnext50", "resnext101",
-       "inception_v3", "densenet121", "squeezenet1_0")
+TEN = (
+    "vgg16",
+    "resnet18",
+    "resnet50",
+    "resnet101",
+    "alexnet",
+    "resnext50",
+    "resnext101",
+    "inception_v3",
+    "densenet121",
+    "squeezenet1_0",
+)
 PAPER = {4: 3.4, 8: 3.76}
 """GPipe speedups with the antichain partition reported by the seed paper (CIFAR-10)."""
 
@@ -39,14 +49,17 @@ def run(spec: RunSpec):
 
 
 def throughput_table(models: list[str], iterations: int) -> None:
-    print("Throughput on 4 GPUs, pcie (samples/s; speedup over 1 GPU at the same global "
-          "batch in brackets)")
+    print(
+        "Throughput on 4 GPUs, pcie (samples/s; speedup over 1 GPU at the same global "
+        "batch in brackets)"
+    )
     print(f"{'model':<10}" + "".join(f"{s:>20}" for s in SCHEMES))
     for model in models:
         cells = []
         for scheme in SCHEMES:
-            r = run(RunSpec(scheme=scheme, gpus=4, model=model, topology="pcie",
-                            iterations=iterations))
+            r = run(
+                RunSpec(scheme=scheme, gpus=4, model=model, topology="pcie", iterations=iterations)
+            )
             cells.append(f"{r.throughput_samples_s:>10.1f} ({r.speedup:4.2f}x)")
         print(f"{model:<10}" + "".join(f"{c:>20}" for c in cells))
     print()
@@ -54,30 +67,35 @@ def throughput_table(models: list[str], iterations: int) -> None:
 
 def gpipe_table(models: list[str], iterations: int) -> None:
     print("GPipe with the antichain partition, pcie: speedup over 1 GPU at the same batch")
-    print(f"{'model':<14}{'gpus':>5}{'M=4N':>9}{'bubble':>8}{'M':>5}{'M=16N':>8}{'bubble':>8}"
-          f"{'partitioner':>12}{'paper':>7}")
+    print(
+        f"{'model':<14}{'gpus':>5}{'M=4N':>9}{'bubble':>8}{'M':>5}{'M=16N':>8}{'bubble':>8}"
+        f"{'partitioner':>12}{'paper':>7}"
+    )
     for model in models:
         for gpus in (4, 8):
-            spec = RunSpec(scheme="gpipe", gpus=gpus, model=model, topology="pcie",
-                           iterations=iterations)
+            spec = RunSpec(
+                scheme="gpipe", gpus=gpus, model=model, topology="pcie", iterations=iterations
+            )
             auto = run(spec)
             cfg = build_config(spec)
             m = min(16 * gpus, cfg.effective_batch_size)
             many = run(spec.replace(**{"scheme.microbatches": m}))
             p = partition(cfg.trace, gpus, 12e9, straight=True, activation_term=True)
-            print(f"{model:<14}{gpus:>5}{auto.speedup:>8.2f}x{auto.bubble_fraction:>8.0%}"
-                  f"{m:>5}{many.speedup:>7.2f}x{many.bubble_fraction:>8.0%}"
-                  f"{p.speedup_vs_1gpu:>11.2f}x{PAPER[gpus]:>7.2f}")
+            print(
+                f"{model:<14}{gpus:>5}{auto.speedup:>8.2f}x{auto.bubble_fraction:>8.0%}"
+                f"{m:>5}{many.speedup:>7.2f}x{many.bubble_fraction:>8.0%}"
+                f"{p.speedup_vs_1gpu:>11.2f}x{PAPER[gpus]:>7.2f}"
+            )
     print()
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=4)
-    ap.add_argument("--models", default="vgg16,alexnet,gnmt",
-                    help="models of the throughput table")
-    ap.add_argument("--gpipe-models", default=",".join(TEN),
-                    help="models of the GPipe speedup table")
+    ap.add_argument("--models", default="vgg16,alexnet,gnmt", help="models of the throughput table")
+    ap.add_argument(
+        "--gpipe-models", default=",".join(TEN), help="models of the GPipe speedup table"
+    )
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     throughput_table(args.models.split(","), args.iterations)

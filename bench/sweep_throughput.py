@@ -46,8 +46,7 @@ AXES = {
     "bandwidth": tuple(f"{g}Gbps" for g in range(1, 51)),
     "seed": (0, 1, 2, 3, 4),
 }
-BASE = RunSpec().replace(model="alexnet", topology="ethernet", fidelity="analytic",
-                         iterations=1)
+BASE = RunSpec().replace(model="alexnet", topology="ethernet", fidelity="analytic", iterations=1)
 
 
 def time_simulate_loop(plan) -> float:
@@ -88,8 +87,16 @@ def component_costs(plan, folder: str) -> dict[str, float]:
     t1 = time.perf_counter()
     rows = []
     for p, r in zip(plan.points, results, strict=True):
-        rows.append({"point_id": p.point_id, "status": "ok", **flatten_result(r.to_dict()),
-                     **p.values, "error": "", "spec": "{}"})
+        rows.append(
+            {
+                "point_id": p.point_id,
+                "status": "ok",
+                **flatten_result(r.to_dict()),
+                **p.values,
+                "error": "",
+                "spec": "{}",
+            }
+        )
     t2 = time.perf_counter()
     with SweepStore(os.path.join(folder, f"parts-{time.monotonic_ns()}.parquet")) as store:
         t3 = time.perf_counter()
@@ -98,8 +105,12 @@ def component_costs(plan, folder: str) -> dict[str, float]:
         t4 = time.perf_counter()
         store.save()
         t5 = time.perf_counter()
-    return {"spec -> config": (t1 - t0) / n, "result -> row": (t2 - t1) / n,
-            "journal append": (t4 - t3) / n, "table at the end": (t5 - t4) / n}
+    return {
+        "spec -> config": (t1 - t0) / n,
+        "result -> row": (t2 - t1) / n,
+        "journal append": (t4 - t3) / n,
+        "table at the end": (t5 - t4) / n,
+    }
 
 
 def main() -> None:
@@ -117,8 +128,9 @@ def main() -> None:
     if opts.dask:
         from dask.distributed import LocalCluster
 
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                               dashboard_address=None)
+        cluster = LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        )
         client_addr = cluster.scheduler_address
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as folder:
@@ -133,8 +145,7 @@ def main() -> None:
             walls["jobs2"].append(w2)
             efficiencies.append(w1 / (2 * w2))
             if client_addr:
-                walls["dask2"].append(time_sweep(plan, folder, "dask",
-                                                 scheduler=client_addr)[0])
+                walls["dask2"].append(time_sweep(plan, folder, "dask", scheduler=client_addr)[0])
         parts = [component_costs(plan, folder) for _ in range(opts.repeats)]
     if cluster is not None:
         cluster.close()
@@ -143,24 +154,38 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in walls.items() if v}
     rate = {k: n / v for k, v in med.items()}
     overhead = statistics.median(overheads)
-    print(f"sweep              {n} points: dp,ps x 2,4 GPUs x 50 bandwidths x 5 seeds "
-          f"(alexnet, ethernet, analytic, 1 iteration)")
-    print(f"repeats            {opts.repeats}, medians (cpu count {os.cpu_count()}, "
-          f"1-min load average up to {load:.1f})")
-    print(f"simulate() loop    {rate['loop']:7.1f} points/s  "
-          f"({1e3 * med['loop'] / n:.2f} ms per point)")
-    print(f"sweep, 1 worker    {rate['jobs1']:7.1f} points/s  "
-          f"({1e3 * med['jobs1'] / n:.2f} ms per point)")
+    print(
+        f"sweep              {n} points: dp,ps x 2,4 GPUs x 50 bandwidths x 5 seeds "
+        f"(alexnet, ethernet, analytic, 1 iteration)"
+    )
+    print(
+        f"repeats            {opts.repeats}, medians (cpu count {os.cpu_count()}, "
+        f"1-min load average up to {load:.1f})"
+    )
+    print(
+        f"simulate() loop    {rate['loop']:7.1f} points/s  "
+        f"({1e3 * med['loop'] / n:.2f} ms per point)"
+    )
+    print(
+        f"sweep, 1 worker    {rate['jobs1']:7.1f} points/s  "
+        f"({1e3 * med['jobs1'] / n:.2f} ms per point)"
+    )
     print(f"sweep, 2 workers   {rate['jobs2']:7.1f} points/s  (joblib, loky processes)")
     if "dask2" in rate:
         print(f"dask, 2 workers    {rate['dask2']:7.1f} points/s  (LocalCluster, 2 processes)")
-    print(f"overhead           {1e3 * overhead:.3f} ms per point outside simulate() in the "
-          f"1-worker sweep ({100 * overhead / (med['loop'] / n):.1f}% of a point's "
-          f"simulate() time in the loop)")
-    print("  of which         " + ", ".join(
-        f"{k} {1e3 * statistics.median(p[k] for p in parts):.3f} ms" for k in parts[0]))
-    print(f"parallel eff.      {100 * statistics.median(efficiencies):.0f}% "
-          f"(2 workers vs 1, median of back-to-back pairs)")
+    print(
+        f"overhead           {1e3 * overhead:.3f} ms per point outside simulate() in the "
+        f"1-worker sweep ({100 * overhead / (med['loop'] / n):.1f}% of a point's "
+        f"simulate() time in the loop)"
+    )
+    print(
+        "  of which         "
+        + ", ".join(f"{k} {1e3 * statistics.median(p[k] for p in parts):.3f} ms" for k in parts[0])
+    )
+    print(
+        f"parallel eff.      {100 * statistics.median(efficiencies):.0f}% "
+        f"(2 workers vs 1, median of back-to-back pairs)"
+    )
     for k, v in walls.items():
         if v:
             print(f"  raw {k:6s} " + " ".join(f"{x:.2f}s" for x in v))

@@ -11,5 +11,11 @@ from analysis.resolve import (
     topology_presets,
 )
 
-__all__ = ["build_config", "device_scale", "gpu_peak_flops", "load_preset", "resolve_trace",
-           "topology_presets"]
+__all__ = [
+    "build_config",
+    "device_scale",
+    "gpu_peak_flops",
+    "load_preset",
+    "resolve_trace",
+    "topology_presets",
+]

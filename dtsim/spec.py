@@ -13,5 +13,14 @@ from simcore.spec import (
     parse_set,
 )
 
-__all__ = ["DEFAULT_GPUS", "DEFAULT_TOPOLOGY", "FIELDS", "FLAG_FIELDS", "RunSpec",
-           "apply_settings", "flag_fields", "load_config_file", "parse_set"]
+__all__ = [
+    "DEFAULT_GPUS",
+    "DEFAULT_TOPOLOGY",
+    "FIELDS",
+    "FLAG_FIELDS",
+    "RunSpec",
+    "apply_settings",
+    "flag_fields",
+    "load_config_file",
+    "parse_set",
+]

@@ -114,8 +114,11 @@ def used_output(n: fx.Node, value: Any) -> list[torch.Tensor]:
         return list(tensors_in(value))
     picked: dict[int, None] = {}
     for user in n.users:
-        if user.op == "call_function" and user.target is operator.getitem \
-                and isinstance(user.args[1], int):
+        if (
+            user.op == "call_function"
+            and user.target is operator.getitem
+            and isinstance(user.args[1], int)
+        ):
             picked[user.args[1]] = None
         else:
             return list(tensors_in(value))
@@ -169,9 +172,9 @@ def is_layer_node(n: fx.Node, values: dict[str, Any]) -> bool:
 
 
 def _build(gm: fx.GraphModule, values: dict[str, Any]) -> LayerGraph:
-    names: dict[str, str] = {}       # fx node name -> layer name (layers only)
-    sources: dict[str, tuple[str, ...]] = {}   # fx node name -> layer names it carries
-    grad: dict[str, bool] = {}       # fx node name -> output depends on parameters
+    names: dict[str, str] = {}  # fx node name -> layer name (layers only)
+    sources: dict[str, tuple[str, ...]] = {}  # fx node name -> layer names it carries
+    grad: dict[str, bool] = {}  # fx node name -> output depends on parameters
     pending_params: dict[str, list[str]] = {}  # node -> names of parameters not charged
     seen_params: set[int] = set()
     calls: dict[str, int] = {}
@@ -210,14 +213,19 @@ def _build(gm: fx.GraphModule, values: dict[str, Any]) -> LayerGraph:
         name = _layer_name(n, calls, used_names)
         names[n.name] = name
         sources[n.name] = (name,)
-        layers.append(LayerNode(
-            name=name, node=n, kind="input" if n.op == "placeholder" else "layer",
-            op=_describe(gm, n),
-            preds=tuple(dict.fromkeys(s for i in ins for s in sources[i.name])),
-            param_bytes=param_bytes,
-            activation_bytes=nbytes(used_output(n, values[n.name])),
-            needs_grad=grad[n.name], param_names=tuple(charged),
-        ))
+        layers.append(
+            LayerNode(
+                name=name,
+                node=n,
+                kind="input" if n.op == "placeholder" else "layer",
+                op=_describe(gm, n),
+                preds=tuple(dict.fromkeys(s for i in ins for s in sources[i.name])),
+                param_bytes=param_bytes,
+                activation_bytes=nbytes(used_output(n, values[n.name])),
+                needs_grad=grad[n.name],
+                param_names=tuple(charged),
+            )
+        )
     return LayerGraph(gm, tuple(layers), values, frozenset(k for k, v in grad.items() if v))
 
 

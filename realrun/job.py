@@ -92,16 +92,21 @@ class Job:
 
     def __post_init__(self) -> None:
         if self.scheme not in REAL_SCHEMES:
-            raise JobError(f"scheme: {self.scheme!r} has no real runtime yet; choose one of: "
-                           f"{', '.join(REAL_SCHEMES)}")
+            raise JobError(
+                f"scheme: {self.scheme!r} has no real runtime yet; choose one of: "
+                f"{', '.join(REAL_SCHEMES)}"
+            )
         if self.backend not in BACKENDS:
-            raise JobError(f"backend: {self.backend!r} is not allowed; choose one of: "
-                           f"{', '.join(BACKENDS)}")
+            raise JobError(
+                f"backend: {self.backend!r} is not allowed; choose one of: {', '.join(BACKENDS)}"
+            )
         if self.workers < 1:
             raise JobError(f"gpus: {self.workers} is not allowed; need at least 1 rank")
         if self.scheme in PS_SCHEMES and self.servers < 1:
-            raise JobError(f"scheme.servers: {self.servers} is not allowed; {self.scheme} "
-                           "needs at least one server")
+            raise JobError(
+                f"scheme.servers: {self.servers} is not allowed; {self.scheme} "
+                "needs at least one server"
+            )
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
 
     @property

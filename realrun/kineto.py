@@ -28,8 +28,11 @@ class _RangeInterpreter(fx.Interpreter):
 
     def __init__(self, graph: LayerGraph) -> None:
         super().__init__(graph.module)
-        self.ranges = {layer.node.name: RANGE_PREFIX + layer.name
-                       for layer in graph.layers if layer.kind == "layer"}
+        self.ranges = {
+            layer.node.name: RANGE_PREFIX + layer.name
+            for layer in graph.layers
+            if layer.kind == "layer"
+        }
 
     def run_node(self, n: fx.Node) -> Any:
         label = self.ranges.get(n.name)
@@ -43,20 +46,35 @@ def graph_metadata(graph: LayerGraph, *, model: str, batch_size: int, device: st
     """The ``"dtsim"`` metadata object describing ``graph`` (see :mod:`traces.kineto`)."""
     dtype = next((p.dtype for p in graph.module.parameters()), torch.float32)
     return {
-        "model": model, "batch_size": batch_size, "device": device,
+        "model": model,
+        "batch_size": batch_size,
+        "device": device,
         "dtype": str(dtype).removeprefix("torch."),
         "framework": f"PyTorch {torch.__version__}",
         "date": datetime.date.today().isoformat(),
-        "layers": [{"name": layer.name, "op": layer.op, "kind": layer.kind,
-                    "param_bytes": layer.param_bytes,
-                    "activation_bytes": layer.activation_bytes}
-                   for layer in graph.layers],
+        "layers": [
+            {
+                "name": layer.name,
+                "op": layer.op,
+                "kind": layer.kind,
+                "param_bytes": layer.param_bytes,
+                "activation_bytes": layer.activation_bytes,
+            }
+            for layer in graph.layers
+        ],
         "edges": [list(e) for e in graph.edges],
     }
 
 
-def record_trace(model: torch.nn.Module, inputs: tuple[Any, ...], path: str, *, name: str,
-                 steps: int = 3, warmup: int = 1) -> None:
+def record_trace(
+    model: torch.nn.Module,
+    inputs: tuple[Any, ...],
+    path: str,
+    *,
+    name: str,
+    steps: int = 3,
+    warmup: int = 1,
+) -> None:
     """Profile ``warmup`` + ``steps`` forward/backward steps of ``model`` on ``inputs``
     with ``torch.profiler`` and write the Kineto trace of the last ``steps`` to ``path``
     (atomically). Backward starts from a gradient of ones for every output."""
@@ -82,14 +100,24 @@ def record_trace(model: torch.nn.Module, inputs: tuple[Any, ...], path: str, *, 
         for _ in range(steps):
             step()
             prof.step()
-        prof.add_metadata_json(METADATA_KEY, json.dumps(
-            graph_metadata(graph, model=name, batch_size=batch_size, device=device)))
+        prof.add_metadata_json(
+            METADATA_KEY,
+            json.dumps(graph_metadata(graph, model=name, batch_size=batch_size, device=device)),
+        )
     with atomic_path(path, suffix=".json") as tmp:
         prof.export_chrome_trace(tmp)
 
 
-def record_zoo_trace(name: str, batch_size: int, path: str, *, device: str = "cpu",
-                     steps: int = 3, warmup: int = 1, threads: int | None = 1) -> None:
+def record_zoo_trace(
+    name: str,
+    batch_size: int,
+    path: str,
+    *,
+    device: str = "cpu",
+    steps: int = 3,
+    warmup: int = 1,
+    threads: int | None = 1,
+) -> None:
     """:func:`record_trace` for zoo model ``name`` on random inputs of ``batch_size``."""
     if threads is not None:
         torch.set_num_threads(threads)
@@ -103,10 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m realrun.kineto MODEL BATCH OUT.json``: record a zoo model's trace."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m realrun.kineto",
-                                 description="Record a PyTorch profiler (Kineto) trace of "
-                                             "training steps of a zoo model, with layer:: "
-                                             "ranges, for 'sim trace convert'.")
+    ap = argparse.ArgumentParser(
+        prog="python -m realrun.kineto",
+        description="Record a PyTorch profiler (Kineto) trace of "
+        "training steps of a zoo model, with layer:: "
+        "ranges, for 'sim trace convert'.",
+    )
     ap.add_argument("model", choices=zoo.names())
     ap.add_argument("batch_size", type=int)
     ap.add_argument("out")
@@ -114,8 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     args = ap.parse_args(argv)
-    record_zoo_trace(args.model, args.batch_size, args.out, device=args.device,
-                     steps=args.steps, warmup=args.warmup)
+    record_zoo_trace(
+        args.model,
+        args.batch_size,
+        args.out,
+        device=args.device,
+        steps=args.steps,
+        warmup=args.warmup,
+    )
     print(f"wrote {args.out}")
     return 0
 

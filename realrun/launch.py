@@ -77,9 +77,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(job: Job, out_dir: str, placement: Placement | None = None, *,
-           port: int | None = None,
-           progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+def launch(
+    job: Job,
+    out_dir: str,
+    placement: Placement | None = None,
+    *,
+    port: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
     """Run ``job`` (see module docs) with its files in ``out_dir``; returns the gathered
     records (``records.json`` of rank 0). ``progress(iteration)`` is called as the
     slowest worker advances."""
@@ -100,18 +105,31 @@ def launch(job: Job, out_dir: str, placement: Placement | None = None, *,
         for rank in range(job.world_size):
             host = job.host_of(rank)
             env = dict(os.environ)
-            env.update(RANK=str(rank), WORLD_SIZE=str(job.world_size), LOCAL_RANK="0",
-                       LOCAL_WORLD_SIZE="1", MASTER_ADDR=placement.master_addr,
-                       MASTER_PORT=str(port), GLOO_SOCKET_IFNAME=placement.ifname(host),
-                       OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+            env.update(
+                RANK=str(rank),
+                WORLD_SIZE=str(job.world_size),
+                LOCAL_RANK="0",
+                LOCAL_WORLD_SIZE="1",
+                MASTER_ADDR=placement.master_addr,
+                MASTER_PORT=str(port),
+                GLOO_SOCKET_IFNAME=placement.ifname(host),
+                OMP_NUM_THREADS="1",
+                PYTHONUNBUFFERED="1",
+            )
             if job.backend == "gloo":
                 env["CUDA_VISIBLE_DEVICES"] = ""
             argv = [sys.executable, "-m", "realrun", "--job", job_path, "--out", out_dir]
             log = open(os.path.join(out_dir, f"rank{rank}.log"), "wb")  # noqa: SIM115
             logs.append(log)
-            procs.append(subprocess.Popen(placement.wrap(host, argv), env=env, stdout=log,
-                                          stderr=subprocess.STDOUT,
-                                          start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    placement.wrap(host, argv),
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         _watch(job, procs, out_dir, hb_path, progress)
     finally:
         stop(procs)
@@ -121,17 +139,25 @@ def launch(job: Job, out_dir: str, placement: Placement | None = None, *,
         return json.load(fh)
 
 
-def _watch(job: Job, procs: Sequence[subprocess.Popen[bytes]], out_dir: str, hb_path: str,
-           progress: Callable[[int], None] | None) -> None:
+def _watch(
+    job: Job,
+    procs: Sequence[subprocess.Popen[bytes]],
+    out_dir: str,
+    hb_path: str,
+    progress: Callable[[int], None] | None,
+) -> None:
     last_reported = -1
     started = time.monotonic()
     while True:
         codes = [p.poll() for p in procs]
         for rank, code in enumerate(codes):
             if code not in (None, 0):
-                raise RankFailed(rank, f"rank {rank} ({job.role(rank)}) "
-                                       f"{_exit_reason(code)}: "
-                                       f"{last_error(os.path.join(out_dir, f'rank{rank}.log'))}")
+                raise RankFailed(
+                    rank,
+                    f"rank {rank} ({job.role(rank)}) "
+                    f"{_exit_reason(code)}: "
+                    f"{last_error(os.path.join(out_dir, f'rank{rank}.log'))}",
+                )
         if all(c == 0 for c in codes):
             return
         beats = read_heartbeats(hb_path, job.world_size)
@@ -144,16 +170,26 @@ def _watch(job: Job, procs: Sequence[subprocess.Popen[bytes]], out_dir: str, hb_
             # that stopped first.
             waiting = _waiting_ranks(procs, live, out_dir)
             busy = [r for r in live if r not in waiting]
-            hung = busy[0] if len(busy) == 1 else min(
-                busy or live, key=lambda r: (beats[r][1], job.role(r) != "worker", beats[r][0]))
+            hung = (
+                busy[0]
+                if len(busy) == 1
+                else min(
+                    busy or live, key=lambda r: (beats[r][1], job.role(r) != "worker", beats[r][0])
+                )
+            )
             step = beats[hung][1]
             where = "before training" if step < 0 else f"in iteration {step // PHASES}"
-            raise RankFailed(hung, f"rank {hung} ({job.role(hung)}) hung: no rank made "
-                                   f"progress for {job.timeout_s:g} s and rank {hung} got "
-                                   f"the least far ({where}); the others wait for it")
+            raise RankFailed(
+                hung,
+                f"rank {hung} ({job.role(hung)}) hung: no rank made "
+                f"progress for {job.timeout_s:g} s and rank {hung} got "
+                f"the least far ({where}); the others wait for it",
+            )
         if not stamps and live and now - started > job.timeout_s * 3:
-            raise RankFailed(live[0], f"rank {live[0]} ({job.role(live[0])}) hung: no rank "
-                                      "started within the time limit")
+            raise RankFailed(
+                live[0],
+                f"rank {live[0]} ({job.role(live[0])}) hung: no rank started within the time limit",
+            )
         if progress is not None and job.workers:
             slowest = min(beats[r][1] for r in range(job.workers)) // PHASES
             if slowest > last_reported:
@@ -162,14 +198,20 @@ def _watch(job: Job, procs: Sequence[subprocess.Popen[bytes]], out_dir: str, hb_
         time.sleep(POLL_S)
 
 
-WAITING_FRAMES = ("torch/distributed/", "torch/nn/parallel/distributed.py",
-                  "torch/autograd/", "realrun/runtime.py", "threading.py")
+WAITING_FRAMES = (
+    "torch/distributed/",
+    "torch/nn/parallel/distributed.py",
+    "torch/autograd/",
+    "realrun/runtime.py",
+    "threading.py",
+)
 """Where a rank's main thread is when it waits for other ranks: in a collective, in DDP,
 in backward (which waits for DDP's all-reduces), or in our message waits."""
 
 
-def _waiting_ranks(procs: Sequence[subprocess.Popen[bytes]], live: list[int],
-                   out_dir: str) -> set[int]:
+def _waiting_ranks(
+    procs: Sequence[subprocess.Popen[bytes]], live: list[int], out_dir: str
+) -> set[int]:
     """The live ranks whose main thread waits for other ranks, from the stacks they dump
     on SIGUSR1 (see :mod:`realrun.worker`)."""
     sizes = {}
@@ -197,7 +239,7 @@ def _main_thread_stack(dump: str) -> list[str]:
     for i, line in enumerate(lines):
         if line.startswith("Current thread"):
             out = []
-            for frame in lines[i + 1:]:
+            for frame in lines[i + 1 :]:
                 if not frame.startswith("  File"):
                     break
                 out.append(frame)
@@ -214,9 +256,8 @@ def read_heartbeats(path: str, ranks: int) -> list[tuple[float, int]]:
         return [(0.0, -1)] * ranks
     out = []
     for r in range(ranks):
-        chunk = data[r * HEARTBEAT_SLOT_BYTES:(r + 1) * HEARTBEAT_SLOT_BYTES]
-        out.append(struct.unpack("<dq", chunk) if len(chunk) == HEARTBEAT_SLOT_BYTES
-                   else (0.0, -1))
+        chunk = data[r * HEARTBEAT_SLOT_BYTES : (r + 1) * HEARTBEAT_SLOT_BYTES]
+        out.append(struct.unpack("<dq", chunk) if len(chunk) == HEARTBEAT_SLOT_BYTES else (0.0, -1))
     return out
 
 
@@ -239,8 +280,9 @@ def last_error(log_path: str) -> str:
     if not lines:
         return "(no output)"
     for ln in reversed(lines):
-        if ("Error" in ln or "Exception" in ln or ln.startswith("realrun:")) \
-                and not ln.startswith(("File ", "Traceback")):
+        if ("Error" in ln or "Exception" in ln or ln.startswith("realrun:")) and not ln.startswith(
+            ("File ", "Traceback")
+        ):
             return ln[:300]
     return lines[-1][:300]
 

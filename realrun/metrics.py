@@ -33,8 +33,13 @@ from simcore.records import BACKWARD, COMPUTE, FORWARD, UPDATE
 BUSY = (FORWARD, BACKWARD, UPDATE, "aggregate")
 
 
-def summarize(records: Mapping[str, Any], *, wall_s: float = 0.0, cluster: str = "local",
-              link_counters: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def summarize(
+    records: Mapping[str, Any],
+    *,
+    wall_s: float = 0.0,
+    cluster: str = "local",
+    link_counters: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The result dictionary of a real run (see module docs)."""
     job = records["job"]
     ranks = sorted(records["ranks"], key=lambda r: r["rank"])
@@ -44,8 +49,7 @@ def summarize(records: Mapping[str, Any], *, wall_s: float = 0.0, cluster: str =
     warm, iters = int(job["warmup_iterations"]), int(job["iterations"])
     total_its = warm + iters
     first, last = warm, total_its - 1
-    ends = [[float(r["iteration_end"].get(str(i), 0.0)) for r in workers]
-            for i in range(total_its)]
+    ends = [[float(r["iteration_end"].get(str(i), 0.0)) for r in workers] for i in range(total_its)]
     iter_s = metrics.steady_iteration_time(ends, warm)
     measured_s = iter_s * iters
 
@@ -64,8 +68,12 @@ def summarize(records: Mapping[str, Any], *, wall_s: float = 0.0, cluster: str =
         busy.append(b)
         fb_s.append(fb / iters)
         upd_s.append(up / iters)
-    server_update = sum(s[5] - s[4] for r in servers for s in r["spans"]
-                        if s[1] == COMPUTE and s[2] == UPDATE and first <= s[6] <= last)
+    server_update = sum(
+        s[5] - s[4]
+        for r in servers
+        for s in r["spans"]
+        if s[1] == COMPUTE and s[2] == UPDATE and first <= s[6] <= last
+    )
     util = metrics.utilization(busy, measured_s)
     gpu_util = sum(util) / len(util) if util else 0.0
     update_per_it = (server_update / iters) if servers else (sum(upd_s) / max(1, w))
@@ -96,27 +104,38 @@ def summarize(records: Mapping[str, Any], *, wall_s: float = 0.0, cluster: str =
     peaks = [int(r["cuda_peak_bytes"] or r["peak_rss_bytes"]) for r in workers]
     batch = int(job["batch_size"])
     out: dict[str, Any] = {
-        "scheme": job["scheme"], "gpus": w, "model": job["model"],
-        "topology": f"real:{cluster}", "cluster": cluster, "backend": job["backend"],
+        "scheme": job["scheme"],
+        "gpus": w,
+        "model": job["model"],
+        "topology": f"real:{cluster}",
+        "cluster": cluster,
+        "backend": job["backend"],
         "device_type": workers[0]["device_type"] if workers else "cpu",
         "device_model": workers[0]["device_model"] if workers else "",
-        "servers": len(servers), "batch_size": batch, "global_batch_size": batch * w,
-        "iterations": iters, "warmup_iterations": warm,
+        "servers": len(servers),
+        "batch_size": batch,
+        "global_batch_size": batch * w,
+        "iterations": iters,
+        "warmup_iterations": warm,
         "iteration_time_s": iter_s,
         "iteration_times_s": metrics.iteration_durations(metrics.iteration_ends(ends)),
         "throughput_samples_s": batch * w / iter_s if iter_s > 0 else float("inf"),
         "single_gpu_time_s": single,
         "speedup": single / iter_s if iter_s > 0 else float("inf"),
-        "gpu_utilization": gpu_util, "per_gpu_utilization": util,
+        "gpu_utilization": gpu_util,
+        "per_gpu_utilization": util,
         "bubble_fraction": max(0.0, 1.0 - gpu_util),
-        "comm_bytes_total": total, "comm_bytes_per_iteration": measured / iters,
+        "comm_bytes_total": total,
+        "comm_bytes_per_iteration": measured / iters,
         "comm_bytes_per_iteration_by_rank": by_rank,
         "comm_bytes_per_iteration_by_message": by_msg_kind,
         "header_bytes_per_iteration": headers / total_its,
-        "comm_bytes_by_link_kind": by_kind, "comm_bytes_by_link": by_link,
+        "comm_bytes_by_link_kind": by_kind,
+        "comm_bytes_by_link": by_link,
         "peak_memory_bytes": max(peaks) if peaks else 0,
         "per_gpu_peak_memory_bytes": peaks,
-        "events": sum(len(r["spans"]) for r in ranks), "wall_s": wall_s,
+        "events": sum(len(r["spans"]) for r in ranks),
+        "wall_s": wall_s,
         "device_names": [r["device"] for r in ranks],
         "torch": records.get("torch", ""),
     }

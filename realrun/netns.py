@@ -161,15 +161,16 @@ def shape_for_rate(rate_bytes_per_s: float) -> LinkShape:
 # Running ip/tc
 
 
-def _run(argv: Sequence[str], *, check: bool = True, timeout_s: float = 30.0
-         ) -> subprocess.CompletedProcess[str]:
+def _run(
+    argv: Sequence[str], *, check: bool = True, timeout_s: float = 30.0
+) -> subprocess.CompletedProcess[str]:
     """Run a command quietly; on failure (with ``check``) raise ``CalledProcessError``
     carrying its stderr."""
-    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+    )
     if check and proc.returncode != 0:
-        raise subprocess.CalledProcessError(proc.returncode, list(argv), proc.stdout,
-                                            proc.stderr)
+        raise subprocess.CalledProcessError(proc.returncode, list(argv), proc.stdout, proc.stderr)
     return proc
 
 
@@ -191,14 +192,15 @@ def _start_ticks(pid: int) -> int | None:
     except OSError:
         return None
     # the command name (field 2) is in parentheses and may hold spaces
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[19])
 
 
 def _check_prefix(prefix: str) -> None:
     if not _PREFIX_RE.match(prefix):
-        raise ValueError(f"prefix must be a letter then up to 31 letters, digits or '_', "
-                         f"got {prefix!r}")
+        raise ValueError(
+            f"prefix must be a letter then up to 31 letters, digits or '_', got {prefix!r}"
+        )
 
 
 def _name_re(prefix: str) -> re.Pattern[str]:
@@ -247,8 +249,7 @@ def _stop_processes(namespaces: Sequence[str], grace_s: float = 1.0) -> None:
                 os.kill(pid, sig)
         deadline = time.monotonic() + grace_s
         while pids and time.monotonic() < deadline:
-            pids = {p for p in pids if os.path.exists(f"/proc/{p}")
-                    and not _is_zombie(p)}
+            pids = {p for p in pids if os.path.exists(f"/proc/{p}") and not _is_zombie(p)}
             if pids:
                 time.sleep(0.02)
         if not pids:
@@ -261,7 +262,7 @@ def _is_zombie(pid: int) -> bool:
             stat = f.read()
     except OSError:
         return True
-    return stat[stat.rindex(")") + 2:].startswith("Z")
+    return stat[stat.rindex(")") + 2 :].startswith("Z")
 
 
 def _delete_namespaces(names: Sequence[str]) -> list[str]:
@@ -325,22 +326,40 @@ def check_available() -> None:
         raise NetnsUnavailable(f"emulated clusters need root (network namespaces); {_HINT}")
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
-            raise NetnsUnavailable(f"emulated clusters need `{tool}` (iproute2), not found "
-                                   f"on PATH; {_HINT}")
+            raise NetnsUnavailable(
+                f"emulated clusters need `{tool}` (iproute2), not found on PATH; {_HINT}"
+            )
     probe = f"{DEFAULT_PREFIX}-{_owner_tag()}-{secrets.token_hex(2)}-probe"
     with _signals_blocked():
         try:
             _run(["ip", "netns", "add", probe])
             try:
-                _run(["ip", "-n", probe, "link", "add", "pa", "type", "veth", "peer",
-                      "name", "pb"])
-                _run(["tc", "-n", probe, "qdisc", "add", "dev", "pa", "root", "tbf",
-                      "rate", "8000000bit", "burst", "12112", "limit", "100000"])
+                _run(["ip", "-n", probe, "link", "add", "pa", "type", "veth", "peer", "name", "pb"])
+                _run(
+                    [
+                        "tc",
+                        "-n",
+                        probe,
+                        "qdisc",
+                        "add",
+                        "dev",
+                        "pa",
+                        "root",
+                        "tbf",
+                        "rate",
+                        "8000000bit",
+                        "burst",
+                        "12112",
+                        "limit",
+                        "100000",
+                    ]
+                )
             finally:
                 _run(["ip", "netns", "delete", probe], check=False)
         except (subprocess.CalledProcessError, OSError, subprocess.TimeoutExpired) as err:
-            raise NetnsUnavailable(f"cannot build network namespaces here ({_why(err)}); "
-                                   f"{_HINT}") from err
+            raise NetnsUnavailable(
+                f"cannot build network namespaces here ({_why(err)}); {_HINT}"
+            ) from err
 
 
 def _owner_tag() -> str:
@@ -448,8 +467,9 @@ class EmulatedCluster:
     ``switch_namespace`` (the namespace holding the bridge); ``bridge`` (its name there).
     """
 
-    def __init__(self, hosts: int, rate_bytes_per_s: float | None, *,
-                 prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(
+        self, hosts: int, rate_bytes_per_s: float | None, *, prefix: str = DEFAULT_PREFIX
+    ) -> None:
         """Build the cluster (see the class docstring). ``prefix`` starts every namespace
         name; use your own to keep clusters apart from others' (tests use one per test)."""
         _check_prefix(prefix)
@@ -464,11 +484,14 @@ class EmulatedCluster:
         self.bridge = f"{short}br"
         subnet = _subnet()
         self.subnet = f"{subnet}.0/24"
-        self._hosts = [Host(i, f"{base}-h{i}", f"{short}h{i}", f"{subnet}.{i + 1}")
-                       for i in range(hosts)]
+        self._hosts = [
+            Host(i, f"{base}-h{i}", f"{short}h{i}", f"{subnet}.{i + 1}") for i in range(hosts)
+        ]
         self._switch_ports = [f"{short}s{i}" for i in range(hosts)]
-        assert all(len(n) <= _IFNAME_MAX
-                   for n in [self.bridge, *self._switch_ports, *(h.ifname for h in self._hosts)])
+        assert all(
+            len(n) <= _IFNAME_MAX
+            for n in [self.bridge, *self._switch_ports, *(h.ifname for h in self._hosts)]
+        )
         self._created: list[str] = []  # namespaces, in creation order
         self._closed = False
         _guard.acquire()
@@ -476,10 +499,10 @@ class EmulatedCluster:
             self._build()
         except BaseException as err:
             self.close()
-            if isinstance(err, subprocess.CalledProcessError | OSError
-                          | subprocess.TimeoutExpired):
-                raise NetnsUnavailable(f"cannot build the emulated cluster ({_why(err)}); "
-                                       f"{_HINT}") from err
+            if isinstance(err, subprocess.CalledProcessError | OSError | subprocess.TimeoutExpired):
+                raise NetnsUnavailable(
+                    f"cannot build the emulated cluster ({_why(err)}); {_HINT}"
+                ) from err
             raise
 
     # -- building ----------------------------------------------------------------------
@@ -488,9 +511,19 @@ class EmulatedCluster:
         self._created.append(name)  # before: a half-created one is still removed
         _run(["ip", "netns", "add", name])
         # no IPv6: no router solicitations or MLD reports adding bytes to measured links
-        _run(["ip", "netns", "exec", name, "sh", "-c",
-              "for f in all default; do echo 1 > /proc/sys/net/ipv6/conf/$f/disable_ipv6; "
-              "done 2>/dev/null; true"], check=False)
+        _run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                name,
+                "sh",
+                "-c",
+                "for f in all default; do echo 1 > /proc/sys/net/ipv6/conf/$f/disable_ipv6; "
+                "done 2>/dev/null; true",
+            ],
+            check=False,
+        )
         _run(["ip", "-n", name, "link", "set", "lo", "up"])
 
     def _build(self) -> None:
@@ -498,29 +531,84 @@ class EmulatedCluster:
             raise NetnsUnavailable(f"emulated clusters need root (network namespaces); {_HINT}")
         sw = self.switch_namespace
         self._add_namespace(sw)
-        _run(["ip", "-n", sw, "link", "add", self.bridge, "type", "bridge",
-              "forward_delay", "0", "stp_state", "0"])
+        _run(
+            [
+                "ip",
+                "-n",
+                sw,
+                "link",
+                "add",
+                self.bridge,
+                "type",
+                "bridge",
+                "forward_delay",
+                "0",
+                "stp_state",
+                "0",
+            ]
+        )
         _run(["ip", "-n", sw, "link", "set", self.bridge, "up"])
         for host, port in zip(self._hosts, self._switch_ports, strict=True):
             self._add_namespace(host.namespace)
             # both ends created directly in their namespaces: nothing in the root namespace
-            _run(["ip", "-n", sw, "link", "add", port, "type", "veth",
-                  "peer", "name", host.ifname, "netns", host.namespace])
+            _run(
+                [
+                    "ip",
+                    "-n",
+                    sw,
+                    "link",
+                    "add",
+                    port,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    host.ifname,
+                    "netns",
+                    host.namespace,
+                ]
+            )
             _run(["ip", "-n", sw, "link", "set", port, "master", self.bridge])
-            _run(["ip", "-n", host.namespace, "addr", "add", f"{host.address}/24",
-                  "dev", host.ifname])
+            _run(
+                [
+                    "ip",
+                    "-n",
+                    host.namespace,
+                    "addr",
+                    "add",
+                    f"{host.address}/24",
+                    "dev",
+                    host.ifname,
+                ]
+            )
             if self._shape is not None:
                 self._add_tbf(host.namespace, host.ifname)  # host -> switch
-                self._add_tbf(sw, port)                      # switch -> host
+                self._add_tbf(sw, port)  # switch -> host
             _run(["ip", "-n", sw, "link", "set", port, "up"])
             _run(["ip", "-n", host.namespace, "link", "set", host.ifname, "up"])
 
     def _add_tbf(self, namespace: str, dev: str) -> None:
         shape = self._shape
         assert shape is not None
-        _run(["tc", "-n", namespace, "qdisc", "add", "dev", dev, "root", "tbf",
-              "rate", f"{round(shape.rate_bytes_per_s * 8)}bit",
-              "burst", str(shape.burst_bytes), "limit", str(shape.limit_bytes)])
+        _run(
+            [
+                "tc",
+                "-n",
+                namespace,
+                "qdisc",
+                "add",
+                "dev",
+                dev,
+                "root",
+                "tbf",
+                "rate",
+                f"{round(shape.rate_bytes_per_s * 8)}bit",
+                "burst",
+                str(shape.burst_bytes),
+                "limit",
+                str(shape.limit_bytes),
+            ]
+        )
 
     # -- using -------------------------------------------------------------------------
 
@@ -567,17 +655,23 @@ class EmulatedCluster:
         self._check_open()
         out: list[dict[str, int | str]] = []
         for host in self._hosts:
-            proc = _run(["ip", "-n", host.namespace, "-j", "-s", "link", "show", "dev",
-                         host.ifname])
+            proc = _run(
+                ["ip", "-n", host.namespace, "-j", "-s", "link", "show", "dev", host.ifname]
+            )
             stats = json.loads(proc.stdout)[0]["stats64"]
-            out.append({"index": host.index, "namespace": host.namespace,
-                        "ifname": host.ifname,
-                        "tx_bytes": int(stats["tx"]["bytes"]),
-                        "rx_bytes": int(stats["rx"]["bytes"]),
-                        "tx_packets": int(stats["tx"]["packets"]),
-                        "rx_packets": int(stats["rx"]["packets"]),
-                        "tx_dropped": int(stats["tx"]["dropped"]),
-                        "rx_dropped": int(stats["rx"]["dropped"])})
+            out.append(
+                {
+                    "index": host.index,
+                    "namespace": host.namespace,
+                    "ifname": host.ifname,
+                    "tx_bytes": int(stats["tx"]["bytes"]),
+                    "rx_bytes": int(stats["rx"]["bytes"]),
+                    "tx_packets": int(stats["tx"]["packets"]),
+                    "rx_packets": int(stats["rx"]["packets"]),
+                    "tx_dropped": int(stats["tx"]["dropped"]),
+                    "rx_dropped": int(stats["rx"]["dropped"]),
+                }
+            )
         return out
 
     def qdisc_stats(self) -> list[dict[str, dict[str, int]]]:
@@ -591,12 +685,16 @@ class EmulatedCluster:
         res = []
         for host, port in zip(self._hosts, self._switch_ports, strict=True):
             ends = {}
-            for key, ns, dev in (("up", host.namespace, host.ifname),
-                                 ("down", self.switch_namespace, port)):
+            for key, ns, dev in (
+                ("up", host.namespace, host.ifname),
+                ("down", self.switch_namespace, port),
+            ):
                 proc = _run(["tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", dev])
                 q = next((q for q in json.loads(proc.stdout) if q.get("kind") == "tbf"), {})
-                ends[key] = {k: int(q.get(k, 0))
-                             for k in ("bytes", "packets", "drops", "overlimits", "backlog")}
+                ends[key] = {
+                    k: int(q.get(k, 0))
+                    for k in ("bytes", "packets", "drops", "overlimits", "backlog")
+                }
             res.append(ends)
         return res
 
@@ -636,8 +734,10 @@ class EmulatedCluster:
 
     def __repr__(self) -> str:
         rate = "unshaped" if self._shape is None else f"{self._shape.rate_bytes_per_s:g} B/s"
-        return (f"EmulatedCluster({len(self._hosts)} hosts, {rate}, {self.subnet}, "
-                f"{'closed' if self._closed else 'open'})")
+        return (
+            f"EmulatedCluster({len(self._hosts)} hosts, {rate}, {self.subnet}, "
+            f"{'closed' if self._closed else 'open'})"
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -678,8 +778,9 @@ print(repr(start), flush=True)
 """
 
 
-def measure_goodput(cluster: EmulatedCluster, src: int, dst: int, nbytes: int, *,
-                    timeout_s: float = 60.0) -> float:
+def measure_goodput(
+    cluster: EmulatedCluster, src: int, dst: int, nbytes: int, *, timeout_s: float = 60.0
+) -> float:
     """TCP goodput in bytes/s from host ``src`` to host ``dst``: ``nbytes`` of payload over
     one connection, plain Python sockets in processes started with ``cluster.command``.
     Timed from the sender's first byte (connection already open) to the receiver's last, on
@@ -690,26 +791,34 @@ def measure_goodput(cluster: EmulatedCluster, src: int, dst: int, nbytes: int, *
     if nbytes <= 0:
         raise ValueError(f"nbytes must be positive, got {nbytes}")
     dst_host, src_host = cluster.hosts[dst], cluster.hosts[src]
-    recv = subprocess.Popen(cluster.command(dst, [sys.executable, "-c", _RECEIVER,
-                                                  dst_host.address, str(nbytes)]),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    recv = subprocess.Popen(
+        cluster.command(dst, [sys.executable, "-c", _RECEIVER, dst_host.address, str(nbytes)]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert recv.stdout is not None
         port_line = recv.stdout.readline().strip()
         if not port_line.isdigit():
             recv.kill()
-            raise RuntimeError(f"goodput receiver in {dst_host.namespace} failed: "
-                               f"{recv.communicate(timeout=5)[1].strip()}")
-        send = _run(cluster.command(src, [sys.executable, "-c", _SENDER, dst_host.address,
-                                          port_line, str(nbytes)]), timeout_s=timeout_s)
+            raise RuntimeError(
+                f"goodput receiver in {dst_host.namespace} failed: "
+                f"{recv.communicate(timeout=5)[1].strip()}"
+            )
+        send = _run(
+            cluster.command(
+                src, [sys.executable, "-c", _SENDER, dst_host.address, port_line, str(nbytes)]
+            ),
+            timeout_s=timeout_s,
+        )
         out, err = recv.communicate(timeout=timeout_s)
         if recv.returncode != 0:
             raise RuntimeError(f"goodput receiver failed: {err.strip()}")
         got_s, end_s = out.split()
         start = float(send.stdout.strip())
         if int(got_s) != nbytes:
-            raise RuntimeError(f"receiver got {got_s} of {nbytes} bytes "
-                               f"from {src_host.namespace}")
+            raise RuntimeError(f"receiver got {got_s} of {nbytes} bytes from {src_host.namespace}")
         return nbytes / (float(end_s) - start)
     finally:
         if recv.poll() is None:
@@ -732,12 +841,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--rate", default=None, help="link rate, e.g. 100Mbps (default unshaped)")
     ap.add_argument("--prefix", default=DEFAULT_PREFIX)
-    ap.add_argument("--hold", type=float, default=0.0,
-                    help="keep the cluster this many seconds (Ctrl-C or SIGTERM ends it)")
-    ap.add_argument("--measure", type=float, default=0.0, metavar="MB",
-                    help="measure goodput host i -> i+1 with this many MB each")
-    ap.add_argument("--remove-stale", action="store_true",
-                    help="only remove namespaces with PREFIX left by dead processes")
+    ap.add_argument(
+        "--hold",
+        type=float,
+        default=0.0,
+        help="keep the cluster this many seconds (Ctrl-C or SIGTERM ends it)",
+    )
+    ap.add_argument(
+        "--measure",
+        type=float,
+        default=0.0,
+        metavar="MB",
+        help="measure goodput host i -> i+1 with this many MB each",
+    )
+    ap.add_argument(
+        "--remove-stale",
+        action="store_true",
+        help="only remove namespaces with PREFIX left by dead processes",
+    )
     args = ap.parse_args(argv)
     try:
         if args.remove_stale:
@@ -747,16 +868,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate = None if args.rate is None else parse_rate(args.rate)
         check_available()
         with EmulatedCluster(args.hosts, rate, prefix=args.prefix) as cluster:
-            print(json.dumps({"rate_bytes_per_s": cluster.rate_bytes_per_s,
-                              "subnet": cluster.subnet,
-                              "switch_namespace": cluster.switch_namespace,
-                              "hosts": [asdict(h) for h in cluster.hosts]}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "rate_bytes_per_s": cluster.rate_bytes_per_s,
+                        "subnet": cluster.subnet,
+                        "switch_namespace": cluster.switch_namespace,
+                        "hosts": [asdict(h) for h in cluster.hosts],
+                    }
+                ),
+                flush=True,
+            )
             if args.measure > 0:
                 n = len(cluster.hosts)
                 for i in range(n if n > 2 else n - 1):
                     bps = measure_goodput(cluster, i, (i + 1) % n, int(args.measure * 1e6))
-                    print(f"h{i} -> h{(i + 1) % n}: {bps * 8 / 1e6:.1f} Mbit/s goodput"
-                          + (f" ({bps / rate:.1%} of the rate)" if rate else ""), flush=True)
+                    print(
+                        f"h{i} -> h{(i + 1) % n}: {bps * 8 / 1e6:.1f} Mbit/s goodput"
+                        + (f" ({bps / rate:.1%} of the rate)" if rate else ""),
+                        flush=True,
+                    )
             print("ready", flush=True)
             if args.hold > 0:
                 time.sleep(args.hold)

@@ -96,13 +96,15 @@ class ProfileConfig:
         if self.threads is not None and self.threads < 1:
             raise ProfileError(f"threads must be at least 1, got {self.threads}")
         if self.analytic and not self.device_flops > 0:
-            raise ProfileError("the analytic method needs the device's peak FLOP/s "
-                               "(--device-flops, e.g. 15.7e12)")
+            raise ProfileError(
+                "the analytic method needs the device's peak FLOP/s (--device-flops, e.g. 15.7e12)"
+            )
         if not 0 < self.efficiency <= 1:
             raise ProfileError(f"efficiency must be in (0, 1], got {self.efficiency}")
 
 
 # ---- entry points ------------------------------------------------------------------------
+
 
 def profile_model(name: str, config: ProfileConfig) -> Trace:
     """Profile zoo model ``name`` (see :mod:`realrun.zoo`) and return its trace."""
@@ -115,8 +117,9 @@ def profile_model(name: str, config: ProfileConfig) -> Trace:
     return profile_module(model, inputs, config, name)
 
 
-def profile_module(model: torch.nn.Module, inputs: tuple[Any, ...], config: ProfileConfig,
-                   name: str) -> Trace:
+def profile_module(
+    model: torch.nn.Module, inputs: tuple[Any, ...], config: ProfileConfig, name: str
+) -> Trace:
     """Profile any fx-traceable ``model`` on ``inputs`` (already on the right device; the
     first dimension of each is the batch) and return its trace, called ``name``."""
     if config.threads is not None:
@@ -129,23 +132,34 @@ def profile_module(model: torch.nn.Module, inputs: tuple[Any, ...], config: Prof
     layers: list[Layer] = []
     from tqdm import tqdm
 
-    bar = tqdm(graph.layers, desc=f"profiling {name}", unit="layer", leave=False,
-               disable=not config.progress)
+    bar = tqdm(
+        graph.layers,
+        desc=f"profiling {name}",
+        unit="layer",
+        leave=False,
+        disable=not config.progress,
+    )
     for node in bar:
         bar.set_postfix_str(node.name[-30:], refresh=False)
         layers.append(_profile_layer(graph, node, config, clock))
     bar.close()
-    meta = TraceMeta(model=name, device=_device_name(config), batch_size=config.batch_size,
-                     dtype=config.dtype, framework=f"PyTorch {torch.__version__}",
-                     date=datetime.date.today().isoformat(),
-                     provenance=_provenance(config, clock.method),
-                     source_format="dtsim",
-                     peak_flop_per_s=config.device_flops if config.analytic else 0.0)
+    meta = TraceMeta(
+        model=name,
+        device=_device_name(config),
+        batch_size=config.batch_size,
+        dtype=config.dtype,
+        framework=f"PyTorch {torch.__version__}",
+        date=datetime.date.today().isoformat(),
+        provenance=_provenance(config, clock.method),
+        source_format="dtsim",
+        peak_flop_per_s=config.device_flops if config.analytic else 0.0,
+    )
     return Trace(meta, tuple(layers), _edge_indices(graph))
 
 
-def time_training_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, warmup: int = 2,
-                       repeats: int = 5) -> float:
+def time_training_step(
+    model: torch.nn.Module, inputs: tuple[Any, ...], *, warmup: int = 2, repeats: int = 5
+) -> float:
     """Median seconds of one whole forward + backward of ``model`` on ``inputs`` (the
     gradient of every output is ones, as in the isolated layer timings; parameter gradients
     are reset to ``None`` before each step, so no accumulation)."""
@@ -161,6 +175,7 @@ def time_training_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, warmu
 
 
 # ---- one layer ---------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class LayerCall:
@@ -185,8 +200,7 @@ class LayerCall:
         inputs = list(self.grad_inputs)
 
         def run() -> Any:
-            return torch.autograd.grad(outs, inputs, grads, retain_graph=True,
-                                       allow_unused=True)
+            return torch.autograd.grad(outs, inputs, grads, retain_graph=True, allow_unused=True)
 
         return run
 
@@ -211,6 +225,7 @@ def layer_call(graph: LayerGraph, node: LayerNode) -> LayerCall:
         def fn() -> Any:
             return mod(*args, **kwargs)
     elif n.op == "call_method":
+
         def fn() -> Any:
             return getattr(args[0], str(n.target))(*args[1:], **kwargs)
     else:
@@ -218,6 +233,7 @@ def layer_call(graph: LayerGraph, node: LayerNode) -> LayerCall:
 
         def fn() -> Any:
             return target(*args, **kwargs)  # type: ignore[operator]
+
     return LayerCall(fn, tuple(grad_inputs))
 
 
@@ -234,10 +250,18 @@ def _detach(value: Any, needs_grad: bool, grad_inputs: list[torch.Tensor]) -> An
     return value
 
 
-def _profile_layer(graph: LayerGraph, node: LayerNode, config: ProfileConfig,
-                   clock: _Clock) -> Layer:
-    base = Layer(name=node.name, op=node.op, kind=node.kind, forward_s=0.0, backward_s=0.0,
-                 param_bytes=node.param_bytes, activation_bytes=node.activation_bytes)
+def _profile_layer(
+    graph: LayerGraph, node: LayerNode, config: ProfileConfig, clock: _Clock
+) -> Layer:
+    base = Layer(
+        name=node.name,
+        op=node.op,
+        kind=node.kind,
+        forward_s=0.0,
+        backward_s=0.0,
+        param_bytes=node.param_bytes,
+        activation_bytes=node.activation_bytes,
+    )
     if node.kind == "input":
         return base
     call = layer_call(graph, node)
@@ -246,13 +270,19 @@ def _profile_layer(graph: LayerGraph, node: LayerNode, config: ProfileConfig,
         backward = call.backward_fn(node.node)
         if config.analytic:
             bwd_flops = _count_flops(backward) if backward else 0
-            moved = (nbytes([graph.values[i.name] for i in node.node.all_input_nodes])
-                     + node.activation_bytes + node.param_bytes)
+            moved = (
+                nbytes([graph.values[i.name] for i in node.node.all_input_nodes])
+                + node.activation_bytes
+                + node.param_bytes
+            )
             fwd_s = _analytic_s(fwd_flops, moved, config)
             bwd_s = _analytic_s(bwd_flops, 2 * moved, config) if backward else 0.0
         else:
-            kw = {"warmup": config.warmup, "repeats": config.repeats,
-                  "min_sample_s": config.min_sample_s}
+            kw = {
+                "warmup": config.warmup,
+                "repeats": config.repeats,
+                "min_sample_s": config.min_sample_s,
+            }
             fwd_s = clock.median(call.forward, **kw)
             bwd_s = clock.median(backward, **kw) if backward else 0.0
     return replace(base, forward_s=fwd_s, backward_s=bwd_s, flops=float(fwd_flops))
@@ -273,6 +303,7 @@ def _analytic_s(flops: float, moved_bytes: int, config: ProfileConfig) -> float:
 
 # ---- timing ------------------------------------------------------------------------------
 
+
 class _Clock:
     """Median per-call time of a function on one device.
 
@@ -291,8 +322,11 @@ class _Clock:
         """How this clock measures, for provenance."""
         if self.cuda:
             return "CUDA events"
-        return ("process CPU time" if self.timer is time.process_time
-                else "wall time (time.perf_counter)")
+        return (
+            "process CPU time"
+            if self.timer is time.process_time
+            else "wall time (time.perf_counter)"
+        )
 
     def _sync(self) -> None:
         if self.cuda:
@@ -313,8 +347,9 @@ class _Clock:
             fn()
         return self.timer() - t0
 
-    def median(self, fn: Callable[[], Any], *, warmup: int, repeats: int,
-               min_sample_s: float) -> float:
+    def median(
+        self, fn: Callable[[], Any], *, warmup: int, repeats: int, min_sample_s: float
+    ) -> float:
         """Warm up, size the samples to ``min_sample_s``, return the median seconds/call."""
         for _ in range(warmup):
             fn()
@@ -326,11 +361,14 @@ class _Clock:
 
 # ---- metadata ----------------------------------------------------------------------------
 
+
 def _torch_device(config: ProfileConfig) -> str:
     if config.device == "cuda" and not torch.cuda.is_available():
-        raise ProfileError(f"--device cuda: no CUDA GPU is usable here (torch "
-                           f"{torch.__version__}); use --device cpu, or --analytic with "
-                           "--device-flops")
+        raise ProfileError(
+            f"--device cuda: no CUDA GPU is usable here (torch "
+            f"{torch.__version__}); use --device cpu, or --analytic with "
+            "--device-flops"
+        )
     return config.device
 
 
@@ -344,23 +382,30 @@ def _device_name(config: ProfileConfig) -> str:
 
 def _provenance(config: ProfileConfig, clock: str) -> str:
     if config.analytic:
-        mem = (f"; never faster than moving its bytes at {config.memory_bytes_per_s:.4g} B/s "
-               "(forward: inputs + output + parameters, backward: twice that)"
-               if config.memory_bytes_per_s > 0 else "; memory traffic ignored")
-        return (f"analytic estimate by dtsim (realrun.profiler), not a measurement: torch.fx "
-                f"layer graph built on the meta device; each layer's time = FLOPs counted by "
-                f"torch.utils.flop_counter (backward FLOPs counted from the backward pass) / "
-                f"({config.device_flops:.4g} FLOP/s x efficiency {config.efficiency:g})"
-                f"{mem}")
+        mem = (
+            f"; never faster than moving its bytes at {config.memory_bytes_per_s:.4g} B/s "
+            "(forward: inputs + output + parameters, backward: twice that)"
+            if config.memory_bytes_per_s > 0
+            else "; memory traffic ignored"
+        )
+        return (
+            f"analytic estimate by dtsim (realrun.profiler), not a measurement: torch.fx "
+            f"layer graph built on the meta device; each layer's time = FLOPs counted by "
+            f"torch.utils.flop_counter (backward FLOPs counted from the backward pass) / "
+            f"({config.device_flops:.4g} FLOP/s x efficiency {config.efficiency:g})"
+            f"{mem}"
+        )
     host = platform.processor() or platform.machine()
-    where = (torch.cuda.get_device_name() if config.device == "cuda" else f"CPU {host}")
-    return (f"measured by dtsim (realrun.profiler): isolated layer timing on a torch.fx "
-            f"layer graph; per layer {config.warmup} warm-up calls, then the median of "
-            f"{config.repeats} samples of >= {config.min_sample_s:g} s of back-to-back "
-            f"calls; forward with autograd recording, backward via torch.autograd.grad "
-            f"from a gradient of ones; {torch.get_num_threads()} torch thread(s); {where}, "
-            f"{clock}; "
-            f"FLOPs from torch.utils.flop_counter")
+    where = torch.cuda.get_device_name() if config.device == "cuda" else f"CPU {host}"
+    return (
+        f"measured by dtsim (realrun.profiler): isolated layer timing on a torch.fx "
+        f"layer graph; per layer {config.warmup} warm-up calls, then the median of "
+        f"{config.repeats} samples of >= {config.min_sample_s:g} s of back-to-back "
+        f"calls; forward with autograd recording, backward via torch.autograd.grad "
+        f"from a gradient of ones; {torch.get_num_threads()} torch thread(s); {where}, "
+        f"{clock}; "
+        f"FLOPs from torch.utils.flop_counter"
+    )
 
 
 def _edge_indices(graph: LayerGraph) -> tuple[tuple[int, int], ...]:

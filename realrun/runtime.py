@@ -53,8 +53,15 @@ HEADER_BYTES = HEADER_WORDS * 8
 PUSH, VALUE, ACK, PULL, GRAD, BATCH, STOP = 1, 2, 3, 4, 5, 6, 9
 """Message kinds."""
 
-KIND_NAMES = {PUSH: "push", VALUE: "pull", ACK: "ack", PULL: "pull request", GRAD: "grad",
-              BATCH: "batch", STOP: "stop"}
+KIND_NAMES = {
+    PUSH: "push",
+    VALUE: "pull",
+    ACK: "ack",
+    PULL: "pull request",
+    GRAD: "grad",
+    BATCH: "batch",
+    STOP: "stop",
+}
 
 WAIT = "wait"
 """Kind of a compute-stream span during which a rank waits for data (not busy)."""
@@ -65,6 +72,7 @@ BUSY_KINDS = frozenset({FORWARD, BACKWARD, "update", "aggregate"})
 
 # ---- recording ---------------------------------------------------------------------------
 
+
 class Recorder:
     """Spans (tuples in :class:`simcore.records.Span` field order) and byte counts of one
     rank, on the rank's clock (see module docs). Thread-safe for appends."""
@@ -73,7 +81,7 @@ class Recorder:
         self.device = device
         self.t0 = time.monotonic()
         self.spans: list[tuple[Any, ...]] = []
-        self.sent: list[tuple[int, int, int, str]] = []   # (dst rank, iteration, bytes, kind)
+        self.sent: list[tuple[int, int, int, str]] = []  # (dst rank, iteration, bytes, kind)
         self.header_bytes = 0
         self.iteration_end: dict[int, float] = {}
         self._lock = threading.Lock()
@@ -86,11 +94,22 @@ class Recorder:
         """Seconds since this rank's zero."""
         return time.monotonic() - self.t0
 
-    def span(self, stream: str, kind: str, name: str, start: float, end: float,
-             iteration: int = -1, layer: int = -1, nbytes: int = 0, flow: int = -1) -> None:
+    def span(
+        self,
+        stream: str,
+        kind: str,
+        name: str,
+        start: float,
+        end: float,
+        iteration: int = -1,
+        layer: int = -1,
+        nbytes: int = 0,
+        flow: int = -1,
+    ) -> None:
         """Record one span."""
-        self.spans.append((self.device, stream, kind, name, start, end, iteration, layer, -1,
-                           nbytes, flow))
+        self.spans.append(
+            (self.device, stream, kind, name, start, end, iteration, layer, -1, nbytes, flow)
+        )
 
     def count_sent(self, dst: int, iteration: int, nbytes: int, kind: str) -> None:
         """Count ``nbytes`` of application data sent to rank ``dst``."""
@@ -106,14 +125,19 @@ class Recorder:
 
     def record(self, **extra: Any) -> dict[str, Any]:
         """Everything recorded, as a JSON-able dictionary."""
-        return {"device": self.device, "spans": [list(s) for s in self.spans],
-                "sent": [list(s) for s in self.sent], "header_bytes": self.header_bytes,
-                "iteration_end": {str(k): v for k, v in sorted(self.iteration_end.items())},
-                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                **extra}
+        return {
+            "device": self.device,
+            "spans": [list(s) for s in self.spans],
+            "sent": [list(s) for s in self.sent],
+            "header_bytes": self.header_bytes,
+            "iteration_end": {str(k): v for k, v in sorted(self.iteration_end.items())},
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            **extra,
+        }
 
 
 # ---- model, layers, data ---------------------------------------------------------------------
+
 
 @dataclass
 class RealLayer:
@@ -136,8 +160,9 @@ class RealLayer:
 
     def flat_grad(self) -> torch.Tensor:
         """The layer's gradients, flattened and concatenated (zeros where none)."""
-        parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                 for p in self.params]
+        parts = [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params
+        ]
         return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
 
     def flat_values(self) -> torch.Tensor:
@@ -150,7 +175,7 @@ class RealLayer:
         with torch.no_grad():
             for p in self.params:
                 n = p.numel()
-                p.copy_(flat[off:off + n].view_as(p))
+                p.copy_(flat[off : off + n].view_as(p))
                 off += n
 
     def set_grad(self, flat: torch.Tensor) -> None:
@@ -158,7 +183,7 @@ class RealLayer:
         off = 0
         for p in self.params:
             n = p.numel()
-            p.grad = flat[off:off + n].view_as(p).clone()
+            p.grad = flat[off : off + n].view_as(p).clone()
             off += n
 
 
@@ -209,8 +234,9 @@ def _seed(job: Job, rank: int, iteration: int, salt: int) -> int:
     return ((job.seed * 1_000_003 + rank) * 1_000_033 + iteration) * 7 + salt
 
 
-def batch(job: Job, rank: int, iteration: int, num_classes: int,
-          label_shape: tuple[int, ...]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+def batch(
+    job: Job, rank: int, iteration: int, num_classes: int, label_shape: tuple[int, ...]
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """Worker ``rank``'s inputs and labels of ``iteration`` (CPU; see module docs)."""
     inputs = zoo.example_inputs(job.model, job.batch_size, seed=_seed(job, rank, iteration, 1))
     gen = torch.Generator().manual_seed(_seed(job, rank, iteration, 2))
@@ -234,8 +260,9 @@ def loss_of(output: Any, labels: torch.Tensor) -> torch.Tensor:
         if not out.is_floating_point():
             continue
         if tuple(out.shape[:-1]) == tuple(labels.shape):
-            term = F.cross_entropy(out.reshape(-1, out.shape[-1]).float(),
-                                   labels.reshape(-1).to(out.device))
+            term = F.cross_entropy(
+                out.reshape(-1, out.shape[-1]).float(), labels.reshape(-1).to(out.device)
+            )
         else:
             term = out.float().pow(2).mean()
         total = term if total is None else total + term
@@ -253,6 +280,7 @@ def make_optimizer(job: Job, params: list[nn.Parameter]) -> torch.optim.Optimize
 
 
 # ---- hooks that time layers ------------------------------------------------------------------
+
 
 class LayerTimer:
     """Forward spans per layer module (forward pre- and post-hooks, each rank's wait
@@ -306,6 +334,7 @@ class LayerTimer:
             if self.before_forward is not None:
                 self.before_forward(layer)
             self._fwd_start[layer.index] = self.rec.now()
+
         return hook
 
     def _post_hook(self, layer: RealLayer) -> Callable[..., None]:
@@ -313,8 +342,16 @@ class LayerTimer:
             if self.record_layers:
                 start = self._fwd_start.pop(layer.index, None)
                 if start is not None:
-                    self.rec.span(COMPUTE, FORWARD, layer.name, start, self.rec.now(),
-                                  self.iteration, layer.index)
+                    self.rec.span(
+                        COMPUTE,
+                        FORWARD,
+                        layer.name,
+                        start,
+                        self.rec.now(),
+                        self.iteration,
+                        layer.index,
+                    )
+
         return hook
 
     def _grad_hook(self, layer: RealLayer) -> Callable[[torch.Tensor], None]:
@@ -325,15 +362,24 @@ class LayerTimer:
                 self._ready.add(layer.index)
                 now = self.rec.now()
                 if self.record_layers:
-                    self.rec.span(COMPUTE, BACKWARD, layer.name, self._last_ready, now,
-                                  self.iteration, layer.index)
+                    self.rec.span(
+                        COMPUTE,
+                        BACKWARD,
+                        layer.name,
+                        self._last_ready,
+                        now,
+                        self.iteration,
+                        layer.index,
+                    )
                 self._last_ready = now
                 if self.on_grad_ready is not None:
                     self.on_grad_ready(layer)
+
         return hook
 
 
 # ---- messages ----------------------------------------------------------------------------
+
 
 @dataclass
 class Message:
@@ -355,10 +401,17 @@ class Messenger:
     the trace layer it is about (``-1`` for none) in the timeline.
     """
 
-    def __init__(self, rank: int, world: int, peers: list[int], rec: Recorder,
-                 group: Any, on_message: Callable[..., None],
-                 buffer_for: Callable[[int, int, int], torch.Tensor | None],
-                 label: Callable[[int, int], tuple[str, int]] | None = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        peers: list[int],
+        rec: Recorder,
+        group: Any,
+        on_message: Callable[..., None],
+        buffer_for: Callable[[int, int, int], torch.Tensor | None],
+        label: Callable[[int, int], tuple[str, int]] | None = None,
+    ) -> None:
         self.rank, self.world, self.peers = rank, world, peers
         self.rec, self.group = rec, group
         self.on_message, self.buffer_for = on_message, buffer_for
@@ -369,8 +422,10 @@ class Messenger:
         self._pair_seq: dict[tuple[int, int], itertools.count[int]] = {}
         self._error: BaseException | None = None
         self._sender = threading.Thread(target=self._send_loop, name="dtsim-send", daemon=True)
-        self._receivers = [threading.Thread(target=self._recv_loop, args=(p,),
-                                            name=f"dtsim-recv{p}", daemon=True) for p in peers]
+        self._receivers = [
+            threading.Thread(target=self._recv_loop, args=(p,), name=f"dtsim-recv{p}", daemon=True)
+            for p in peers
+        ]
 
     def start(self) -> None:
         """Start the sender and receiver threads."""
@@ -378,8 +433,15 @@ class Messenger:
         for t in self._receivers:
             t.start()
 
-    def send(self, dst: int, kind: int, key: int, iteration: int,
-             payload: torch.Tensor | None, priority: float = 0.0) -> None:
+    def send(
+        self,
+        dst: int,
+        kind: int,
+        key: int,
+        iteration: int,
+        payload: torch.Tensor | None,
+        priority: float = 0.0,
+    ) -> None:
         """Queue a message (lower ``priority`` goes first; FIFO among equals)."""
         msg = Message(dst, kind, key, iteration, payload)
         with self._cond:
@@ -413,8 +475,9 @@ class Messenger:
                         self._cond.wait()
                     _prio, _seq, msg = heapq.heappop(self._queue)
                 numel = msg.payload.numel() if msg.payload is not None else 0
-                header = torch.tensor([msg.kind, msg.key, msg.iteration, numel, 0, 0, 0, 0],
-                                      dtype=torch.int64)
+                header = torch.tensor(
+                    [msg.kind, msg.key, msg.iteration, numel, 0, 0, 0, 0], dtype=torch.int64
+                )
                 start = self.rec.now()
                 dist.send(header, msg.dst, group=self.group, tag=0)
                 self.rec.header_bytes += HEADER_BYTES
@@ -429,8 +492,17 @@ class Messenger:
                 counted = nbytes if msg.payload is not None else HEADER_BYTES
                 self.rec.count_sent(msg.dst, msg.iteration, counted, KIND_NAMES[msg.kind])
                 name, layer = self.label(msg.kind, msg.key)
-                self.rec.span(SEND, "send", name, start, self.rec.now(), msg.iteration,
-                              layer, counted, self._flow(self.rank, msg.dst))
+                self.rec.span(
+                    SEND,
+                    "send",
+                    name,
+                    start,
+                    self.rec.now(),
+                    msg.iteration,
+                    layer,
+                    counted,
+                    self._flow(self.rank, msg.dst),
+                )
         except BaseException as exc:  # surfaced by check()
             self._error = exc
 
@@ -446,14 +518,17 @@ class Messenger:
                 buf = self.buffer_for(src, kind, key) if numel else None
                 if buf is not None:
                     if buf.numel() != numel:
-                        raise RuntimeError(f"message kind {kind} key {key} from rank {src}: "
-                                           f"{numel} elements, expected {buf.numel()}")
+                        raise RuntimeError(
+                            f"message kind {kind} key {key} from rank {src}: "
+                            f"{numel} elements, expected {buf.numel()}"
+                        )
                     dist.recv(buf, src, group=self.group, tag=1)
                 end = self.rec.now()
                 nbytes = buf.numel() * buf.element_size() if buf is not None else HEADER_BYTES
                 name, layer = self.label(kind, key)
-                self.rec.span(RECV, "recv", name, start, end, it, layer, nbytes,
-                              self._flow(src, self.rank))
+                self.rec.span(
+                    RECV, "recv", name, start, end, it, layer, nbytes, self._flow(src, self.rank)
+                )
                 self.on_message(src, kind, key, it, buf, end)
         except BaseException as exc:
             self._error = exc
@@ -491,4 +566,3 @@ class Slots:
         """Forget ``key``."""
         with self._lock:
             self._events.pop(key, None)
-

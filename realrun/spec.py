@@ -15,17 +15,38 @@ from simcore.spec import RunSpec
 class RealSpec(RunSpec):
     """A real run, as a person describes it."""
 
-    model: str | None = setting(None, "zoo model (sim profile --help lists them)",
-                                auto="resnet18", flag=3, metavar="NAME")
-    batch_size: int | None = setting(None, "samples per worker per iteration", kind="int",
-                                     minimum=1, auto=str(DEFAULT_REAL_BATCH), auto_zero=True,
-                                     flag=6)
-    backend: str | None = setting(None, "torch.distributed backend", choices=BACKENDS,
-                                  auto="nccl where CUDA is present, else gloo", flag=20)
-    cluster: str = setting("local", "local: ranks on this machine over loopback, unshaped; "
-                                    "netns: every host in its own network namespace, links "
-                                    "shaped to --bandwidth (needs root)", choices=CLUSTERS,
-                           flag=21)
+    model: str | None = setting(
+        None, "zoo model (sim profile --help lists them)", auto="resnet18", flag=3, metavar="NAME"
+    )
+    batch_size: int | None = setting(
+        None,
+        "samples per worker per iteration",
+        kind="int",
+        minimum=1,
+        auto=str(DEFAULT_REAL_BATCH),
+        auto_zero=True,
+        flag=6,
+    )
+    backend: str | None = setting(
+        None,
+        "torch.distributed backend",
+        choices=BACKENDS,
+        auto="nccl where CUDA is present, else gloo",
+        flag=20,
+    )
+    cluster: str = setting(
+        "local",
+        "local: ranks on this machine over loopback, unshaped; "
+        "netns: every host in its own network namespace, links "
+        "shaped to --bandwidth (needs root)",
+        choices=CLUSTERS,
+        flag=21,
+    )
     lr: float = setting(0.01, "learning rate", positive=True, flag=22, metavar="FLOAT")
-    timeout_s: float = setting(120.0, "seconds without progress after which a run counts as "
-                                      "hung", minimum=1, flag=23, metavar="SECONDS")
+    timeout_s: float = setting(
+        120.0,
+        "seconds without progress after which a run counts as hung",
+        minimum=1,
+        flag=23,
+        metavar="SECONDS",
+    )

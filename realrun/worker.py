@@ -66,8 +66,9 @@ class Heartbeat:
     def beat(self, iteration: int, phase: int = 0) -> None:
         """Progress now: ``phase`` of ``iteration`` reached."""
         if self._map is not None:
-            self._map[self._offset:self._offset + HEARTBEAT_SLOT_BYTES] = struct.pack(
-                "<dq", time.monotonic(), iteration * PHASES + phase)
+            self._map[self._offset : self._offset + HEARTBEAT_SLOT_BYTES] = struct.pack(
+                "<dq", time.monotonic(), iteration * PHASES + phase
+            )
 
 
 @dataclass
@@ -128,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != job.world_size:
-        print(f"realrun: WORLD_SIZE is {world} but the job has {job.workers} workers and "
-              f"{job.servers} servers ({job.world_size} ranks)", file=sys.stderr)
+        print(
+            f"realrun: WORLD_SIZE is {world} but the job has {job.workers} workers and "
+            f"{job.servers} servers ({job.world_size} ranks)",
+            file=sys.stderr,
+        )
         return 2
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if job.backend == "nccl":
@@ -140,8 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cpu")
     timeout = datetime.timedelta(seconds=max(30.0, job.timeout_s * 4))
     dist.init_process_group(job.backend, rank=rank, world_size=world, timeout=timeout)
-    group = dist.new_group(backend="gloo", timeout=timeout) if job.backend != "gloo" \
+    group = (
+        dist.new_group(backend="gloo", timeout=timeout)
+        if job.backend != "gloo"
         else dist.group.WORLD
+    )
     rec = Recorder(job.device_name(rank))
     setup = build_model(job, device)
     heartbeat = Heartbeat(os.path.join(args.out, "heartbeat"), rank)
@@ -161,18 +168,24 @@ def main(argv: list[str] | None = None) -> int:
         state = {k: v.detach().cpu() for k, v in setup.model.state_dict().items()}
         torch.save(state, os.path.join(args.out, f"weights-rank{rank}.pt"))
     dist.barrier(group=group)
-    record = rec.record(rank=rank, role=job.role(rank), host=job.host_of(rank),
-                        cuda_peak_bytes=(torch.cuda.max_memory_allocated(device)
-                                         if device.type == "cuda" else 0),
-                        device_type=device.type,
-                        device_model=(torch.cuda.get_device_name(device)
-                                      if device.type == "cuda" else "cpu"),
-                        **ctx.extra)
+    record = rec.record(
+        rank=rank,
+        role=job.role(rank),
+        host=job.host_of(rank),
+        cuda_peak_bytes=(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0),
+        device_type=device.type,
+        device_model=(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
+        **ctx.extra,
+    )
     gathered: list[Any] = [None] * world if rank == 0 else []
     dist.gather_object(record, gathered if rank == 0 else None, dst=0, group=group)
     if rank == 0:
-        out = {"job": job.to_dict(), "ranks": gathered, "profile": profile,
-               "torch": torch.__version__}
+        out = {
+            "job": job.to_dict(),
+            "ranks": gathered,
+            "profile": profile,
+            "torch": torch.__version__,
+        }
         os.makedirs(args.out, exist_ok=True)
         tmp = os.path.join(args.out, "records.json.tmp")
         with open(tmp, "w", encoding="utf-8") as fh:
@@ -189,6 +202,8 @@ def _profile(job: Job) -> dict[str, Any]:
     from traces.jsonfmt import to_dict
 
     device = "cuda" if job.backend == "nccl" else "cpu"
-    trace = profile_model(job.model, ProfileConfig(batch_size=job.batch_size, device=device,
-                                                   seed=job.seed, progress=False))
+    trace = profile_model(
+        job.model,
+        ProfileConfig(batch_size=job.batch_size, device=device, seed=job.seed, progress=False),
+    )
     return to_dict(trace)

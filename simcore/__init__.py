@@ -12,7 +12,16 @@ from simcore.result import CONTRACT_KEYS, RunResult
 from simcore.topology import GpuSpec, Topology, TopologyError, TopologySpec, build_topology
 
 __all__ = [
-    "CONTRACT_KEYS", "ConfigError", "GpuSpec", "RunResult", "SimConfig", "SimulationError",
-    "Topology", "TopologyError", "TopologySpec", "build_topology", "options_from_mapping",
+    "CONTRACT_KEYS",
+    "ConfigError",
+    "GpuSpec",
+    "RunResult",
+    "SimConfig",
+    "SimulationError",
+    "Topology",
+    "TopologyError",
+    "TopologySpec",
+    "build_topology",
+    "options_from_mapping",
     "simulate",
 ]

@@ -17,8 +17,11 @@ _US = 1e6
 _LANES = 1000
 
 
-def to_chrome_trace(spans: Iterable[Sequence[Any]], devices: Sequence[str] = (),
-                    metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+def to_chrome_trace(
+    spans: Iterable[Sequence[Any]],
+    devices: Sequence[str] = (),
+    metadata: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The trace-event dictionary for ``spans`` (tuples in Span field order). ``devices``
     fixes the order of the first processes (GPUs by rank); others follow by name."""
     spans = sorted(spans, key=lambda s: (s[4], s[5]))
@@ -29,8 +32,9 @@ def to_chrome_trace(spans: Iterable[Sequence[Any]], devices: Sequence[str] = (),
     events: list[dict[str, Any]] = []
     for name, pid in pids.items():
         events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}})
-        events.append({"name": "process_sort_index", "ph": "M", "pid": pid,
-                       "args": {"sort_index": pid}})
+        events.append(
+            {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}}
+        )
     lanes: dict[tuple[str, str], list[float]] = {}
     named: set[tuple[int, int]] = set()
     flow_ends: dict[int, dict[str, Any]] = {}
@@ -47,10 +51,18 @@ def to_chrome_trace(spans: Iterable[Sequence[Any]], devices: Sequence[str] = (),
         if (pid, tid) not in named:
             named.add((pid, tid))
             tname = stream if lane == 0 else f"{stream} #{lane + 1}"
-            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
-                           "args": {"name": tname}})
-            events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
-                           "args": {"sort_index": tid}})
+            events.append(
+                {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": tname}}
+            )
+            events.append(
+                {
+                    "name": "thread_sort_index",
+                    "ph": "M",
+                    "pid": pid,
+                    "tid": tid,
+                    "args": {"sort_index": tid},
+                }
+            )
         args: dict[str, Any] = {"iteration": it}
         if layer >= 0:
             args["layer"] = layer
@@ -59,15 +71,42 @@ def to_chrome_trace(spans: Iterable[Sequence[Any]], devices: Sequence[str] = (),
         if nbytes:
             args["bytes"] = nbytes
         ts, dur = start * _US, max(0.0, (end - start) * _US)
-        events.append({"name": label or kind, "cat": kind, "ph": "X", "ts": ts, "dur": dur,
-                       "pid": pid, "tid": tid, "args": args})
+        events.append(
+            {
+                "name": label or kind,
+                "cat": kind,
+                "ph": "X",
+                "ts": ts,
+                "dur": dur,
+                "pid": pid,
+                "tid": tid,
+                "args": args,
+            }
+        )
         if flow >= 0:
             if stream == "send":
-                events.append({"name": "message", "cat": "flow", "ph": "s", "id": flow,
-                               "ts": ts, "pid": pid, "tid": tid})
+                events.append(
+                    {
+                        "name": "message",
+                        "cat": "flow",
+                        "ph": "s",
+                        "id": flow,
+                        "ts": ts,
+                        "pid": pid,
+                        "tid": tid,
+                    }
+                )
             else:
-                flow_ends[flow] = {"name": "message", "cat": "flow", "ph": "f", "bp": "e",
-                                   "id": flow, "ts": ts + dur * 0.5, "pid": pid, "tid": tid}
+                flow_ends[flow] = {
+                    "name": "message",
+                    "cat": "flow",
+                    "ph": "f",
+                    "bp": "e",
+                    "id": flow,
+                    "ts": ts + dur * 0.5,
+                    "pid": pid,
+                    "tid": tid,
+                }
     events.extend(flow_ends.values())
     out: dict[str, Any] = {"traceEvents": events, "displayTimeUnit": "ms"}
     if metadata:

@@ -64,15 +64,17 @@ class EventQueue:
         if not isinstance(heap, list) or not isinstance(ids, itertools.count):
             raise SimPyInternalsChanged(
                 f"SimPy {simpy.__version__} is not supported: dtsim needs SimPy "
-                f"{TESTED_SIMPY} (Environment._queue and _eid)")
+                f"{TESTED_SIMPY} (Environment._queue and _eid)"
+            )
         self.env, self._heap, self._ids = env, heap, ids
 
     def at(self, time_s: float, event: Any) -> None:
         """Fire ``event`` at simulated time ``time_s`` (``ValueError`` if that is in the
         past: a negative delay, which SimPy refuses too)."""
         if time_s < self.env._now:
-            raise ValueError(f"negative delay: an event at {time_s!r} s is before now "
-                             f"({self.env._now!r} s)")
+            raise ValueError(
+                f"negative delay: an event at {time_s!r} s is before now ({self.env._now!r} s)"
+            )
         heappush(self._heap, (time_s, NORMAL, next(self._ids), event))
 
 
@@ -99,11 +101,13 @@ def check_simpy() -> None:
     env.run()
     want = [("early", 1.0), ("fast", 2.0), ("timeout", 2.0)]
     if fired != want:
-        raise SimPyInternalsChanged(f"SimPy {simpy.__version__}: events fired as {fired}, "
-                                    f"expected {want}")
+        raise SimPyInternalsChanged(
+            f"SimPy {simpy.__version__}: events fired as {fired}, expected {want}"
+        )
     if env.now != 2.0 or scheduled_events(env) != 3:
-        raise SimPyInternalsChanged(f"SimPy {simpy.__version__}: clock or event counter "
-                                    "not where expected")
+        raise SimPyInternalsChanged(
+            f"SimPy {simpy.__version__}: clock or event counter not where expected"
+        )
     try:
         queue.at(1.5, FastEvent())
     except ValueError:

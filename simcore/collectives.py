@@ -53,6 +53,7 @@ def _split(n: int, parts: int) -> list[int]:
 
 # ---- algorithms as lists of steps, over positions 0..q-1 ------------------------------
 
+
 def ring_step(q: int, n: int, s: int = 0) -> Step:
     """Step ``s`` of a ring over ``q`` positions moving ``n/q``-byte segments: position
     ``i`` sends segment ``i - s`` to ``i + 1``."""
@@ -113,6 +114,7 @@ def hierarchical_steps(groups: Sequence[Sequence[int]], n: int) -> list[Step]:
 
 # ---- the collective engine -----------------------------------------------------------
 
+
 class Collectives:
     """Runs collectives on a :class:`~simcore.network.Network` for ranks of a topology.
 
@@ -132,30 +134,63 @@ class Collectives:
         """``(op, ranks, nbytes, start_s, end_s, iteration, tag)`` of each collective."""
 
     # public operations
-    def allreduce(self, ranks: Sequence[int], n: int, algorithm: str,
-                  on_done: Callable[[float], None], tag: str = "allreduce",
-                  iteration: int = -1) -> None:
+    def allreduce(
+        self,
+        ranks: Sequence[int],
+        n: int,
+        algorithm: str,
+        on_done: Callable[[float], None],
+        tag: str = "allreduce",
+        iteration: int = -1,
+    ) -> None:
         """All-reduce ``n`` bytes over ``ranks`` with ``algorithm`` (see module docs)."""
         if algorithm not in ALLREDUCE_ALGORITHMS:
-            raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; choose one of "
-                             f"{', '.join(ALLREDUCE_ALGORITHMS)}")
+            raise ValueError(
+                f"unknown all-reduce algorithm {algorithm!r}; choose one of "
+                f"{', '.join(ALLREDUCE_ALGORITHMS)}"
+            )
         self._run("allreduce-" + algorithm, tuple(ranks), int(n), on_done, tag, iteration)
 
-    def reduce_scatter(self, ranks: Sequence[int], n: int, on_done: Callable[[float], None],
-                       tag: str = "reduce_scatter", iteration: int = -1) -> None:
+    def reduce_scatter(
+        self,
+        ranks: Sequence[int],
+        n: int,
+        on_done: Callable[[float], None],
+        tag: str = "reduce_scatter",
+        iteration: int = -1,
+    ) -> None:
         """Ring reduce-scatter of ``n`` bytes (each rank ends with ``n/p`` reduced)."""
         self._run("ring-half", tuple(ranks), int(n), on_done, tag, iteration)
 
-    def allgather(self, ranks: Sequence[int], n: int, on_done: Callable[[float], None],
-                  tag: str = "allgather", iteration: int = -1) -> None:
+    def allgather(
+        self,
+        ranks: Sequence[int],
+        n: int,
+        on_done: Callable[[float], None],
+        tag: str = "allgather",
+        iteration: int = -1,
+    ) -> None:
         """Ring all-gather to ``n`` bytes in total (each rank contributes ``n/p``)."""
         self._run("ring-half", tuple(ranks), int(n), on_done, tag, iteration)
 
-    def broadcast(self, ranks: Sequence[int], n: int, on_done: Callable[[float], None],
-                  flat: bool = False, tag: str = "broadcast", iteration: int = -1) -> None:
+    def broadcast(
+        self,
+        ranks: Sequence[int],
+        n: int,
+        on_done: Callable[[float], None],
+        flat: bool = False,
+        tag: str = "broadcast",
+        iteration: int = -1,
+    ) -> None:
         """Broadcast ``n`` bytes from ``ranks[0]`` (binomial tree, or ``flat``)."""
-        self._run("broadcast-flat" if flat else "broadcast-tree", tuple(ranks), int(n),
-                  on_done, tag, iteration)
+        self._run(
+            "broadcast-flat" if flat else "broadcast-tree",
+            tuple(ranks),
+            int(n),
+            on_done,
+            tag,
+            iteration,
+        )
 
     # planning
     def phases(self, op: str, ranks: tuple[int, ...], n: int) -> list[tuple[Step, int]]:
@@ -175,8 +210,11 @@ class Collectives:
             leaders = [g[0] for g in members]
             reduce_ = _merge([_lift(tree_reduce_steps(len(g), n), g) for g in members])
             bcast = _merge([_lift(tree_broadcast_steps(len(g), n), g) for g in members])
-            across = ([(_lift([ring_step(len(leaders), n)], leaders)[0],
-                        2 * (len(leaders) - 1))] if len(leaders) > 1 else [])
+            across = (
+                [(_lift([ring_step(len(leaders), n)], leaders)[0], 2 * (len(leaders) - 1))]
+                if len(leaders) > 1
+                else []
+            )
             return [(st, 1) for st in reduce_] + across + [(st, 1) for st in bcast]
         if op == "ring-half":
             return [(ring_step(q, n), q - 1)] if q > 1 else []
@@ -223,8 +261,15 @@ class Collectives:
             plan = self._plans[key] = (tuple(tuple(x) for x in sends), total)
         return plan
 
-    def _run(self, op: str, ranks: tuple[int, ...], n: int, on_done: Callable[[float], None],
-             tag: str, iteration: int) -> None:
+    def _run(
+        self,
+        op: str,
+        ranks: tuple[int, ...],
+        n: int,
+        on_done: Callable[[float], None],
+        tag: str,
+        iteration: int,
+    ) -> None:
         env = self.net.env
         start = env.now
         record = self.records
@@ -240,13 +285,20 @@ class Collectives:
         if self.analytic:
             self._run_analytic(op, ranks, n, finish)
         else:
-            _StepRunner(self.net, self.topology.gpus, ranks, self.message_plan(op, ranks, n),
-                        finish,
-                        tag, iteration).start()
+            _StepRunner(
+                self.net,
+                self.topology.gpus,
+                ranks,
+                self.message_plan(op, ranks, n),
+                finish,
+                tag,
+                iteration,
+            ).start()
 
     # analytic fidelity
-    def _run_analytic(self, op: str, ranks: tuple[int, ...], n: int,
-                      finish: Callable[[float], None]) -> None:
+    def _run_analytic(
+        self, op: str, ranks: tuple[int, ...], n: int, finish: Callable[[float], None]
+    ) -> None:
         _fixed, _per_byte, link_factors, _payload = self.cost_model(op, ranks)
         duration = self.duration(op, ranks, n)
         states = self.net.state
@@ -367,15 +419,17 @@ def _slowest_send(step: Step, routes: list[tuple[Link, ...]]) -> float:
     return slowest
 
 
-def _reserve(route: tuple[Link, ...], nbytes: int, start: float,
-             scratch: dict[int, LinkState]) -> float:
+def _reserve(
+    route: tuple[Link, ...], nbytes: int, start: float, scratch: dict[int, LinkState]
+) -> float:
     """Arrival time of ``nbytes`` sent at ``start`` over ``route``, reserved cut-through
     (:func:`simcore.network.reserve_cut_through`) on the scratch link states of one
     collective (link index -> state)."""
     if not route or nbytes <= 0:
         return start
-    hops = [scratch.get(link.index) or scratch.setdefault(link.index, LinkState(link))
-            for link in route]
+    hops = [
+        scratch.get(link.index) or scratch.setdefault(link.index, LinkState(link)) for link in route
+    ]
     return reserve_cut_through(hops, nbytes, start)[1]
 
 
@@ -398,9 +452,16 @@ class _StepRunner:
         "tag",
     )
 
-    def __init__(self, net: Network, gpus: list[int], ranks: tuple[int, ...],
-                 plan: MessagePlan, finish: Callable[[float], None], tag: str,
-                 iteration: int) -> None:
+    def __init__(
+        self,
+        net: Network,
+        gpus: list[int],
+        ranks: tuple[int, ...],
+        plan: MessagePlan,
+        finish: Callable[[float], None],
+        tag: str,
+        iteration: int,
+    ) -> None:
         self.net, self.gpus, self.ranks, self.finish = net, gpus, ranks, finish
         self.tag, self.iteration = tag, iteration
         q = len(ranks)

@@ -29,9 +29,21 @@ from simcore.topology import Topology, TopologySpec
 from traces.model import Trace
 
 __all__ = [
-    "FIDELITIES", "MIN_CHUNK_BYTES", "OPTIMIZERS", "SHARED", "TYPE_WORDS", "ConfigError",
-    "RunSettings", "SimConfig", "describe_options", "option", "options_from_mapping",
-    "parse_bool", "parse_field", "parse_int", "parse_quantity",
+    "FIDELITIES",
+    "MIN_CHUNK_BYTES",
+    "OPTIMIZERS",
+    "SHARED",
+    "TYPE_WORDS",
+    "ConfigError",
+    "RunSettings",
+    "SimConfig",
+    "describe_options",
+    "option",
+    "options_from_mapping",
+    "parse_bool",
+    "parse_field",
+    "parse_int",
+    "parse_quantity",
 ]
 
 MIN_CHUNK_BYTES = 4096
@@ -49,8 +61,14 @@ moments); passes drive the update time, ``passes * param_bytes / memory_bandwidt
 """
 
 
-def option(default: Any, help: str, *, unit: str | None = None,
-           choices: tuple[str, ...] | None = None, minimum: float | None = None) -> Any:
+def option(
+    default: Any,
+    help: str,
+    *,
+    unit: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    minimum: float | None = None,
+) -> Any:
     """A scheme option: a :func:`~simcore.settings.setting` whose ``unit`` is ``bytes``,
     ``rate`` (bytes/s) or ``seconds``; ``choices`` lists the allowed strings; ``minimum``
     bounds numbers from below."""
@@ -92,29 +110,47 @@ class RunSettings:
             :data:`OPTIMIZERS`).
     """
 
-    scheme: str = setting("dp", "training scheme (see 'sim schemes')", choices=_scheme_names,
-                          flag=1)
+    scheme: str = setting(
+        "dp", "training scheme (see 'sim schemes')", choices=_scheme_names, flag=1
+    )
     batch_size: int | None = setting(
-        None, "samples per model replica per iteration (per GPU for data parallelism)",
-        kind="int", minimum=1, auto="the trace's", auto_zero=True, flag=6)
-    iterations: int = setting(5, "measured iterations (after the warm-up ones)", minimum=1,
-                              flag=7)
-    warmup_iterations: int = setting(1, "warm-up iterations, simulated first and left out "
-                                        "of the metrics", minimum=0)
-    seed: int = setting(0, "random seed (used with --set compute_jitter=CV)", minimum=0,
-                        flag=8)
-    fidelity: str = setting("detailed", "network model: chunked link queues, or closed forms "
-                                        "(fast, for thousands of GPUs)", choices=FIDELITIES,
-                            flag=9)
-    chunk_bytes: int = setting(1 << 20, "message chunk size of the detailed network model",
-                               kind="bytes", minimum=MIN_CHUNK_BYTES,
-                               limit_help=f"must be at least {MIN_CHUNK_BYTES} bytes (4KiB): "
-                                          "smaller chunks only multiply events")
-    compute_jitter: float = setting(0.0, "coefficient of variation of compute times "
-                                         "(log-normal, mean 1)", minimum=0.0, below=10.0,
-                                    limit_help="must be in [0, 10)")
-    optimizer: str = setting("momentum", "optimizer (memory and update time)",
-                             choices=tuple(OPTIMIZERS))
+        None,
+        "samples per model replica per iteration (per GPU for data parallelism)",
+        kind="int",
+        minimum=1,
+        auto="the trace's",
+        auto_zero=True,
+        flag=6,
+    )
+    iterations: int = setting(5, "measured iterations (after the warm-up ones)", minimum=1, flag=7)
+    warmup_iterations: int = setting(
+        1, "warm-up iterations, simulated first and left out of the metrics", minimum=0
+    )
+    seed: int = setting(0, "random seed (used with --set compute_jitter=CV)", minimum=0, flag=8)
+    fidelity: str = setting(
+        "detailed",
+        "network model: chunked link queues, or closed forms (fast, for thousands of GPUs)",
+        choices=FIDELITIES,
+        flag=9,
+    )
+    chunk_bytes: int = setting(
+        1 << 20,
+        "message chunk size of the detailed network model",
+        kind="bytes",
+        minimum=MIN_CHUNK_BYTES,
+        limit_help=f"must be at least {MIN_CHUNK_BYTES} bytes (4KiB): "
+        "smaller chunks only multiply events",
+    )
+    compute_jitter: float = setting(
+        0.0,
+        "coefficient of variation of compute times (log-normal, mean 1)",
+        minimum=0.0,
+        below=10.0,
+        limit_help="must be in [0, 10)",
+    )
+    optimizer: str = setting(
+        "momentum", "optimizer (memory and update time)", choices=tuple(OPTIMIZERS)
+    )
 
     def __post_init__(self) -> None:
         normalise(self, SHARED)
@@ -146,8 +182,12 @@ class SimConfig(RunSettings):
     trace: Trace
     topology: TopologySpec | Topology
     options: Any = None
-    compute_scale: float = setting(1.0, "target GPU throughput / trace device throughput",
-                                   positive=True, limit_help="must be positive and finite")
+    compute_scale: float = setting(
+        1.0,
+        "target GPU throughput / trace device throughput",
+        positive=True,
+        limit_help="must be positive and finite",
+    )
     record_spans: bool = True
 
     def __post_init__(self) -> None:

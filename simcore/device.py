@@ -88,11 +88,27 @@ class Gpu:
     per iteration label (:attr:`busy_by_iteration`), from which utilisation is computed.
     """
 
-    __slots__ = ("_at", "_log", "busy_by_iteration", "busy_until", "device", "env", "memory",
-                 "name", "ops", "rank")
+    __slots__ = (
+        "_at",
+        "_log",
+        "busy_by_iteration",
+        "busy_until",
+        "device",
+        "env",
+        "memory",
+        "name",
+        "ops",
+        "rank",
+    )
 
-    def __init__(self, env: Environment, rank: int, device: int, name: str,
-                 compute_log: list[tuple[Any, ...]] | None) -> None:
+    def __init__(
+        self,
+        env: Environment,
+        rank: int,
+        device: int,
+        name: str,
+        compute_log: list[tuple[Any, ...]] | None,
+    ) -> None:
         self.env, self.rank, self.device, self.name = env, rank, device, name
         self.busy_until = 0.0
         self.memory = MemoryAccount()
@@ -103,8 +119,15 @@ class Gpu:
         self.ops = 0
         """Compute ops queued so far."""
 
-    def compute(self, duration_s: float, kind: str, name: str = "", iteration: int = -1,
-                layer: int = -1, microbatch: int = -1) -> Done:
+    def compute(
+        self,
+        duration_s: float,
+        kind: str,
+        name: str = "",
+        iteration: int = -1,
+        layer: int = -1,
+        microbatch: int = -1,
+    ) -> Done:
         """Queue ``duration_s`` seconds of work on the compute stream; the returned
         :class:`Done` event fires when it is done (a SimPy process yields it).
         ``ValueError`` for a negative duration."""
@@ -159,8 +182,9 @@ class Gpu:
             self.ops += len(ops)
         return end
 
-    def _put(self, duration_s: float, kind: str, name: str, iteration: int, layer: int,
-             microbatch: int) -> float:
+    def _put(
+        self, duration_s: float, kind: str, name: str, iteration: int, layer: int, microbatch: int
+    ) -> float:
         """Put one op on the stream and log it; returns when it ends."""
         now = self.env.now
         start = self.busy_until
@@ -183,8 +207,16 @@ class JitteryGpu(Gpu):
 
     __slots__ = ("_factors", "_next", "_rng", "_sigma")
 
-    def __init__(self, env: Environment, rank: int, device: int, name: str,
-                 compute_log: list[tuple[Any, ...]] | None, rng: Any, cv: float) -> None:
+    def __init__(
+        self,
+        env: Environment,
+        rank: int,
+        device: int,
+        name: str,
+        compute_log: list[tuple[Any, ...]] | None,
+        rng: Any,
+        cv: float,
+    ) -> None:
         super().__init__(env, rank, device, name, compute_log)
         self._rng = rng
         self._sigma = math.sqrt(math.log1p(cv * cv))
@@ -200,10 +232,10 @@ class JitteryGpu(Gpu):
         self._next += 1
         return factor
 
-    def _put(self, duration_s: float, kind: str, name: str, iteration: int, layer: int,
-               microbatch: int) -> float:
-        return super()._put(duration_s * self._factor(), kind, name, iteration, layer,
-                              microbatch)
+    def _put(
+        self, duration_s: float, kind: str, name: str, iteration: int, layer: int, microbatch: int
+    ) -> float:
+        return super()._put(duration_s * self._factor(), kind, name, iteration, layer, microbatch)
 
     def enqueue(self, ops: list[tuple[float, str, str, int, int, int]]) -> float:
         return super().enqueue([(d * self._factor(), *rest) for d, *rest in ops])

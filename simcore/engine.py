@@ -52,8 +52,9 @@ def simulate(config: SimConfig, progress: Callable[[float], None] | None = None)
     cls = get_scheme(config.scheme)
     options = config.options if config.options is not None else cls.Options()
     if not isinstance(options, cls.Options):
-        raise ConfigError("options", type(options).__name__,
-                          f"scheme {cls.name!r} takes {cls.Options.__name__}")
+        raise ConfigError(
+            "options", type(options).__name__, f"scheme {cls.name!r} takes {cls.Options.__name__}"
+        )
     topology = resolve_topology(config, cls.dedicated_servers(options, config.gpus))
     cls.check(config, options, topology)
 
@@ -62,8 +63,9 @@ def simulate(config: SimConfig, progress: Callable[[float], None] | None = None)
         trace = trace.rescale_device(config.compute_scale)
 
     env = Environment()
-    net = make_network(env, topology, config.fidelity, config.chunk_bytes,
-                       priority=cls.priority_network)
+    net = make_network(
+        env, topology, config.fidelity, config.chunk_bytes, priority=cls.priority_network
+    )
     coll = Collectives(net)
     compute_log: list[tuple[Any, ...]] = []
     gpu_log = compute_log if config.record_spans else None
@@ -73,16 +75,20 @@ def simulate(config: SimConfig, progress: Callable[[float], None] | None = None)
         import numpy as np  # only runs with randomness pay for the import
 
         rng = np.random.default_rng(config.seed)
-        gpus: list[Gpu] = [JitteryGpu(env, r, d, names[r], gpu_log, g, config.compute_jitter)
-                           for (r, d), g in zip(enumerate(topology.gpus),
-                                                rng.spawn(topology.num_gpus), strict=True)]
+        gpus: list[Gpu] = [
+            JitteryGpu(env, r, d, names[r], gpu_log, g, config.compute_jitter)
+            for (r, d), g in zip(
+                enumerate(topology.gpus), rng.spawn(topology.num_gpus), strict=True
+            )
+        ]
     else:
         gpus = [Gpu(env, r, d, names[r], gpu_log) for r, d in enumerate(topology.gpus)]
     ctx = SimContext(env, config, options, trace, topology, net, coll, gpus, compute_log, rng)
     scheme = cls(ctx)
     scheme.start()
-    _run_without_gc(env, None if progress is None else
-                    lambda: progress(_share_done(ctx.iteration_end)))
+    _run_without_gc(
+        env, None if progress is None else lambda: progress(_share_done(ctx.iteration_end))
+    )
     events = scheduled_events(env)
     scheme.finish()
 
@@ -91,7 +97,8 @@ def simulate(config: SimConfig, progress: Callable[[float], None] | None = None)
             if t < 0:
                 raise SimulationError(
                     f"scheme {cls.name!r} stalled: rank {r} never finished iteration {it} "
-                    f"(simulated time {env.now:.6g} s)")
+                    f"(simulated time {env.now:.6g} s)"
+                )
     return _result(config, cls.name, scheme, ctx, topology, trace, events, wall0)
 
 
@@ -135,8 +142,9 @@ def collect_records(ctx: SimContext) -> RunRecords:
     chunk = getattr(ctx.net, "chunk_bytes", 0)
     messages = ctx.net.messages
     transfers = [(m.nbytes, m.iteration) for m in messages]
-    chunks = tuple(max(1, len(m.hops) * -(-m.nbytes // chunk)) if chunk and m.hops else 1
-                   for m in messages)
+    chunks = tuple(
+        max(1, len(m.hops) * -(-m.nbytes // chunk)) if chunk and m.hops else 1 for m in messages
+    )
     closed_form = 0
     if ctx.coll.analytic:
         for op, ranks, n, _s, _e, it, _tag in ctx.coll.records:
@@ -147,17 +155,31 @@ def collect_records(ctx: SimContext) -> RunRecords:
         iteration_end=tuple(tuple(row) for row in ctx.iteration_end),
         busy_by_iteration=tuple(dict(g.busy_by_iteration) for g in ctx.gpus),
         ops=tuple(g.ops for g in ctx.gpus),
-        links=tuple(LinkRecord(link.name, link.kind, sent, recv, busy)
-                    for link, sent, recv, busy in ctx.net.link_bytes()),
-        transfers=tuple(transfers), message_chunks=chunks,
-        closed_form_collectives=closed_form, traffic_scale=ctx.traffic_scale,
+        links=tuple(
+            LinkRecord(link.name, link.kind, sent, recv, busy)
+            for link, sent, recv, busy in ctx.net.link_bytes()
+        ),
+        transfers=tuple(transfers),
+        message_chunks=chunks,
+        closed_form_collectives=closed_form,
+        traffic_scale=ctx.traffic_scale,
         peak_memory_bytes=tuple(g.memory.peak for g in ctx.gpus),
         peak_breakdown=tuple(dict(g.memory.peak_breakdown) for g in ctx.gpus),
-        end_s=ctx.env.now, messages=len(messages))
+        end_s=ctx.env.now,
+        messages=len(messages),
+    )
 
 
-def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology: Topology,
-            trace: Any, events: int, wall0: float) -> RunResult:
+def _result(
+    config: SimConfig,
+    name: str,
+    scheme: Any,
+    ctx: SimContext,
+    topology: Topology,
+    trace: Any,
+    events: int,
+    wall0: float,
+) -> RunResult:
     rec = collect_records(ctx)
     warmup, iterations = config.warmup_iterations, config.iterations
     first, last = warmup, config.total_iterations - 1
@@ -175,20 +197,33 @@ def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology
 
     spans: tuple[tuple[Any, ...], ...] = ()
     if config.record_spans:
-        spans = (tuple(map(compute_span, ctx.compute_log)) + tuple(ctx.spans)
-                 + _message_spans(ctx, topology) + _collective_spans(ctx))
+        spans = (
+            tuple(map(compute_span, ctx.compute_log))
+            + tuple(ctx.spans)
+            + _message_spans(ctx, topology)
+            + _collective_spans(ctx)
+        )
     extra = dict(scheme.extra_metrics())
     extra.update(ctx.extra)
     return RunResult(
-        scheme=name, gpus=topology.num_gpus, model=trace.meta.model, topology=topology.name,
-        fidelity=config.fidelity, batch_size=batch, global_batch_size=global_batch,
-        iterations=iterations, warmup_iterations=warmup,
+        scheme=name,
+        gpus=topology.num_gpus,
+        model=trace.meta.model,
+        topology=topology.name,
+        fidelity=config.fidelity,
+        batch_size=batch,
+        global_batch_size=global_batch,
+        iterations=iterations,
+        warmup_iterations=warmup,
         iteration_time_s=iter_s,
-        iteration_times_s=tuple(metrics.iteration_durations(
-            metrics.iteration_ends(rec.iteration_end))),
+        iteration_times_s=tuple(
+            metrics.iteration_durations(metrics.iteration_ends(rec.iteration_end))
+        ),
         throughput_samples_s=global_batch / iter_s if iter_s > 0 else float("inf"),
-        single_gpu_time_s=single, speedup=single / iter_s if iter_s > 0 else float("inf"),
-        gpu_utilization=gpu_util, per_gpu_utilization=tuple(util),
+        single_gpu_time_s=single,
+        speedup=single / iter_s if iter_s > 0 else float("inf"),
+        gpu_utilization=gpu_util,
+        per_gpu_utilization=tuple(util),
         bubble_fraction=max(0.0, 1.0 - gpu_util),
         comm_bytes_total=total,
         comm_bytes_measured=round(measured),
@@ -196,18 +231,24 @@ def _result(config: SimConfig, name: str, scheme: Any, ctx: SimContext, topology
         simulated_iterations=ctx.simulated_iterations,
         comm_bytes_by_link_kind=_frozen(metrics.bytes_by_kind(rec.links)),
         comm_bytes_by_link=_frozen({k.name: k.sent_bytes for k in rec.links if k.sent_bytes}),
-        comm_bytes_received_by_link=_frozen({k.name: k.received_bytes for k in rec.links
-                                             if k.received_bytes}),
+        comm_bytes_received_by_link=_frozen(
+            {k.name: k.received_bytes for k in rec.links if k.received_bytes}
+        ),
         link_utilization=_frozen(metrics.link_utilization(rec.links, rec.end_s)),
-        peak_memory_bytes=peaks[worst], per_gpu_peak_memory_bytes=peaks,
-        memory_breakdown_bytes=_frozen({k: round(v) for k, v in
-                                        rec.peak_breakdown[worst].items()}),
+        peak_memory_bytes=peaks[worst],
+        per_gpu_peak_memory_bytes=peaks,
+        memory_breakdown_bytes=_frozen({k: round(v) for k, v in rec.peak_breakdown[worst].items()}),
         memory_capacity_bytes=topology.gpu_spec.memory_bytes,
-        events=events, model_events=metrics.model_events(rec),
-        wall_s=time.perf_counter() - wall0, simulated_s=rec.end_s,
-        messages=rec.messages, gpu_model=topology.gpu_spec.model,
-        trace_device=config.trace.meta.device, compute_scale=config.compute_scale,
-        device_names=tuple(g.name for g in ctx.gpus), spans=spans,
+        events=events,
+        model_events=metrics.model_events(rec),
+        wall_s=time.perf_counter() - wall0,
+        simulated_s=rec.end_s,
+        messages=rec.messages,
+        gpu_model=topology.gpu_spec.model,
+        trace_device=config.trace.meta.device,
+        compute_scale=config.compute_scale,
+        device_names=tuple(g.name for g in ctx.gpus),
+        spans=spans,
         extra=_frozen(extra),
     )
 
@@ -217,10 +258,12 @@ def _message_spans(ctx: SimContext, topology: Topology) -> tuple[tuple[Any, ...]
     out = []
     for m in ctx.net.messages:
         src, dst = devs[m.src].name, devs[m.dst].name
-        out.append((src, SEND, "send", m.tag, m.start_s, m.end_s, m.iteration, -1, -1,
-                    m.nbytes, m.id))
-        out.append((dst, RECV, "recv", m.tag, m.start_s, m.end_s, m.iteration, -1, -1,
-                    m.nbytes, m.id))
+        out.append(
+            (src, SEND, "send", m.tag, m.start_s, m.end_s, m.iteration, -1, -1, m.nbytes, m.id)
+        )
+        out.append(
+            (dst, RECV, "recv", m.tag, m.start_s, m.end_s, m.iteration, -1, -1, m.nbytes, m.id)
+        )
     return tuple(out)
 
 

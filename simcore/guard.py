@@ -68,7 +68,7 @@ def _opt(config: SimConfig, name: str, default: Any) -> Any:
 def _per_box(config: SimConfig) -> int:
     topo = config.topology
     preset = getattr(topo, "preset", None)
-    if preset is None:                          # a concrete Topology
+    if preset is None:  # a concrete Topology
         boxes = max(1, getattr(topo, "num_boxes", 1))
         return max(1, topo.num_gpus // boxes)
     try:
@@ -111,7 +111,7 @@ def estimate(config: SimConfig) -> WorkEstimate:
     simulated = 2 * g if mf else p
     compute = p * 2 * n_layers * its
     messages = 0
-    moved = 0.0            # bytes that cross links (chunked in the detailed model)
+    moved = 0.0  # bytes that cross links (chunked in the detailed model)
     if scheme == "dp":
         buckets = 1 + pbytes // (25 << 20)
         if detailed:
@@ -133,7 +133,7 @@ def estimate(config: SimConfig) -> WorkEstimate:
     elif scheme == "gossip":
         messages = its * p * (n_params + 1)
         moved = its * float(pbytes) * p
-    else:                                   # pipelines: stages x micro-batches
+    else:  # pipelines: stages x micro-batches
         m = _opt(config, "microbatches", 0) or (4 * p if scheme == "gpipe" else p)
         compute = its * m * 2 * n_layers + its * m * p
         messages = its * m * 2 * p
@@ -143,14 +143,24 @@ def estimate(config: SimConfig) -> WorkEstimate:
         transfers = max(messages, int(moved * hops / chunk) + messages)
     events = int(compute + transfers)
     followers = p - simulated
-    memory = (BASE_BYTES + simulated * BYTES_PER_GPU + followers * BYTES_PER_FOLLOWER
-              + messages * BYTES_PER_MESSAGE + p * its * 16)
+    memory = (
+        BASE_BYTES
+        + simulated * BYTES_PER_GPU
+        + followers * BYTES_PER_FOLLOWER
+        + messages * BYTES_PER_MESSAGE
+        + p * its * 16
+    )
     if config.record_spans:
         memory += (2 * messages + compute) * BYTES_PER_SPAN
-    seconds = (p * SECONDS_PER_GPU + compute * SECONDS_PER_OP + messages * SECONDS_PER_MESSAGE
-               + (transfers - messages) * SECONDS_PER_CHUNK)
-    return WorkEstimate(events=events, messages=messages, memory_bytes=int(memory),
-                        seconds=seconds, mean_field=mf)
+    seconds = (
+        p * SECONDS_PER_GPU
+        + compute * SECONDS_PER_OP
+        + messages * SECONDS_PER_MESSAGE
+        + (transfers - messages) * SECONDS_PER_CHUNK
+    )
+    return WorkEstimate(
+        events=events, messages=messages, memory_bytes=int(memory), seconds=seconds, mean_field=mf
+    )
 
 
 def schedule_actions(stages: int, microbatches: int, iterations: int) -> int:
@@ -198,9 +208,14 @@ def work_refusal(config: SimConfig, memory_bytes: float) -> str | None:
         ways.append("no Chrome trace")
     if not ways:
         ways.append("a smaller configuration")
-    what = (f"about {format_bytes(est.memory_bytes)} of memory (this machine has "
-            f"{format_bytes(memory_bytes)})" if too_big else
-            f"about {format_time(est.seconds)} of simulation (at most "
-            f"{format_time(MAX_SECONDS)} accepted)")
-    return (f"this run is too big to finish here: an estimated {est.events:.3g} events and "
-            f"{what}; use {', or '.join(ways)}")
+    what = (
+        f"about {format_bytes(est.memory_bytes)} of memory (this machine has "
+        f"{format_bytes(memory_bytes)})"
+        if too_big
+        else f"about {format_time(est.seconds)} of simulation (at most "
+        f"{format_time(MAX_SECONDS)} accepted)"
+    )
+    return (
+        f"this run is too big to finish here: an estimated {est.events:.3g} events and "
+        f"{what}; use {', or '.join(ways)}"
+    )

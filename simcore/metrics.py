@@ -71,8 +71,9 @@ def utilization(busy_s: Sequence[float], measured_s: float) -> list[float]:
     return [min(1.0, max(0.0, b / measured_s)) for b in busy_s]
 
 
-def busy_by_device(compute_log: Iterable[tuple[Any, ...]], devices: Sequence[str],
-                   first: int, last: int) -> list[float]:
+def busy_by_device(
+    compute_log: Iterable[tuple[Any, ...]], devices: Sequence[str], first: int, last: int
+) -> list[float]:
     """Compute seconds of each device's ops labelled with iterations ``first .. last``,
     from compute-log tuples (:data:`~simcore.records.COMPUTE_LOG_FIELDS`); the span view
     of what each :class:`~simcore.device.Gpu` counts as it runs."""
@@ -99,8 +100,9 @@ def bytes_by_kind(links: Iterable[LinkRecord]) -> dict[str, int]:
     return out
 
 
-def payload_bytes(transfers: Iterable[tuple[int, int]], first: int, last: int,
-                  traffic_scale: float = 1.0) -> tuple[int, float]:
+def payload_bytes(
+    transfers: Iterable[tuple[int, int]], first: int, last: int, traffic_scale: float = 1.0
+) -> tuple[int, float]:
     """``(whole run, measured iterations first .. last)`` payload bytes of
     ``(bytes, iteration)`` transfers, scaled by ``traffic_scale`` (the whole-run total
     rounded to bytes)."""
@@ -116,8 +118,9 @@ def payload_bytes(transfers: Iterable[tuple[int, int]], first: int, last: int,
 
 def link_utilization(links: Iterable[LinkRecord], end_s: float) -> dict[str, float]:
     """Busy fraction of each link direction that carried bytes, over the whole run."""
-    return {link.name: (link.busy_s / end_s if end_s > 0 else 0.0)
-            for link in links if link.sent_bytes}
+    return {
+        link.name: (link.busy_s / end_s if end_s > 0 else 0.0) for link in links if link.sent_bytes
+    }
 
 
 def model_events(records: RunRecords) -> int:
@@ -125,5 +128,4 @@ def model_events(records: RunRecords) -> int:
     message reaching the end of a link (a whole message in the analytic model, which has
     no chunks; one per collective computed in closed form). A run of layers or a one-hop
     message costs the scheduler one event but is as many model events as it simulates."""
-    return (sum(records.ops) + sum(records.message_chunks)
-            + records.closed_form_collectives)
+    return sum(records.ops) + sum(records.message_chunks) + records.closed_form_collectives

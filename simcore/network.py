@@ -47,16 +47,24 @@ WHOLE_MESSAGE = 1 << 62
 """A chunk size no message reaches: messages move whole."""
 
 
-
 class LinkState:
     """Run-time state and counters of one link direction."""
 
-    __slots__ = ("busy", "free_at", "latency", "link", "queue", "recv_bytes", "sent_bytes",
-                 "seq", "service")
+    __slots__ = (
+        "busy",
+        "free_at",
+        "latency",
+        "link",
+        "queue",
+        "recv_bytes",
+        "sent_bytes",
+        "seq",
+        "service",
+    )
 
     def __init__(self, link: Link) -> None:
         self.link = link
-        self.service = 1.0 / link.bandwidth_bytes_per_s   # seconds per byte
+        self.service = 1.0 / link.bandwidth_bytes_per_s  # seconds per byte
         self.latency = link.latency
         self.free_at = 0.0
         self.sent_bytes = 0
@@ -89,13 +97,39 @@ class Message:
     ``payload`` is the sender's own data. ``hops`` are the link directions of the route.
     """
 
-    __slots__ = ("chunks_left", "dst", "end_s", "hops", "id", "iteration", "nbytes",
-                 "on_arrival", "payload", "priority", "rank_dst", "rank_src", "src",
-                 "start_s", "tag")
+    __slots__ = (
+        "chunks_left",
+        "dst",
+        "end_s",
+        "hops",
+        "id",
+        "iteration",
+        "nbytes",
+        "on_arrival",
+        "payload",
+        "priority",
+        "rank_dst",
+        "rank_src",
+        "src",
+        "start_s",
+        "tag",
+    )
 
-    def __init__(self, mid: int, src: int, dst: int, nbytes: int, hops: tuple[LinkState, ...],
-                 on_arrival: Callable[[Message], None] | None, priority: float, tag: str,
-                 rank_src: int, rank_dst: int, iteration: int, payload: Any) -> None:
+    def __init__(
+        self,
+        mid: int,
+        src: int,
+        dst: int,
+        nbytes: int,
+        hops: tuple[LinkState, ...],
+        on_arrival: Callable[[Message], None] | None,
+        priority: float,
+        tag: str,
+        rank_src: int,
+        rank_dst: int,
+        iteration: int,
+        payload: Any,
+    ) -> None:
         self.id, self.src, self.dst, self.nbytes, self.hops = mid, src, dst, nbytes, hops
         self.on_arrival, self.priority, self.tag = on_arrival, priority, tag
         self.start_s = -1.0
@@ -120,8 +154,9 @@ class _ChunkArrival(FastEvent):
 
     __slots__ = ("hop", "msg", "size")
 
-    def __init__(self, callback: Callable[[_ChunkArrival], None], msg: Message, hop: int,
-                 size: int) -> None:
+    def __init__(
+        self, callback: Callable[[_ChunkArrival], None], msg: Message, hop: int, size: int
+    ) -> None:
         self.callbacks = [callback]
         self.msg, self.hop, self.size = msg, hop, size
 
@@ -146,14 +181,22 @@ class Network(ABC):
         h = self._hops.get(key)
         if h is None:
             state = self.state
-            h = self._hops[key] = tuple(state[link.index] for link in
-                                        self.topology.route(src, dst))
+            h = self._hops[key] = tuple(state[link.index] for link in self.topology.route(src, dst))
         return h
 
-    def send(self, src: int, dst: int, nbytes: int,
-             on_arrival: Callable[[Message], None] | None = None, priority: float = 0.0,
-             tag: str = "", rank_src: int = -1, rank_dst: int = -1, iteration: int = -1,
-             payload: Any = None) -> Message:
+    def send(
+        self,
+        src: int,
+        dst: int,
+        nbytes: int,
+        on_arrival: Callable[[Message], None] | None = None,
+        priority: float = 0.0,
+        tag: str = "",
+        rank_src: int = -1,
+        rank_dst: int = -1,
+        iteration: int = -1,
+        payload: Any = None,
+    ) -> Message:
         """Start moving ``nbytes`` from device ``src`` to device ``dst`` now.
 
         Returns the :class:`Message`; ``on_arrival(msg)`` runs when it has arrived. A
@@ -162,8 +205,20 @@ class Network(ABC):
         hops = self._hops.get((src, dst))
         if hops is None:
             hops = self.hops(src, dst)
-        msg = Message(self._next_id, src, dst, nbytes, hops, on_arrival, priority, tag,
-                      rank_src, rank_dst, iteration, payload)
+        msg = Message(
+            self._next_id,
+            src,
+            dst,
+            nbytes,
+            hops,
+            on_arrival,
+            priority,
+            tag,
+            rank_src,
+            rank_dst,
+            iteration,
+            payload,
+        )
         self._next_id += 1
         self._record(msg)
         if not hops or nbytes <= 0:
@@ -201,8 +256,7 @@ class Network(ABC):
 
     def link_bytes(self) -> list[tuple[Link, int, int, float]]:
         """``(link, sent_bytes, received_bytes, busy_s)`` for every link direction."""
-        return [(s.link, s.sent_bytes, s.recv_bytes, s.sent_bytes * s.service)
-                for s in self.state]
+        return [(s.link, s.sent_bytes, s.recv_bytes, s.sent_bytes * s.service) for s in self.state]
 
 
 class DetailedNetwork(Network):
@@ -210,8 +264,13 @@ class DetailedNetwork(Network):
 
     fidelity = "detailed"
 
-    def __init__(self, env: Environment, topology: Topology,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, priority: bool = False) -> None:
+    def __init__(
+        self,
+        env: Environment,
+        topology: Topology,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        priority: bool = False,
+    ) -> None:
         super().__init__(env, topology)
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be at least 1, got {chunk_bytes}")
@@ -344,8 +403,9 @@ class DetailedNetwork(Network):
         self._enqueue(msg, hop, ev.size)
 
 
-def reserve_cut_through(hops: Sequence[LinkState], nbytes: int,
-                        start: float) -> tuple[float, float]:
+def reserve_cut_through(
+    hops: Sequence[LinkState], nbytes: int, start: float
+) -> tuple[float, float]:
     """Reserve ``nbytes`` sent at ``start`` over the link directions ``hops`` (non-empty),
     cut-through at message granularity; returns ``(when its head started on the first
     link, when its tail arrived)``.
@@ -380,15 +440,36 @@ class AnalyticNetwork(Network):
 
     fidelity = "analytic"
 
-    def post(self, src: int, dst: int, nbytes: int, tag: str = "", rank_src: int = -1,
-             rank_dst: int = -1, iteration: int = -1, payload: Any = None) -> Message:
+    def post(
+        self,
+        src: int,
+        dst: int,
+        nbytes: int,
+        tag: str = "",
+        rank_src: int = -1,
+        rank_dst: int = -1,
+        iteration: int = -1,
+        payload: Any = None,
+    ) -> Message:
         """Send like :meth:`send`, without an arrival callback and without an event: a
         message's arrival is known when it is sent (routes are reserved in the order
         messages are sent), so it is returned in ``msg.end_s`` and its bytes are counted
         as received at once. A scheme that can react to an arrival time instead of an
         arrival event saves one event per message."""
-        msg = Message(self._next_id, src, dst, nbytes, self.hops(src, dst), None, 0.0, tag,
-                      rank_src, rank_dst, iteration, payload)
+        msg = Message(
+            self._next_id,
+            src,
+            dst,
+            nbytes,
+            self.hops(src, dst),
+            None,
+            0.0,
+            tag,
+            rank_src,
+            rank_dst,
+            iteration,
+            payload,
+        )
         self._next_id += 1
         self._record(msg)
         msg.end_s = self._reserve(msg, self.env.now)
@@ -420,18 +501,40 @@ class AnalyticNetwork(Network):
         ev.callbacks.append(self._arrive)
 
     # ---- grouped messages (mean-field models) ------------------------------------------
-    def send_grouped(self, src: int, dst: int, nbytes: int, hops: tuple[LinkState, ...],
-                     weights: tuple[float, ...], on_arrival: Callable[[Message], None],
-                     tag: str = "", rank_src: int = -1, rank_dst: int = -1,
-                     iteration: int = -1, payload: Any = None) -> Message:
+    def send_grouped(
+        self,
+        src: int,
+        dst: int,
+        nbytes: int,
+        hops: tuple[LinkState, ...],
+        weights: tuple[float, ...],
+        on_arrival: Callable[[Message], None],
+        tag: str = "",
+        rank_src: int = -1,
+        rank_dst: int = -1,
+        iteration: int = -1,
+        payload: Any = None,
+    ) -> Message:
         """Send a *group* of identical messages sent at once: ``weights[i]`` of them cross
         hop ``i`` (of ``hops``, which may include :class:`ShadowLink` copies of links), so
         hop ``i`` carries ``nbytes * weights[i]`` bytes. ``on_arrival`` runs when the last
         of the group has arrived (the group is served back to back in FIFO order, as
         identical messages sent at the same moment would be). A model that simulates one
         representative of many identical flows uses it."""
-        msg = Message(self._next_id, src, dst, nbytes, hops, on_arrival, 0.0, tag,
-                      rank_src, rank_dst, iteration, (payload, weights))
+        msg = Message(
+            self._next_id,
+            src,
+            dst,
+            nbytes,
+            hops,
+            on_arrival,
+            0.0,
+            tag,
+            rank_src,
+            rank_dst,
+            iteration,
+            (payload, weights),
+        )
         self._next_id += 1
         self._record(msg)
         now = self.env.now
@@ -483,8 +586,9 @@ class AnalyticNetwork(Network):
         self._complete(msg)
 
 
-def make_network(env: Environment, topology: Topology, fidelity: str, chunk_bytes: int,
-                 priority: bool = False) -> Network:
+def make_network(
+    env: Environment, topology: Topology, fidelity: str, chunk_bytes: int, priority: bool = False
+) -> Network:
     """The network model for ``fidelity`` (``detailed`` or ``analytic``), with priority
     link queues if ``priority``."""
     if fidelity == "detailed":

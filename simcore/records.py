@@ -21,8 +21,16 @@ RECOMPUTE, PREDICT = "recompute", "predict"
 """Kinds of compute spans."""
 
 
-COMPUTE_LOG_FIELDS = ("device", "kind", "name", "start_s", "end_s", "iteration", "layer",
-                      "microbatch")
+COMPUTE_LOG_FIELDS = (
+    "device",
+    "kind",
+    "name",
+    "start_s",
+    "end_s",
+    "iteration",
+    "layer",
+    "microbatch",
+)
 """Field order of the compact compute-log tuples the simulator appends while it runs
 (a :class:`Span` on the ``compute`` stream without its constant fields)."""
 

@@ -10,10 +10,23 @@ from typing import Any
 from simcore.records import Span
 
 CONTRACT_KEYS = (
-    "scheme", "gpus", "model", "topology", "batch_size", "iterations", "iteration_time_s",
-    "throughput_samples_s", "speedup", "gpu_utilization", "per_gpu_utilization",
-    "bubble_fraction", "comm_bytes_total", "comm_bytes_by_link_kind", "peak_memory_bytes",
-    "events", "wall_s",
+    "scheme",
+    "gpus",
+    "model",
+    "topology",
+    "batch_size",
+    "iterations",
+    "iteration_time_s",
+    "throughput_samples_s",
+    "speedup",
+    "gpu_utilization",
+    "per_gpu_utilization",
+    "bubble_fraction",
+    "comm_bytes_total",
+    "comm_bytes_by_link_kind",
+    "peak_memory_bytes",
+    "events",
+    "wall_s",
 )
 """Keys every ``sim run --json`` object carries (docs/architecture.md); more are added."""
 
@@ -87,14 +100,13 @@ class RunResult:
     messages: int
     simulated_s: float
     wall_s: float
-    spans: tuple[tuple[Any, ...], ...] = field(repr=False, default=(),
-                                               metadata={"json": False})
-    extra: Mapping[str, Any] = field(default_factory=lambda: _frozen({}),
-                                     metadata={"json": False})
+    spans: tuple[tuple[Any, ...], ...] = field(repr=False, default=(), metadata={"json": False})
+    extra: Mapping[str, Any] = field(default_factory=lambda: _frozen({}), metadata={"json": False})
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "fits_in_memory",
-                           self.peak_memory_bytes <= self.memory_capacity_bytes)
+        object.__setattr__(
+            self, "fits_in_memory", self.peak_memory_bytes <= self.memory_capacity_bytes
+        )
 
     def span_records(self) -> list[Span]:
         """The spans as :class:`~simcore.records.Span` named tuples."""
@@ -104,8 +116,11 @@ class RunResult:
         """The ``--json`` object: every field but the span records (mappings as dicts,
         tuples as lists), then the scheme's extra metrics; it has every key of
         :data:`CONTRACT_KEYS`."""
-        d = {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)
-             if f.metadata.get("json", True)}
+        d = {
+            f.name: _jsonable(getattr(self, f.name))
+            for f in fields(self)
+            if f.metadata.get("json", True)
+        }
         for k, v in self.extra.items():
             d.setdefault(k, v)
         return d

@@ -85,14 +85,17 @@ class Action:
         """An action from its compact text (``ScheduleError`` if malformed)."""
         m = _TOKEN.match(token.strip())
         if not m:
-            raise ScheduleError(f"cannot read action {token!r}; expected e.g. 0F3, 1B0, "
-                                "2SA3>3, 3RA3<2, 0U7, 1L2, 2P5, 0R4, 0AR6")
+            raise ScheduleError(
+                f"cannot read action {token!r}; expected e.g. 0F3, 1B0, "
+                "2SA3>3, 3RA3<2, 0U7, 1L2, 2P5, 0R4, 0AR6"
+            )
         stage, kind, mb, arrow, peer = m.groups()
         p2p = kind in SEND_KINDS or kind in RECV_KINDS
         want = ">" if kind in SEND_KINDS else "<"
         if p2p != (arrow is not None) or (p2p and arrow != want):
-            rule = ("sends take >RANK, receives <RANK" if p2p else
-                    "only sends and receives name a peer")
+            rule = (
+                "sends take >RANK, receives <RANK" if p2p else "only sends and receives name a peer"
+            )
             raise ScheduleError(f"action {token!r}: {rule}")
         return cls(kind, int(stage), int(mb), int(peer) if peer is not None else -1)
 
@@ -142,28 +145,37 @@ class Schedule:
     def to_text(self) -> str:
         """One line per rank: ``rank R (stage S): 0F0 0SA0>1 ...``."""
         stage = self.stage_of()
-        return "\n".join(f"rank {r} (stage {stage[r]}): " + " ".join(map(str, acts))
-                         for r, acts in enumerate(self.actions))
+        return "\n".join(
+            f"rank {r} (stage {stage[r]}): " + " ".join(map(str, acts))
+            for r, acts in enumerate(self.actions)
+        )
 
     @classmethod
-    def from_text(cls, text: str, name: str = "custom",
-                  per_iteration: int | None = None) -> Schedule:
+    def from_text(
+        cls, text: str, name: str = "custom", per_iteration: int | None = None
+    ) -> Schedule:
         """Read :meth:`to_text` output (``ScheduleError`` if malformed)."""
         actions: list[tuple[Action, ...]] = []
         stages: dict[int, list[int]] = {}
         for lineno, line in enumerate(text.strip().splitlines(), start=1):
             m = re.match(r"^rank (\d+) \(stage (\d+)\):(.*)$", line.strip())
             if not m or int(m.group(1)) != len(actions):
-                raise ScheduleError(f"line {lineno}: expected 'rank {len(actions)} (stage S): "
-                                    "ACTIONS'")
+                raise ScheduleError(
+                    f"line {lineno}: expected 'rank {len(actions)} (stage S): ACTIONS'"
+                )
             stages.setdefault(int(m.group(2)), []).append(len(actions))
             actions.append(tuple(Action.parse(t) for t in m.group(3).split()))
         if sorted(stages) != list(range(len(stages))):
             raise ScheduleError(f"stages must be numbered 0..{len(stages) - 1}")
         mbs = {a.mb for acts in actions for a in acts if a.kind == FORWARD}
         total = max(mbs) + 1 if mbs else 0
-        return cls(name, tuple(tuple(stages[s]) for s in range(len(stages))), total,
-                   per_iteration or max(total, 1), tuple(actions))
+        return cls(
+            name,
+            tuple(tuple(stages[s]) for s in range(len(stages))),
+            total,
+            per_iteration or max(total, 1),
+            tuple(actions),
+        )
 
     # ---- checks ----------------------------------------------------------------------
     def validate(self) -> None:
@@ -184,20 +196,23 @@ class Schedule:
         recvs: Counter[tuple[str, int, int, int, int]] = Counter()
         passes: Counter[tuple[str, int, int]] = Counter()
         for r, acts in enumerate(self.actions):
-            state: dict[int, str] = {}          # micro-batch -> last pass seen
+            state: dict[int, str] = {}  # micro-batch -> last pass seen
             for i, a in enumerate(acts):
                 where = f"rank {r}, step {i} ({a})"
                 if a.stage != stage[r]:
-                    raise ScheduleError(f"{where}: rank {r} runs stage {stage[r]}, "
-                                        f"not {a.stage}")
+                    raise ScheduleError(f"{where}: rank {r} runs stage {stage[r]}, not {a.stage}")
                 if a.kind in (FORWARD, BACKWARD):
                     before = FORWARD if a.kind == BACKWARD else None
                     if state.get(a.mb) != before:
                         raise ScheduleError(
-                            f"{where}: " + (f"second forward of micro-batch {a.mb}"
-                                            if a.kind == FORWARD else
-                                            f"backward of micro-batch {a.mb} without a "
-                                            "forward before it on this rank"))
+                            f"{where}: "
+                            + (
+                                f"second forward of micro-batch {a.mb}"
+                                if a.kind == FORWARD
+                                else f"backward of micro-batch {a.mb} without a "
+                                "forward before it on this rank"
+                            )
+                        )
                     state[a.mb] = a.kind
                     passes[(a.kind, a.stage, a.mb)] += 1
                 elif a.kind in SEND_KINDS + RECV_KINDS:
@@ -209,30 +224,39 @@ class Schedule:
                         recvs[(a.kind, a.peer, r, a.mb, a.stage)] += 1
             open_ = [m for m, k in state.items() if k == FORWARD]
             if open_:
-                raise ScheduleError(f"rank {r}: forward of micro-batch {open_[0]} has no "
-                                    "backward")
+                raise ScheduleError(f"rank {r}: forward of micro-batch {open_[0]} has no backward")
         for s in range(len(self.stages)):
             for m in range(self.microbatches):
                 for kind, word in ((FORWARD, "forward"), (BACKWARD, "backward")):
                     n = passes[(kind, s, m)]
                     if n != 1:
-                        raise ScheduleError(f"stage {s}: micro-batch {m} has {n} {word} "
-                                            "passes (expected 1)")
+                        raise ScheduleError(
+                            f"stage {s}: micro-batch {m} has {n} {word} passes (expected 1)"
+                        )
         for (kind, src, dst, mb, st), n in sends.items():
             to = st + (1 if kind == SEND_ACT else -1)
             if recvs[(_MATCH[kind], src, dst, mb, to)] != n:
-                raise ScheduleError(f"rank {src}: {st}{kind}{mb}>{dst} has no matching "
-                                    f"receive {to}{_MATCH[kind]}{mb}<{src} on rank {dst}")
-        unmatched = recvs - Counter({(_MATCH[k], a, b, m, st + (1 if k == SEND_ACT else -1)): n
-                                     for (k, a, b, m, st), n in sends.items()})
-        for (kind, src, dst, mb, st) in unmatched:
-            raise ScheduleError(f"rank {dst}: {st}{kind}{mb}<{src} has no matching send "
-                                f"on rank {src}")
+                raise ScheduleError(
+                    f"rank {src}: {st}{kind}{mb}>{dst} has no matching "
+                    f"receive {to}{_MATCH[kind]}{mb}<{src} on rank {dst}"
+                )
+        unmatched = recvs - Counter(
+            {
+                (_MATCH[k], a, b, m, st + (1 if k == SEND_ACT else -1)): n
+                for (k, a, b, m, st), n in sends.items()
+            }
+        )
+        for kind, src, dst, mb, st in unmatched:
+            raise ScheduleError(
+                f"rank {dst}: {st}{kind}{mb}<{src} has no matching send on rank {src}"
+            )
         for s, ranks in enumerate(self.stages):
             rounds = [[a.mb for a in self.actions[r] if a.kind == ALLREDUCE] for r in ranks]
             if any(x != rounds[0] for x in rounds):
-                raise ScheduleError(f"stage {s}: its replicas {list(ranks)} do not join the "
-                                    "same all-reduces in the same order")
+                raise ScheduleError(
+                    f"stage {s}: its replicas {list(ranks)} do not join the "
+                    "same all-reduces in the same order"
+                )
 
 
 def _dry_run(s: Schedule, strict: bool) -> tuple[list[list[str]], int]:
@@ -251,7 +275,7 @@ def _dry_run(s: Schedule, strict: bool) -> tuple[list[list[str]], int]:
     while any(pos[r] < len(s.actions[r]) for r in range(n)):
         moved = True
         progress = False
-        while moved:                       # communication, until nothing changes
+        while moved:  # communication, until nothing changes
             moved = False
             for r in range(n):
                 acts = s.actions[r]
@@ -275,7 +299,7 @@ def _dry_run(s: Schedule, strict: bool) -> tuple[list[list[str]], int]:
                         break
                     pos[r] += 1
                     moved = progress = True
-        for r in range(n):                 # one compute action per rank
+        for r in range(n):  # one compute action per rank
             acts = s.actions[r]
             if pos[r] < len(acts) and acts[pos[r]].kind in PASS_KINDS:
                 cells[r].append(acts[pos[r]].label)
@@ -291,8 +315,9 @@ def _dry_run(s: Schedule, strict: bool) -> tuple[list[list[str]], int]:
             stuck = [r for r in range(n) if pos[r] < len(s.actions[r])]
             if strict:
                 why = "; ".join(_waiting(s, r, pos[r], arrived) for r in stuck)
-                raise ScheduleError(f"deadlock at step {step}: {why}\n"
-                                    + _draw(cells, None, mark=step, stuck=stuck))
+                raise ScheduleError(
+                    f"deadlock at step {step}: {why}\n" + _draw(cells, None, mark=step, stuck=stuck)
+                )
             break
         step += 1
     _trim(cells)
@@ -310,15 +335,20 @@ def _waiting(s: Schedule, r: int, i: int, arrived: dict[tuple[int, int], set[int
     a = s.actions[r][i]
     if a.kind in RECV_KINDS:
         what = "activation" if a.kind == RECV_ACT else "gradient"
-        return (f"rank {r} (its action {i}, {a}) waits for the {what} of micro-batch {a.mb} "
-                f"from rank {a.peer}")
+        return (
+            f"rank {r} (its action {i}, {a}) waits for the {what} of micro-batch {a.mb} "
+            f"from rank {a.peer}"
+        )
     got = sorted(arrived.get((a.stage, a.mb), set()))
-    return (f"rank {r} (its action {i}, {a}) waits for the all-reduce of stage {a.stage} "
-            f"(joined: {got})")
+    return (
+        f"rank {r} (its action {i}, {a}) waits for the all-reduce of stage {a.stage} "
+        f"(joined: {got})"
+    )
 
 
-def _draw(cells: Sequence[Sequence[str]], max_steps: int | None, mark: int = -1,
-          stuck: Sequence[int] = ()) -> str:
+def _draw(
+    cells: Sequence[Sequence[str]], max_steps: int | None, mark: int = -1, stuck: Sequence[int] = ()
+) -> str:
     steps = max((len(c) for c in cells), default=0)
     if mark >= 0:
         steps = max(steps, mark + 1)
@@ -339,6 +369,7 @@ def _draw(cells: Sequence[Sequence[str]], max_steps: int | None, mark: int = -1,
 
 # ---- schedules of the pipeline schemes ---------------------------------------------------
 
+
 def replica_of(stages: Sequence[Sequence[int]], stage: int, mb: int) -> int:
     """The rank of ``stage`` that processes micro-batch ``mb`` (round-robin)."""
     ranks = stages[stage]
@@ -352,8 +383,9 @@ def version_difference(stage: int, stages: int, forward: bool) -> int:
     return stage // 2 + (stages - stage - 1 if forward else 0)
 
 
-def _forward(stages: Sequence[Sequence[int]], s: int, m: int, predict: bool,
-             recompute: bool = False) -> list[Action]:
+def _forward(
+    stages: Sequence[Sequence[int]], s: int, m: int, predict: bool, recompute: bool = False
+) -> list[Action]:
     out = []
     if s > 0:
         out.append(Action(RECV_ACT, s, m, replica_of(stages, s - 1, m)))
@@ -365,8 +397,9 @@ def _forward(stages: Sequence[Sequence[int]], s: int, m: int, predict: bool,
     return out
 
 
-def _backward(stages: Sequence[Sequence[int]], s: int, m: int, *, stash: bool,
-              predict: bool, recompute: bool) -> list[Action]:
+def _backward(
+    stages: Sequence[Sequence[int]], s: int, m: int, *, stash: bool, predict: bool, recompute: bool
+) -> list[Action]:
     out = []
     if s < len(stages) - 1:
         out.append(Action(RECV_GRAD, s, m, replica_of(stages, s + 1, m)))
@@ -390,8 +423,13 @@ def _check_shape(stages: Sequence[Sequence[int]], per_iteration: int, iterations
         raise ScheduleError("need at least one micro-batch and one iteration")
 
 
-def gpipe(stages: Sequence[Sequence[int]], microbatches: int, iterations: int = 1,
-          recompute: bool = False, name: str = "gpipe") -> Schedule:
+def gpipe(
+    stages: Sequence[Sequence[int]],
+    microbatches: int,
+    iterations: int = 1,
+    recompute: bool = False,
+    name: str = "gpipe",
+) -> Schedule:
     """GPipe: per iteration, every micro-batch forward through all stages, then every
     backward (in micro-batch order), then one weight update (replicas all-reduce first).
     With ``recompute`` each backward is preceded by re-running the stage's forward."""
@@ -401,22 +439,33 @@ def gpipe(stages: Sequence[Sequence[int]], microbatches: int, iterations: int = 
         mbs = range(it * microbatches, (it + 1) * microbatches)
         last = mbs[-1]
         for s, ranks in enumerate(stages):
-            for m in mbs:                                           # fill
+            for m in mbs:  # fill
                 per_rank[replica_of(stages, s, m)].extend(_forward(stages, s, m, False))
-            for m in mbs:                                           # drain
+            for m in mbs:  # drain
                 per_rank[replica_of(stages, s, m)].extend(
-                    _backward(stages, s, m, stash=False, predict=False, recompute=recompute))
-            for r in ranks:                                         # flush
+                    _backward(stages, s, m, stash=False, predict=False, recompute=recompute)
+                )
+            for r in ranks:  # flush
                 if len(ranks) > 1:
                     per_rank[r].append(Action(ALLREDUCE, s, mbs[0]))
                 per_rank[r].append(Action(UPDATE, s, last))
-    return Schedule(name, tuple(tuple(st) for st in stages), microbatches * iterations,
-                    microbatches, tuple(tuple(per_rank[r]) for r in range(len(per_rank))))
+    return Schedule(
+        name,
+        tuple(tuple(st) for st in stages),
+        microbatches * iterations,
+        microbatches,
+        tuple(tuple(per_rank[r]) for r in range(len(per_rank))),
+    )
 
 
-def one_f_one_b(stages: Sequence[Sequence[int]], microbatches: int, iterations: int = 1,
-                stash: bool = True, predict: bool = False,
-                name: str = "pipedream") -> Schedule:
+def one_f_one_b(
+    stages: Sequence[Sequence[int]],
+    microbatches: int,
+    iterations: int = 1,
+    stash: bool = True,
+    predict: bool = False,
+    name: str = "pipedream",
+) -> Schedule:
     """Asynchronous 1F1B (PipeDream, SpecTrain): no flush; each backward is followed by
     the stage's weight update (replicas all-reduce each round of micro-batches first).
 
@@ -433,8 +482,10 @@ def one_f_one_b(stages: Sequence[Sequence[int]], microbatches: int, iterations: 
     total = microbatches * iterations
     for s, ranks in enumerate(stages):
         if total % len(ranks):
-            raise ScheduleError(f"stage {s} has {len(ranks)} replicas: the micro-batches "
-                                f"({total}) must be a multiple of that")
+            raise ScheduleError(
+                f"stage {s} has {len(ranks)} replicas: the micro-batches "
+                f"({total}) must be a multiple of that"
+            )
     per_rank: dict[int, list[Action]] = {}
     for s, ranks in enumerate(stages):
         ahead = sum(len(st) for st in stages[s:]) - 1
@@ -444,20 +495,24 @@ def one_f_one_b(stages: Sequence[Sequence[int]], microbatches: int, iterations: 
             acts: list[Action] = []
             f = b = 0
             while b < len(own):
-                if f < len(own) and own[f] <= own[b] + ahead:       # warm-up / steady F
+                if f < len(own) and own[f] <= own[b] + ahead:  # warm-up / steady F
                     acts.extend(_forward(stages, s, own[f], predict))
                     f += 1
                     continue
-                m = own[b]                                          # steady B / drain
-                acts.extend(_backward(stages, s, m, stash=stash, predict=predict,
-                                      recompute=False))
+                m = own[b]  # steady B / drain
+                acts.extend(_backward(stages, s, m, stash=stash, predict=predict, recompute=False))
                 if r_s > 1:
                     acts.append(Action(ALLREDUCE, s, m - rep))
                 acts.append(Action(UPDATE, s, m))
                 b += 1
             per_rank[r] = acts
-    return Schedule(name, tuple(tuple(st) for st in stages), total, microbatches,
-                    tuple(tuple(per_rank[r]) for r in range(len(per_rank))))
+    return Schedule(
+        name,
+        tuple(tuple(st) for st in stages),
+        total,
+        microbatches,
+        tuple(tuple(per_rank[r]) for r in range(len(per_rank))),
+    )
 
 
 def straight_stages(n: int) -> tuple[tuple[int, ...], ...]:

@@ -26,8 +26,12 @@ durations in seconds), which accept a unit suffix (``4MiB``, ``10Gbps``, ``5us``
 
 UNIT_KINDS = {"bytes": parse_size, "rate": parse_rate, "seconds": parse_time}
 
-TYPE_WORDS = {"int": "an integer", "float": "a finite number", "bool": "true or false",
-              "str": "a string"}
+TYPE_WORDS = {
+    "int": "an integer",
+    "float": "a finite number",
+    "bool": "true or false",
+    "str": "a string",
+}
 """How messages name the type a value should have had."""
 
 AUTO_WORDS = ("", "auto")
@@ -49,11 +53,21 @@ class ConfigError(ValueError):
         return f"{shown_name}: {self.value!r} is not allowed; {self.allowed}"
 
 
-def setting(default: Any, help: str, *, kind: str | None = None,
-            choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None,
-            minimum: float | None = None, below: float | None = None,
-            positive: bool = False, limit_help: str = "", auto: str | None = None,
-            auto_zero: bool = False, flag: int = 0, metavar: str | None = None) -> Any:
+def setting(
+    default: Any,
+    help: str,
+    *,
+    kind: str | None = None,
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None,
+    minimum: float | None = None,
+    below: float | None = None,
+    positive: bool = False,
+    limit_help: str = "",
+    auto: str | None = None,
+    auto_zero: bool = False,
+    flag: int = 0,
+    metavar: str | None = None,
+) -> Any:
     """A dataclass field declaring one setting.
 
     Args:
@@ -71,9 +85,19 @@ def setting(default: Any, help: str, *, kind: str | None = None,
             with ``--set`` or a config file).
         metavar: what the flag's value looks like in ``--help``.
     """
-    meta = {"help": help, "kind": kind, "choices": choices, "minimum": minimum,
-            "below": below, "positive": positive, "limit_help": limit_help, "auto": auto,
-            "auto_zero": auto_zero, "flag": flag, "metavar": metavar}
+    meta = {
+        "help": help,
+        "kind": kind,
+        "choices": choices,
+        "minimum": minimum,
+        "below": below,
+        "positive": positive,
+        "limit_help": limit_help,
+        "auto": auto,
+        "auto_zero": auto_zero,
+        "flag": flag,
+        "metavar": metavar,
+    }
     return field(default=default, metadata=meta)
 
 
@@ -101,9 +125,15 @@ def convert(f: dataclasses.Field, value: Any, where: str | None = None) -> Any:
     meta = f.metadata
     kind = kind_of(f)
     if meta.get("auto") is not None and (
-            value is None or (isinstance(value, str) and value.strip().lower() in AUTO_WORDS)
-            or (meta.get("auto_zero") and not isinstance(value, bool)
-                and isinstance(value, int | float | str) and _is_zero(value))):
+        value is None
+        or (isinstance(value, str) and value.strip().lower() in AUTO_WORDS)
+        or (
+            meta.get("auto_zero")
+            and not isinstance(value, bool)
+            and isinstance(value, int | float | str)
+            and _is_zero(value)
+        )
+    ):
         return None
     try:
         if kind in UNIT_KINDS:

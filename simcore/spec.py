@@ -40,26 +40,46 @@ class RunSpec(RunSettings):
     """One simulation, as a person describes it (see module docs)."""
 
     gpus: int = setting(DEFAULT_GPUS, "number of GPUs", minimum=1, flag=2)
-    model: str | None = setting(None, "built-in model (see 'sim models') or trace file",
-                                auto="resnet50", flag=3, metavar="NAME|FILE")
-    topology: str = setting(DEFAULT_TOPOLOGY, "topology preset (see 'sim topologies') or "
-                                              "preset YAML file", flag=4, metavar="NAME|FILE")
+    model: str | None = setting(
+        None,
+        "built-in model (see 'sim models') or trace file",
+        auto="resnet50",
+        flag=3,
+        metavar="NAME|FILE",
+    )
+    topology: str = setting(
+        DEFAULT_TOPOLOGY,
+        "topology preset (see 'sim topologies') or preset YAML file",
+        flag=4,
+        metavar="NAME|FILE",
+    )
     bandwidth: float | None = setting(
-        None, "inter-node link rate in bytes/s, or with a unit: 10Gbps, 100Gb/s, 25GB/s",
-        kind="rate", positive=True, auto="the preset's", flag=5, metavar="RATE")
+        None,
+        "inter-node link rate in bytes/s, or with a unit: 10Gbps, 100Gb/s, 25GB/s",
+        kind="rate",
+        positive=True,
+        auto="the preset's",
+        flag=5,
+        metavar="RATE",
+    )
     compute_scale: float | None = setting(
-        None, "target GPU throughput / trace device throughput", kind="float",
-        positive=True, auto="from the GPUs' peak FLOP/s", auto_zero=True)
+        None,
+        "target GPU throughput / trace device throughput",
+        kind="float",
+        positive=True,
+        auto="from the GPUs' peak FLOP/s",
+        auto_zero=True,
+    )
     nic_per_gpu: bool = setting(False, "one NIC per GPU instead of one per box")
     scheme_options: Mapping[str, Any] = field(
         default_factory=lambda: MappingProxyType({}),
-        metadata={"doc": "scheme options (--set scheme.KEY=VALUE; sim schemes -v lists them)"})
+        metadata={"doc": "scheme options (--set scheme.KEY=VALUE; sim schemes -v lists them)"},
+    )
 
     def __post_init__(self) -> None:
         normalise(self)
         if not isinstance(self.scheme_options, MappingProxyType):
-            object.__setattr__(self, "scheme_options",
-                               MappingProxyType(dict(self.scheme_options)))
+            object.__setattr__(self, "scheme_options", MappingProxyType(dict(self.scheme_options)))
 
     def replace(self, **changes: Any) -> RunSpec:
         """A copy with ``changes`` applied (validated like :func:`apply_settings`)."""
@@ -75,24 +95,31 @@ class RunSpec(RunSettings):
 def ordered_fields(spec_cls: type = RunSpec) -> dict[str, dataclasses.Field]:
     """The fields of ``spec_cls`` by name: the flags in ``--help`` order, then the others."""
     fields = dataclasses.fields(spec_cls)
-    flags = sorted((f for f in fields if f.metadata.get("flag")),
-                   key=lambda f: f.metadata["flag"])
+    flags = sorted((f for f in fields if f.metadata.get("flag")), key=lambda f: f.metadata["flag"])
     return {f.name: f for f in [*flags, *(f for f in fields if not f.metadata.get("flag"))]}
 
 
 FIELDS = ordered_fields(RunSpec)
 """The spec's fields by name (flags first)."""
 
-FLAG_FIELDS = tuple(sorted((n for n, f in FIELDS.items() if f.metadata.get("flag")),
-                           key=lambda n: FIELDS[n].metadata["flag"]))
+FLAG_FIELDS = tuple(
+    sorted(
+        (n for n, f in FIELDS.items() if f.metadata.get("flag")),
+        key=lambda n: FIELDS[n].metadata["flag"],
+    )
+)
 """Fields that ``sim run`` and ``sim sweep`` take as flags (``--batch-size``...), in the
 order of ``--help``; the others are given with ``--set`` or a config file."""
 
 
 def flag_fields(spec_cls: type = RunSpec) -> tuple[dataclasses.Field, ...]:
     """The fields of ``spec_cls`` (``RunSpec`` or a subclass) that are flags, in order."""
-    return tuple(sorted((f for f in dataclasses.fields(spec_cls) if f.metadata.get("flag")),
-                        key=lambda f: f.metadata["flag"]))
+    return tuple(
+        sorted(
+            (f for f in dataclasses.fields(spec_cls) if f.metadata.get("flag")),
+            key=lambda f: f.metadata["flag"],
+        )
+    )
 
 
 def _convert(name: str, value: Any, fields: Mapping[str, dataclasses.Field] = FIELDS) -> Any:
@@ -110,11 +137,12 @@ def apply_settings(spec: Any, settings: Mapping[str, Any]) -> Any:
     for key, value in settings.items():
         key = key.replace("-", "_") if not key.startswith("scheme.") else key
         if key.startswith("scheme."):
-            opts[key[len("scheme."):]] = value
+            opts[key[len("scheme.") :]] = value
         elif key == "scheme_options":
             if not isinstance(value, Mapping):
-                raise ConfigError("scheme_options", value, "expected a mapping of option names "
-                                                           "to values")
+                raise ConfigError(
+                    "scheme_options", value, "expected a mapping of option names to values"
+                )
             opts.update(value)
         elif key in fields:
             changes[key] = _convert(key, value, fields)
@@ -125,8 +153,9 @@ def apply_settings(spec: Any, settings: Mapping[str, Any]) -> Any:
     return dataclasses.replace(spec, **changes)
 
 
-def parse_set(items: tuple[str, ...] | list[str], flag: str = "set",
-              example: str = "scheme.algorithm=tree") -> dict[str, str]:
+def parse_set(
+    items: tuple[str, ...] | list[str], flag: str = "set", example: str = "scheme.algorithm=tree"
+) -> dict[str, str]:
     """``["a=1", "scheme.b=x"]`` -> ``{"a": "1", "scheme.b": "x"}`` (``ConfigError`` naming
     ``flag`` for an item without ``=``)."""
     flag = flag.lstrip("-")
@@ -137,5 +166,3 @@ def parse_set(items: tuple[str, ...] | list[str], flag: str = "set",
             raise ConfigError(flag, item, f"expected KEY=VALUE, e.g. --{flag} {example}")
         out[key.strip()] = value.strip()
     return out
-
-

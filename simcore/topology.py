@@ -87,15 +87,25 @@ class Link:
 
     __slots__ = ("bandwidth_bytes_per_s", "dst", "index", "kind", "latency", "name", "src")
 
-    def __init__(self, index: int, src: int, dst: int, kind: str, bandwidth_bytes_per_s: float,
-                 latency: float, name: str) -> None:
+    def __init__(
+        self,
+        index: int,
+        src: int,
+        dst: int,
+        kind: str,
+        bandwidth_bytes_per_s: float,
+        latency: float,
+        name: str,
+    ) -> None:
         self.index, self.src, self.dst, self.kind = index, src, dst, kind
         self.bandwidth_bytes_per_s, self.latency = bandwidth_bytes_per_s, latency
         self.name = name
 
     def __repr__(self) -> str:
-        return (f"Link({self.name}, {self.kind}, {self.bandwidth_bytes_per_s:.4g} B/s, "
-                f"{self.latency:.3g} s)")
+        return (
+            f"Link({self.name}, {self.kind}, {self.bandwidth_bytes_per_s:.4g} B/s, "
+            f"{self.latency:.3g} s)"
+        )
 
 
 @dataclass
@@ -193,7 +203,10 @@ class Topology:
             for tb in (0, twin_box(box)):
                 twin = by_key.get((tb, place[link.src], place[link.dst]))
                 if twin is None or (twin.kind, twin.bandwidth_bytes_per_s, twin.latency) != (
-                        link.kind, link.bandwidth_bytes_per_s, link.latency):
+                    link.kind,
+                    link.bandwidth_bytes_per_s,
+                    link.latency,
+                ):
                     return None
             if twin_box(box) != box:
                 pairs.append((link.index, twin.index))
@@ -268,8 +281,9 @@ class TopologyBuilder:
     def device(self, name: str, kind: str, box: int = -1) -> int:
         """Add a device and return its index."""
         if kind not in DEVICE_KINDS:
-            raise TopologyError(f"device {name!r}: unknown kind {kind!r}; "
-                                f"known: {', '.join(DEVICE_KINDS)}")
+            raise TopologyError(
+                f"device {name!r}: unknown kind {kind!r}; known: {', '.join(DEVICE_KINDS)}"
+            )
         if name in self._index:
             raise TopologyError(f"device {name!r} defined twice")
         self._index[name] = len(self.devices)
@@ -283,17 +297,27 @@ class TopologyBuilder:
         except KeyError:
             raise TopologyError(f"link refers to unknown device {name!r}") from None
 
-    def link(self, a: str | int, b: str | int, kind: str, bandwidth: float,
-             latency: float, count: int = 1) -> None:
+    def link(
+        self,
+        a: str | int,
+        b: str | int,
+        kind: str,
+        bandwidth: float,
+        latency: float,
+        count: int = 1,
+    ) -> None:
         """Add a full-duplex link (two directed links) of ``count`` lanes ganged together."""
         ia = a if isinstance(a, int) else self.index(a)
         ib = b if isinstance(b, int) else self.index(b)
         if kind not in LINK_KINDS:
-            raise TopologyError(f"link {self.devices[ia].name}-{self.devices[ib].name}: unknown "
-                                f"kind {kind!r}; known: {', '.join(LINK_KINDS)}")
+            raise TopologyError(
+                f"link {self.devices[ia].name}-{self.devices[ib].name}: unknown "
+                f"kind {kind!r}; known: {', '.join(LINK_KINDS)}"
+            )
         if not bandwidth > 0:
-            raise TopologyError(f"link {self.devices[ia].name}-{self.devices[ib].name}: "
-                                "bandwidth must be positive")
+            raise TopologyError(
+                f"link {self.devices[ia].name}-{self.devices[ib].name}: bandwidth must be positive"
+            )
         bw = bandwidth * count
         for s, d in ((ia, ib), (ib, ia)):
             name = f"{self.devices[s].name}->{self.devices[d].name}"
@@ -342,8 +366,9 @@ def build_topology(spec: TopologySpec) -> Topology:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         name = spec.preset.get("name", "custom") if isinstance(spec.preset, Mapping) else "?"
-        raise TopologyError(f"preset {str(name)!r} is malformed: "
-                            f"{type(exc).__name__}: {exc}") from None
+        raise TopologyError(
+            f"preset {str(name)!r} is malformed: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def _build_topology(spec: TopologySpec) -> Topology:
@@ -372,8 +397,7 @@ def _build_topology(spec: TopologySpec) -> Topology:
         net_kind = str(net.get("kind", "ib"))
         net_bw = spec.bandwidth_bytes_per_s or parse_rate(net.get("bandwidth", "100Gbps"))
         net_lat = parse_time(net.get("latency", "1us"))
-        nic_link = net.get("nic_link") or {"kind": "pcie", "bandwidth": "12GB/s",
-                                           "latency": "1us"}
+        nic_link = net.get("nic_link") or {"kind": "pcie", "bandwidth": "12GB/s", "latency": "1us"}
         nic_kind = str(nic_link.get("kind", "pcie"))
         nic_bw = parse_rate(nic_link.get("bandwidth", "12GB/s"))
         nic_lat = parse_time(nic_link.get("latency", "1us"))
@@ -414,8 +438,14 @@ def _build_topology(spec: TopologySpec) -> Topology:
             if dropped:
                 continue  # the GPU is beyond this (partial) box
             try:
-                b.link(pre + a, pre + c, kind, parse_rate(bw), parse_time(lat),
-                       int(rest[0]) if rest else 1)
+                b.link(
+                    pre + a,
+                    pre + c,
+                    kind,
+                    parse_rate(bw),
+                    parse_time(lat),
+                    int(rest[0]) if rest else 1,
+                )
             except UnitError as exc:
                 raise TopologyError(f"preset {name!r}: link {a}-{c}: {exc}") from None
             for x, y in ((a, c), (c, a)):
@@ -429,8 +459,7 @@ def _build_topology(spec: TopologySpec) -> Topology:
             if spec.nic_per_gpu:
                 for i in range(n_here):
                     nic = b.device(f"{pre}nic{i}", "nic", bi)
-                    b.link(nic, pre + parent.get(f"gpu{i}", nic_attach), nic_kind, nic_bw,
-                           nic_lat)
+                    b.link(nic, pre + parent.get(f"gpu{i}", nic_attach), nic_kind, nic_bw, nic_lat)
                     nics.append(nic)
                     gateway[gpus[first_rank + i]] = nic
                 for dname in box_devices:
@@ -452,8 +481,15 @@ def _build_topology(spec: TopologySpec) -> Topology:
             srv = b.device(f"ps{s}", "server", -1)
             b.link(srv, fabric, net_kind, net_bw, net_lat)
             servers.append(srv)
-    topo = b.build(gpus, gpu_spec=gpu, hosts=hosts, servers=servers, ring_order=ring,
-                   gateway=gateway, summary=str(p.get("summary", "")))
+    topo = b.build(
+        gpus,
+        gpu_spec=gpu,
+        hosts=hosts,
+        servers=servers,
+        ring_order=ring,
+        gateway=gateway,
+        summary=str(p.get("summary", "")),
+    )
     return topo
 
 
@@ -462,7 +498,8 @@ def _gpu_spec(d: Mapping[str, Any]) -> GpuSpec:
     return GpuSpec(
         model=str(d.get("model", base.model)),
         memory_bytes=parse_size(d.get("memory", base.memory_bytes)),
-        memory_bandwidth_bytes_per_s=parse_rate(d.get("memory_bandwidth",
-                                                      base.memory_bandwidth_bytes_per_s)),
+        memory_bandwidth_bytes_per_s=parse_rate(
+            d.get("memory_bandwidth", base.memory_bandwidth_bytes_per_s)
+        ),
         peak_flop_per_s=float(d.get("peak_flops", base.peak_flop_per_s)),
     )

@@ -14,11 +14,23 @@ import math
 import re
 from collections.abc import Callable
 
-_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-           "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
+_PREFIX = {
+    "": 1.0,
+    "k": 1e3,
+    "K": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "Ki": 2.0**10,
+    "Mi": 2.0**20,
+    "Gi": 2.0**30,
+    "Ti": 2.0**40,
+}
 
-_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
-                   r"(Ki|Mi|Gi|Ti|k|K|M|G|T|)(bps|b/s|bit/s|B/s|Bps)\s*$")
+_RATE = re.compile(
+    r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
+    r"(Ki|Mi|Gi|Ti|k|K|M|G|T|)(bps|b/s|bit/s|B/s|Bps)\s*$"
+)
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(Ki|Mi|Gi|Ti|k|K|M|G|T|)(B)?\s*$")
 _TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ns|us|µs|ms|s|)\s*$")
 _TIME_SCALE = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.0}
@@ -29,8 +41,11 @@ TIME_EXAMPLES = "a duration such as 2us, 0.5ms or 1e-6 (seconds)"
 
 
 FLOP_RATE_EXAMPLES = "a compute rate such as 15.7e12, 15.7TFLOPS or 312 TFLOP/s"
-_FLOP_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKMGTP]?)"
-                        r"\s*(?:flops|flop/s)?\s*$", re.IGNORECASE)
+_FLOP_RATE = re.compile(
+    r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKMGTP]?)"
+    r"\s*(?:flops|flop/s)?\s*$",
+    re.IGNORECASE,
+)
 _FLOP_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
 
 
@@ -69,18 +84,22 @@ def parse_rate(value: str | float | int) -> float:
             # A bare number is ambiguous (bits or bytes? giga?): ``--bandwidth 10`` would be
             # 10 bytes/s. Say how to write what was probably meant.
             num = value.strip()
-            hint = (f"a rate with its unit: {num!r} alone is not one; write {num}Gbps "
-                    f"(gigabits/s), {num}GB/s (gigabytes/s) or {num}B/s (bytes/s, "
-                    f"{format_rate(bare) if bare > 0 else 'not positive'})")
+            hint = (
+                f"a rate with its unit: {num!r} alone is not one; write {num}Gbps "
+                f"(gigabits/s), {num}GB/s (gigabytes/s) or {num}B/s (bytes/s, "
+                f"{format_rate(bare) if bare > 0 else 'not positive'})"
+            )
             raise UnitError(f"{value!r} has no unit", hint)
     if not rate > 0 or rate == float("inf"):
-        raise UnitError(f"bandwidth must be positive and finite, got {value!r}",
-                        "a positive, finite rate")
+        raise UnitError(
+            f"bandwidth must be positive and finite, got {value!r}", "a positive, finite rate"
+        )
     return rate
 
 
-def _number_with_unit(value: str | float | int, pattern: re.Pattern[str],
-                      scale: Callable[[str], float], examples: str) -> float:
+def _number_with_unit(
+    value: str | float | int, pattern: re.Pattern[str], scale: Callable[[str], float], examples: str
+) -> float:
     """A plain number, or the number and unit ``pattern`` captures times ``scale(unit)``;
     :class:`UnitError` naming ``examples`` for anything else (booleans included)."""
     if isinstance(value, bool):
@@ -97,8 +116,9 @@ def parse_size(value: str | float | int) -> int:
     """Bytes from ``25MiB``, ``1.5GB``, ``4096`` (rounded to a whole byte, >= 0)."""
     size = _number_with_unit(value, _SIZE, _PREFIX.__getitem__, SIZE_EXAMPLES)
     if size < 0 or size == float("inf"):
-        raise UnitError(f"size must be non-negative and finite, got {value!r}",
-                        "a non-negative, finite size")
+        raise UnitError(
+            f"size must be non-negative and finite, got {value!r}", "a non-negative, finite size"
+        )
     return round(size)
 
 
@@ -106,8 +126,10 @@ def parse_time(value: str | float | int) -> float:
     """Seconds from ``2us``, ``0.5ms``, ``1e-6`` (>= 0)."""
     t = _number_with_unit(value, _TIME, _TIME_SCALE.__getitem__, TIME_EXAMPLES)
     if t < 0 or t == float("inf"):
-        raise UnitError(f"duration must be non-negative and finite, got {value!r}",
-                        "a non-negative, finite duration")
+        raise UnitError(
+            f"duration must be non-negative and finite, got {value!r}",
+            "a non-negative, finite duration",
+        )
     return t
 
 
@@ -116,11 +138,13 @@ def parse_flop_rate(value: str | float | int) -> float:
 
     Raises :class:`UnitError` for anything else or a rate that is not positive and finite.
     """
-    rate = _number_with_unit(value, _FLOP_RATE, lambda u: _FLOP_SCALE[u.lower()],
-                             FLOP_RATE_EXAMPLES)
+    rate = _number_with_unit(
+        value, _FLOP_RATE, lambda u: _FLOP_SCALE[u.lower()], FLOP_RATE_EXAMPLES
+    )
     if not (rate > 0 and math.isfinite(rate)):
-        raise UnitError(f"the compute rate must be positive and finite, got {value!r}",
-                        FLOP_RATE_EXAMPLES)
+        raise UnitError(
+            f"the compute rate must be positive and finite, got {value!r}", FLOP_RATE_EXAMPLES
+        )
     return rate
 
 

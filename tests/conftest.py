@@ -20,12 +20,20 @@ def _one_torch_thread() -> None:
         torch.set_num_threads(1)
 
 
-def synthetic_trace(n_layers: int = 4, fwd_s: float = 0.01, bwd_s: float = 0.02,
-                    param_bytes: int = 1_000_000, act_bytes: int = 100_000,
-                    batch: int = 8, device: str = "V100") -> Trace:
+def synthetic_trace(
+    n_layers: int = 4,
+    fwd_s: float = 0.01,
+    bwd_s: float = 0.02,
+    param_bytes: int = 1_000_000,
+    act_bytes: int = 100_000,
+    batch: int = 8,
+    device: str = "V100",
+) -> Trace:
     """A chain of equal layers."""
-    layers = [Layer(f"l{i}", fwd_s, bwd_s, param_bytes=param_bytes, activation_bytes=act_bytes)
-              for i in range(n_layers)]
+    layers = [
+        Layer(f"l{i}", fwd_s, bwd_s, param_bytes=param_bytes, activation_bytes=act_bytes)
+        for i in range(n_layers)
+    ]
     return chain(TraceMeta("synthetic", device, batch), layers)
 
 

@@ -8,8 +8,9 @@ import math
 from simcore.topology import GpuSpec, Topology, TopologyBuilder
 
 
-def ring_topology(p: int, bandwidth: float, latency: float, kind: str = "nvlink",
-                  gpu: GpuSpec | None = None) -> Topology:
+def ring_topology(
+    p: int, bandwidth: float, latency: float, kind: str = "nvlink", gpu: GpuSpec | None = None
+) -> Topology:
     """``p`` GPUs in one box joined in a ring by direct links of equal bandwidth and
     latency (the setting of the ring all-reduce closed form)."""
     b = TopologyBuilder(f"ring{p}")
@@ -25,8 +26,14 @@ def ring_topology(p: int, bandwidth: float, latency: float, kind: str = "nvlink"
     return b.build(list(range(p)), gpu_spec=gpu or GpuSpec(), hosts=[host])
 
 
-def star_topology(hosts: int, bandwidth: float, latency: float, kind: str = "ethernet",
-                  servers: int = 0, gpu: GpuSpec | None = None) -> Topology:
+def star_topology(
+    hosts: int,
+    bandwidth: float,
+    latency: float,
+    kind: str = "ethernet",
+    servers: int = 0,
+    gpu: GpuSpec | None = None,
+) -> Topology:
     """``hosts`` one-GPU hosts and ``servers`` server hosts on one switch, each by a single
     link of equal bandwidth and latency (GPU and host CPU share the host's device)."""
     b = TopologyBuilder(f"star{hosts}")

@@ -51,8 +51,20 @@ def test_run_json_has_every_contract_key(capsys):
 
 def test_trace_out_is_a_valid_chrome_trace_with_flows(tmp_path, capsys):
     path = tmp_path / "t.json"
-    code, _out, err = run_main(capsys, "run", "--gpus", "2", "--scheme", "dp", "--model",
-                               "resnet18", "--iterations", "1", "--trace-out", str(path))
+    code, _out, err = run_main(
+        capsys,
+        "run",
+        "--gpus",
+        "2",
+        "--scheme",
+        "dp",
+        "--model",
+        "resnet18",
+        "--iterations",
+        "1",
+        "--trace-out",
+        str(path),
+    )
     assert code == 0, err
     events = json.loads(path.read_text())["traceEvents"]
     names = {e["args"]["name"] for e in events if e["name"] == "process_name"}
@@ -73,21 +85,24 @@ def test_trace_out_is_a_valid_chrome_trace_with_flows(tmp_path, capsys):
             assert s2 >= e1 - 1e-6
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--scheme", "foo"], "'foo' is not one of"),
-    (["--gpus", "0"], "--gpus: 0 is not allowed; must be at least 1"),
-    (["--bandwidth", "fast"], "--bandwidth: 'fast' is not allowed; expected a rate"),
-    (["--model", "resnet5"], "--model: 'resnet5' is not allowed"),
-    (["--topology", "mars"], "--topology: 'mars' is not allowed; choose one of: dgx-a100"),
-    (["--set", "scheme.algorithm=star"], "scheme.algorithm: 'star' is not allowed"),
-    (["--set", "nope=1"], "nope: unknown setting"),
-    (["--set", "novalue"], "expected KEY=VALUE"),
-    (["--config", "/nonexistent.yaml"], "does not exist"),
-    (["--set", "compute_scale=inf"], "compute_scale: 'inf' is not allowed; expected a finite"),
-    (["--seed", "-1"], "--seed: -1 is not allowed; must be at least 0"),
-    (["--set", "chunk_bytes=100"], "chunk_bytes: 100 is not allowed; must be at least 4096"),
-    (["--trace-out", "/nonexistent-dtsim/x.json"], "folder /nonexistent-dtsim does not exist"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--scheme", "foo"], "'foo' is not one of"),
+        (["--gpus", "0"], "--gpus: 0 is not allowed; must be at least 1"),
+        (["--bandwidth", "fast"], "--bandwidth: 'fast' is not allowed; expected a rate"),
+        (["--model", "resnet5"], "--model: 'resnet5' is not allowed"),
+        (["--topology", "mars"], "--topology: 'mars' is not allowed; choose one of: dgx-a100"),
+        (["--set", "scheme.algorithm=star"], "scheme.algorithm: 'star' is not allowed"),
+        (["--set", "nope=1"], "nope: unknown setting"),
+        (["--set", "novalue"], "expected KEY=VALUE"),
+        (["--config", "/nonexistent.yaml"], "does not exist"),
+        (["--set", "compute_scale=inf"], "compute_scale: 'inf' is not allowed; expected a finite"),
+        (["--seed", "-1"], "--seed: -1 is not allowed; must be at least 0"),
+        (["--set", "chunk_bytes=100"], "chunk_bytes: 100 is not allowed; must be at least 4096"),
+        (["--trace-out", "/nonexistent-dtsim/x.json"], "folder /nonexistent-dtsim does not exist"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_no_traceback(capsys, args, needle):
     code, out, err = run_main(capsys, "run", *args)
     assert code == 2
@@ -98,9 +113,11 @@ def test_bad_input_is_one_line_exit_2_no_traceback(capsys, args, needle):
 
 def test_malformed_trace_file(tmp_path, capsys):
     bad = tmp_path / "bad.json"
-    bad.write_text('{"format": "dtsim-trace", "version": 1, "meta": {"model": "x", '
-                   '"device": "cpu", "batch_size": 4}, "layers": [{"name": "a", '
-                   '"forward_s": "slow", "backward_s": 1}]}')
+    bad.write_text(
+        '{"format": "dtsim-trace", "version": 1, "meta": {"model": "x", '
+        '"device": "cpu", "batch_size": 4}, "layers": [{"name": "a", '
+        '"forward_s": "slow", "backward_s": 1}]}'
+    )
     code, _out, err = run_main(capsys, "run", "--model", str(bad))
     assert code == 2
     assert str(bad) in err and "layers[0].forward_s" in err and "non-negative number" in err
@@ -114,18 +131,31 @@ def test_trace_out_not_written_on_error(tmp_path, capsys):
 
 def test_config_file_then_flags_then_set(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("scheme: ps\ngpus: 3\nmodel: resnet18\niterations: 1\n"
-                   "scheme_options: {placement: dedicated}\n")
-    code, out, err = run_main(capsys, "run", "--config", str(cfg), "--gpus", "2", "--set",
-                              "iterations=2", "--json")
+    cfg.write_text(
+        "scheme: ps\ngpus: 3\nmodel: resnet18\niterations: 1\n"
+        "scheme_options: {placement: dedicated}\n"
+    )
+    code, out, err = run_main(
+        capsys, "run", "--config", str(cfg), "--gpus", "2", "--set", "iterations=2", "--json"
+    )
     assert code == 0, err
     d = json.loads(out)
     assert (d["scheme"], d["gpus"], d["model"], d["iterations"]) == ("ps", 2, "resnet18", 2)
 
 
 def test_set_scheme_option_changes_the_result(capsys):
-    base = ["run", "--gpus", "16", "--topology", "dgx1", "--model", "resnet18", "--json",
-            "--iterations", "1"]
+    base = [
+        "run",
+        "--gpus",
+        "16",
+        "--topology",
+        "dgx1",
+        "--model",
+        "resnet18",
+        "--json",
+        "--iterations",
+        "1",
+    ]
     _c, ring, _e = run_main(capsys, *base)
     _c, hier, _e = run_main(capsys, *base, "--set", "scheme.algorithm=hierarchical")
     assert json.loads(ring)["iteration_time_s"] != json.loads(hier)["iteration_time_s"]

@@ -43,8 +43,16 @@ def test_trace_show_json() -> None:
 
 def test_trace_show_malformed_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"format": "dtsim-trace", "version": 1, "meta": {
-        "model": "m", "device": "cpu", "batch_size": "two"}, "layers": []}))
+    bad.write_text(
+        json.dumps(
+            {
+                "format": "dtsim-trace",
+                "version": 1,
+                "meta": {"model": "m", "device": "cpu", "batch_size": "two"},
+                "layers": [],
+            }
+        )
+    )
     _one_line_error(_run("trace", "show", str(bad)), str(bad), "meta.batch_size")
 
 
@@ -81,8 +89,10 @@ def test_convert_dtsim_to_dtsim_and_chrome(tmp_path: Path) -> None:
 
 def test_convert_pipedream_without_batch_size(tmp_path: Path) -> None:
     src = tmp_path / "graph.txt"
-    src.write_text("node1 -- Linear(4, 4) -- forward_compute_time=1.0, "
-                   "backward_compute_time=2.0, activation_size=16.0, parameter_size=80.0\n")
+    src.write_text(
+        "node1 -- Linear(4, 4) -- forward_compute_time=1.0, "
+        "backward_compute_time=2.0, activation_size=16.0, parameter_size=80.0\n"
+    )
     out = tmp_path / "o.json"
     _one_line_error(_run("trace", "convert", str(src), str(out)), str(src), "batch size")
     assert not out.exists()
@@ -106,8 +116,19 @@ def test_convert_kineto(tmp_path: Path) -> None:
 def test_profile_analytic_then_run(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "r18.json"
-    r = _run("profile", "--model", "resnet18", "--batch-size", "2", "--analytic",
-             "--device-flops", "15.7TFLOPS", "--out", str(out), "--no-progress")
+    r = _run(
+        "profile",
+        "--model",
+        "resnet18",
+        "--batch-size",
+        "2",
+        "--analytic",
+        "--device-flops",
+        "15.7TFLOPS",
+        "--out",
+        str(out),
+        "--no-progress",
+    )
     assert r.exit_code == 0, r.output
     assert load_file(out).meta.device == "analytic:1.57e+13"
     r = _run("run", "--model", str(out), "--gpus", "4", "--scheme", "dp", "--json")
@@ -118,8 +139,20 @@ def test_profile_analytic_then_run(tmp_path: Path) -> None:
 def test_profile_measured_small_model(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "snn.json"
-    r = _run("profile", "--model", "snn", "--batch-size", "2", "--repeats", "1",
-             "--warmup", "0", "--out", str(out), "--no-progress")
+    r = _run(
+        "profile",
+        "--model",
+        "snn",
+        "--batch-size",
+        "2",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
+        "--no-progress",
+    )
     assert r.exit_code == 0, r.output
     trace = load_file(out)
     assert trace.meta.device == "cpu" and trace.meta.batch_size == 2
@@ -131,15 +164,28 @@ def test_profile_out_in_a_missing_folder(tmp_path: Path) -> None:
     _one_line_error(_run("profile", "--model", "snn", "--out", str(out)), "does not exist")
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--model", "resnet51"], "resnet51"),
-    (["--model", "snn", "--analytic"], "--device-flops"),
-    (["--model", "snn", "--analytic", "--device-flops", "fast"], "'fast'"),
-    (["--model", "snn", "--device-flops", "1e12"], "--analytic"),
-    (["--model", "snn", "--batch-size", "0"], "--batch-size"),
-    (["--model", "snn", "--analytic", "--device-flops", "1e12", "--memory-bandwidth",
-      "lots"], "'lots'"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--model", "resnet51"], "resnet51"),
+        (["--model", "snn", "--analytic"], "--device-flops"),
+        (["--model", "snn", "--analytic", "--device-flops", "fast"], "'fast'"),
+        (["--model", "snn", "--device-flops", "1e12"], "--analytic"),
+        (["--model", "snn", "--batch-size", "0"], "--batch-size"),
+        (
+            [
+                "--model",
+                "snn",
+                "--analytic",
+                "--device-flops",
+                "1e12",
+                "--memory-bandwidth",
+                "lots",
+            ],
+            "'lots'",
+        ),
+    ],
+)
 def test_profile_bad_input(tmp_path: Path, args: list[str], needle: str) -> None:
     out = tmp_path / "x.json"
     _one_line_error(_run("profile", *args, "--out", str(out), "--no-progress"), needle)
@@ -151,6 +197,8 @@ def test_profile_cuda_without_gpu(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     out = tmp_path / "x.json"
-    _one_line_error(_run("profile", "--model", "snn", "--device", "cuda", "--out", str(out),
-                         "--no-progress"), "no CUDA GPU")
+    _one_line_error(
+        _run("profile", "--model", "snn", "--device", "cuda", "--out", str(out), "--no-progress"),
+        "no CUDA GPU",
+    )
     assert not out.exists()

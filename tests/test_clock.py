@@ -63,8 +63,10 @@ def test_fast_events_count_as_simpy_events():
 def test_only_the_clock_module_touches_simpy_internals():
     """Attribute reads of SimPy's private names (``env._now``, ``ev._value``...) appear in
     simcore/clock.py only (schemes owned elsewhere are listed while they are moved)."""
-    allowed = {ROOT / "simcore" / "clock.py",
-               ROOT / "simcore" / "schemes" / "_psbase.py"}  # ev._value of its own events
+    allowed = {
+        ROOT / "simcore" / "clock.py",
+        ROOT / "simcore" / "schemes" / "_psbase.py",
+    }  # ev._value of its own events
     offenders = []
     for path in sorted((ROOT / "simcore").rglob("*.py")):
         if path in allowed:

@@ -36,7 +36,7 @@ def run_collective(topo, fidelity, op, n, ranks=None, chunk=1 << 20, **kw):
 
 @pytest.mark.parametrize("p", [2, 3, 4, 8, 16])
 def test_ring_allreduce_closed_form(p):
-    n = 64 * 2**20 * p // p - (64 * 2**20) % p   # divisible by p
+    n = 64 * 2**20 * p // p - (64 * 2**20) % p  # divisible by p
     expected = closed_form_ring_allreduce(p, n, LAT, B)
     topo = ring_topology(p, B, LAT)
     analytic, _ = run_collective(topo, "analytic", "allreduce", n, algorithm="ring")
@@ -54,12 +54,11 @@ def test_ring_steps_send_each_segment_once_per_phase():
 @pytest.mark.parametrize("p", [2, 4, 5, 8])
 def test_tree_allreduce_closed_form(p):
     n = 8 * 2**20
-    topo = star_topology(p, B, LAT / 2, kind="nvlink")   # two hops of LAT/2 = one alpha
+    topo = star_topology(p, B, LAT / 2, kind="nvlink")  # two hops of LAT/2 = one alpha
     expected = closed_form_tree_allreduce(p, n, LAT, B)
     analytic, _ = run_collective(topo, "analytic", "allreduce", n, algorithm="tree")
     # detailed: each message is store-and-forward over two hops in small chunks
-    detailed, _ = run_collective(topo, "detailed", "allreduce", n, algorithm="tree",
-                                 chunk=n // 256)
+    detailed, _ = run_collective(topo, "detailed", "allreduce", n, algorithm="tree", chunk=n // 256)
     assert detailed == pytest.approx(expected, rel=0.01)
     if p & (p - 1) == 0:
         assert analytic == pytest.approx(expected, rel=1e-12)
@@ -79,8 +78,9 @@ def test_analytic_walk_matches_detailed_without_contention(gpus, algorithm):
     topo = build_topology(TopologySpec(load_preset("dgx1"), gpus=gpus))
     n = 64 * 2**20
     analytic, _ = run_collective(topo, "analytic", "allreduce", n, algorithm=algorithm)
-    detailed, _ = run_collective(topo, "detailed", "allreduce", n, algorithm=algorithm,
-                                 chunk=64 * 1024)
+    detailed, _ = run_collective(
+        topo, "detailed", "allreduce", n, algorithm=algorithm, chunk=64 * 1024
+    )
     assert analytic == pytest.approx(detailed, rel=0.01)
 
 
@@ -97,8 +97,9 @@ def test_hierarchical_on_uniform_boxes_agrees_across_fidelities():
     topo = build_topology(TopologySpec(load_preset("ib-cluster"), gpus=16))
     n = 64 * 2**20
     analytic, _ = run_collective(topo, "analytic", "allreduce", n, algorithm="hierarchical")
-    detailed, _ = run_collective(topo, "detailed", "allreduce", n, algorithm="hierarchical",
-                                 chunk=n // 512)
+    detailed, _ = run_collective(
+        topo, "detailed", "allreduce", n, algorithm="hierarchical", chunk=n // 512
+    )
     # Detailed adds (hops - 1) * chunk / B per multi-hop message (store and forward).
     assert detailed == pytest.approx(analytic, rel=0.02)
 
@@ -116,8 +117,7 @@ def test_analytic_charges_the_same_bytes_as_detailed():
 def test_analytic_ring_sees_shared_links():
     """Eight GPUs behind one link each way: the ring's two crossings share nothing, but a
     ring over two boxes with one NIC each sends one flow per direction over the fabric."""
-    topo = build_topology(TopologySpec(load_preset("pcie"), gpus=16,
-                                       bandwidth_bytes_per_s=1.25e9))
+    topo = build_topology(TopologySpec(load_preset("pcie"), gpus=16, bandwidth_bytes_per_s=1.25e9))
     n = 16 * 2**20
     t, _ = run_collective(topo, "analytic", "allreduce", n, algorithm="ring")
     assert t == pytest.approx(2 * 15 / 16 * n / 1.25e9, rel=0.01)

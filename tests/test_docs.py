@@ -18,10 +18,15 @@ def test_every_scheme_has_a_section_in_docs_schemes_md():
 
 
 def test_nothing_refers_to_design_files_outside_the_repository():
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     outside = re.compile(r"\bSCHEMES\.md|\bARCHITECTURE\.md|\.\./shared/|/work/shared")
-    hits = [f for f in files if f.endswith((".py", ".md", ".toml", ".yaml", ".txt"))
-            and f != "tests/test_docs.py"
-            and outside.search((ROOT / f).read_text(encoding="utf-8", errors="replace"))]
+    hits = [
+        f
+        for f in files
+        if f.endswith((".py", ".md", ".toml", ".yaml", ".txt"))
+        and f != "tests/test_docs.py"
+        and outside.search((ROOT / f).read_text(encoding="utf-8", errors="replace"))
+    ]
     assert not hits, hits

@@ -83,21 +83,26 @@ def test_every_pair_meets_directly_within_p_minus_1_cycles(p, schedule):
     cycles = cycles_until_all_met(p, schedule, "singer")
     assert cycles is not None and cycles <= max(1, p - 1)
     if schedule == "hypercube":
-        assert cycles <= max(1, p - (p.bit_length() - 1))   # exponents h - c cover Z_(p-1)
+        assert cycles <= max(1, p - (p.bit_length() - 1))  # exponents h - c cover Z_(p-1)
 
 
 def test_the_reference_shift_rotation_never_pairs_ranks_three_apart():
     assert cycles_until_all_met(4, "hypercube", "shift") is not None
     for p in (8, 16, 64):
         assert cycles_until_all_met(p, "hypercube", "shift") is None
-        met = {frozenset((r, s)) for t in range(20 * p)
-               for r, s in enumerate(partners(p, t, "hypercube", "shift")[0])}
+        met = {
+            frozenset((r, s))
+            for t in range(20 * p)
+            for r, s in enumerate(partners(p, t, "hypercube", "shift")[0])
+        }
         assert frozenset((0, 3)) not in met
 
 
 def small_trace(n_layers=3, param_bytes=2_000_000):
-    layers = [Layer(f"l{i}", 0.004, 0.008, param_bytes=param_bytes, activation_bytes=1000)
-              for i in range(n_layers)]
+    layers = [
+        Layer(f"l{i}", 0.004, 0.008, param_bytes=param_bytes, activation_bytes=1000)
+        for i in range(n_layers)
+    ]
     return chain(TraceMeta("g", "P100", 8), layers)
 
 
@@ -107,9 +112,17 @@ def test_bytes_each_gpu_sends_per_iteration_do_not_grow_with_p(fidelity):
     per_gpu = {}
     for p in (2, 4, 8, 16, 32):
         # Every worker's messages (the mean field would simulate two machines' only).
-        r = simulate(SimConfig(trace=trace, topology=TopologySpec(load_preset("ib-cluster"), p),
-                               scheme="gossip", fidelity=fidelity, iterations=3,
-                               warmup_iterations=1, options=GossipOptions(mean_field="off")))
+        r = simulate(
+            SimConfig(
+                trace=trace,
+                topology=TopologySpec(load_preset("ib-cluster"), p),
+                scheme="gossip",
+                fidelity=fidelity,
+                iterations=3,
+                warmup_iterations=1,
+                options=GossipOptions(mean_field="off"),
+            )
+        )
         sent = defaultdict(int)
         for s in r.span_records():
             if s.stream == "send":
@@ -127,17 +140,22 @@ def test_two_gpus_one_layer_closed_form(fidelity):
     n, bw, lat = 4_000_000, 10e9, 2e-6
     trace = chain(TraceMeta("one", "V100", 1), [Layer("l0", 0.01, 0.02, param_bytes=n)])
     topo = ring_topology(2, bw, lat)
-    r = simulate(SimConfig(trace=trace, topology=topo, scheme="gossip", fidelity=fidelity,
-                           iterations=3))
-    update = (AVERAGE_PASSES + OPTIMIZERS["momentum"][1]) * n / (
-        topo.gpu_spec.memory_bandwidth_bytes_per_s)
+    r = simulate(
+        SimConfig(trace=trace, topology=topo, scheme="gossip", fidelity=fidelity, iterations=3)
+    )
+    update = (
+        (AVERAGE_PASSES + OPTIMIZERS["momentum"][1])
+        * n
+        / (topo.gpu_spec.memory_bandwidth_bytes_per_s)
+    )
     assert r.iteration_time_s == pytest.approx(0.03 + lat + n / bw + update, rel=1e-9)
     assert r.extra["exchange_bytes"] == n and r.extra["rotation"] == "singer"
 
 
 def test_one_gpu_is_the_single_gpu_baseline():
-    r = simulate(SimConfig(trace=small_trace(), topology=ring_topology(1, 1e9, 1e-6),
-                           scheme="gossip"))
+    r = simulate(
+        SimConfig(trace=small_trace(), topology=ring_topology(1, 1e9, 1e-6), scheme="gossip")
+    )
     assert r.speedup == pytest.approx(1.0) and r.comm_bytes_total == 0
 
 
@@ -152,8 +170,14 @@ def test_backward_overlaps_the_exchange_of_earlier_layers():
 
 
 def test_shuffle_sends_the_input_batch_to_the_partner():
-    spec = RunSpec(scheme="gossip", gpus=4, topology="ib-cluster", model="resnet18",
-                   iterations=1, fidelity="analytic")
+    spec = RunSpec(
+        scheme="gossip",
+        gpus=4,
+        topology="ib-cluster",
+        model="resnet18",
+        iterations=1,
+        fidelity="analytic",
+    )
     on = simulate(build_config(spec))
     off = simulate(build_config(spec.replace(**{"scheme.shuffle": "false"})))
     batch = sum(layer.activation_bytes for layer in on_trace(spec) if layer.kind == "input")
@@ -191,5 +215,6 @@ def test_options_are_checked():
         build_config(RunSpec(scheme="gossip", scheme_options={"schedule": "ring"}))
     assert GossipOptions().rotation == "singer"
     pairs = set(combinations(range(4), 2))
-    assert {tuple(sorted((r, s))) for t in range(2) for r, s in
-            enumerate(partners(4, t)[0])} <= pairs
+    assert {
+        tuple(sorted((r, s))) for t in range(2) for r, s in enumerate(partners(4, t)[0])
+    } <= pairs

@@ -31,20 +31,24 @@ def test_densenet_dense_layers_join_all_earlier_feature_maps() -> None:
         assert preds[cat] == expected
     # the block's output joins the stem and all six layers, and feeds the transition
     (block_out,) = preds["features.5.norm"]
-    assert preds[block_out] == ("features.3", *(f"features.4.layers.{k}.conv2"
-                                                for k in range(6)))
+    assert preds[block_out] == ("features.3", *(f"features.4.layers.{k}.conv2" for k in range(6)))
     joins = [layer for layer in g.layers if len(layer.preds) > 1]
     # every dense layer but the first of each block (input alone), plus each block's output
     assert len(joins) == sum(n - 1 for n in (6, 12, 24, 16)) + 4
     assert sum(layer.param_bytes for layer in g.layers) == 4 * sum(
-        p.numel() for p in model.parameters())
+        p.numel() for p in model.parameters()
+    )
 
 
 def test_inception_v3_blocks_join_their_branches() -> None:
     _, g = _graph("inception_v3")
     (cat,) = g.layer("Mixed_5c.branch1x1.conv").preds
-    assert g.layer(cat).preds == ("Mixed_5b.branch1x1.relu", "Mixed_5b.branch5x5_2.relu",
-                                  "Mixed_5b.branch3x3dbl_3.relu", "Mixed_5b.branch_pool.relu")
+    assert g.layer(cat).preds == (
+        "Mixed_5b.branch1x1.relu",
+        "Mixed_5b.branch5x5_2.relu",
+        "Mixed_5b.branch3x3dbl_3.relu",
+        "Mixed_5b.branch_pool.relu",
+    )
     # the pooled branch goes through a functional avg_pool2d, which is a layer
     (pool,) = g.layer("Mixed_5b.branch_pool.conv").preds
     assert g.layer(pool).op == "avg_pool2d"

@@ -52,9 +52,14 @@ def imported(path: Path) -> set[str]:
                 mod = node.module or ""
             out.add(mod)
             out.update(f"{mod}.{a.name}" for a in node.names)
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr in ("import_module", "files") and node.args
-              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("import_module", "files")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             out.add(node.args[0].value)  # importlib.import_module("x"), resources.files("x")
     return {m for m in out if m.split(".")[0] in PACKAGES}
 
@@ -89,11 +94,13 @@ def test_no_import_cycles_between_modules():
             m = m.rpartition(".")[0]
         return m or None
 
-    graph = {n: {r for m in imported(p) if (r := resolve(m)) and r != n}
-             for n, p in names.items()}
+    graph = {n: {r for m in imported(p) if (r := resolve(m)) and r != n} for n, p in names.items()}
     # packages' __init__ re-exports are how a package is entered; leave them out
-    graph = {n: {m for m in deps if not _is_package(names[m])}
-             for n, deps in graph.items() if not _is_package(names[n])}
+    graph = {
+        n: {m for m in deps if not _is_package(names[m])}
+        for n, deps in graph.items()
+        if not _is_package(names[n])
+    }
     cycles = []
     state: dict[str, int] = {}
 
@@ -101,7 +108,7 @@ def test_no_import_cycles_between_modules():
         state[n] = 1
         for m in sorted(graph.get(n, ())):
             if state.get(m) == 1:
-                cycles.append(" -> ".join([*stack[stack.index(m):], m]))
+                cycles.append(" -> ".join([*stack[stack.index(m) :], m]))
             elif m not in state:
                 visit(m, [*stack, m])
         state[n] = 2

@@ -15,13 +15,20 @@ from traces import Layer, TraceMeta, chain
 
 
 def run(scheme: str, gpus: int, mean_field: str, **kw):
-    spec = RunSpec(scheme=scheme, gpus=gpus, topology=kw.pop("topology", "ib-cluster"),
-                   fidelity=kw.pop("fidelity", "analytic"), iterations=kw.pop("iterations", 3),
-                   scheme_options={"mean_field": mean_field, **kw.pop("opts", {})}, **kw)
+    spec = RunSpec(
+        scheme=scheme,
+        gpus=gpus,
+        topology=kw.pop("topology", "ib-cluster"),
+        fidelity=kw.pop("fidelity", "analytic"),
+        iterations=kw.pop("iterations", 3),
+        scheme_options={"mean_field": mean_field, **kw.pop("opts", {})},
+        **kw,
+    )
     return simulate(build_config(spec, record_spans=False))
 
 
 # ---- ps --------------------------------------------------------------------------------
+
 
 def test_ps_auto_uses_the_mean_field_from_five_machines_in_the_analytic_fidelity_only():
     assert not run("ps", 16, "auto", iterations=1).extra["mean_field"]
@@ -56,19 +63,29 @@ def test_ps_mean_field_keeps_the_hash_placement_of_a_hot_array():
     period of at least 7 transfers), which a balanced mean field (each server 1/8 of it)
     would spread over 8 links."""
     n, hosts = 3_000_000, 8
-    trace = chain(TraceMeta("hot", "V100", 8), [Layer("a", 0.001, 0.002, param_bytes=1000),
-                                                Layer("b", 0.001, 0.002, param_bytes=n)])
+    trace = chain(
+        TraceMeta("hot", "V100", 8),
+        [Layer("a", 0.001, 0.002, param_bytes=1000), Layer("b", 0.001, 0.002, param_bytes=n)],
+    )
     assert [sh.server for sh in mxnet_shards([(0, 1000), (1, n)], hosts, 4_000_000)] == [0, 5]
     topo = TopologySpec(load_preset("ethernet"), hosts, bandwidth_bytes_per_s=1e9 / 8)
     times = {}
     for mode in ("on", "off"):
-        r = simulate(SimConfig(trace=trace, topology=topo, scheme="ps", fidelity="analytic",
-                               iterations=3, options=PSOptions(mean_field=mode),
-                               record_spans=False))
+        r = simulate(
+            SimConfig(
+                trace=trace,
+                topology=topo,
+                scheme="ps",
+                fidelity="analytic",
+                iterations=3,
+                options=PSOptions(mean_field=mode),
+                record_spans=False,
+            )
+        )
         times[mode] = r.iteration_time_s
-    bound = (hosts - 1) * n / (1e9 / 8)              # 7 pushes in (or 7 values out)
+    bound = (hosts - 1) * n / (1e9 / 8)  # 7 pushes in (or 7 values out)
     assert times["off"] > bound
-    assert times["on"] > bound                       # the concentration is kept
+    assert times["on"] > bound  # the concentration is kept
     # The full model's workers drift apart (each waits only for its own values, served
     # one after another), so the hot server receives one iteration's pushes while it
     # sends the last one's values; the mean field keeps the workers in lockstep and
@@ -86,10 +103,11 @@ def test_ps_at_1024_gpus_answers_and_shows_the_parameter_server_bottleneck():
     r = run("ps", 1024, "auto", iterations=1)
     assert r.extra["mean_field"] and r.gpus == 1024
     compute = run("ps", 20, "auto", iterations=1).iteration_time_s
-    assert r.iteration_time_s >= compute * 0.999     # never faster than at 20 GPUs
+    assert r.iteration_time_s >= compute * 0.999  # never faster than at 20 GPUs
 
 
 # ---- gossip ------------------------------------------------------------------------------
+
 
 def test_gossip_partners_are_rank_xor_a_constant_for_hypercube_schedules():
     assert xor_masks(64, 12, "hypercube", "singer") is not None
@@ -98,8 +116,9 @@ def test_gossip_partners_are_rank_xor_a_constant_for_hypercube_schedules():
     assert xor_masks(64, 12, "dissemination", "singer") is None
 
 
-@pytest.mark.parametrize("kw", [{}, {"topology": "dgx1"}, {"bandwidth": "10Gbps"},
-                                {"opts": {"shuffle": False}}])
+@pytest.mark.parametrize(
+    "kw", [{}, {"topology": "dgx1"}, {"bandwidth": "10Gbps"}, {"opts": {"shuffle": False}}]
+)
 def test_gossip_mean_field_against_every_worker(kw):
     mf, full = run("gossip", 64, "on", **dict(kw)), run("gossip", 64, "off", **dict(kw))
     assert mf.extra["mean_field"] and not full.extra["mean_field"]
@@ -113,15 +132,17 @@ def test_gossip_mean_field_against_every_worker(kw):
 def test_gossip_mean_field_only_where_the_partners_are_symmetric():
     r = run("gossip", 64, "auto", opts={"schedule": "dissemination"})
     assert not r.extra["mean_field"]
-    with pytest.raises(ConfigError, match="XOR"):          # from the second cycle on
+    with pytest.raises(ConfigError, match="XOR"):  # from the second cycle on
         run("gossip", 64, "on", iterations=8, opts={"rotation": "shift"})
-    assert not run("gossip", 8, "auto").extra["mean_field"]          # two machines
-    config = build_config(RunSpec(scheme="gossip", gpus=64, topology="ib-cluster",
-                                  fidelity="detailed"))
+    assert not run("gossip", 8, "auto").extra["mean_field"]  # two machines
+    config = build_config(
+        RunSpec(scheme="gossip", gpus=64, topology="ib-cluster", fidelity="detailed")
+    )
     from simcore.engine import resolve_topology
 
-    assert isinstance(mirror_plan(config, config.options or _default_gossip(),
-                                  resolve_topology(config, 0)), str)
+    assert isinstance(
+        mirror_plan(config, config.options or _default_gossip(), resolve_topology(config, 0)), str
+    )
 
 
 def _default_gossip():

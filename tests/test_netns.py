@@ -42,8 +42,9 @@ MBIT = 1e6 / 8  # bytes/s in one Mbit/s
 
 
 _REASON = netns_unavailable_reason()
-needs_netns = pytest.mark.skipif(_REASON is not None,
-                                 reason=f"network namespaces unavailable: {_REASON}")
+needs_netns = pytest.mark.skipif(
+    _REASON is not None, reason=f"network namespaces unavailable: {_REASON}"
+)
 
 
 @pytest.fixture
@@ -57,14 +58,14 @@ def prefix() -> Iterator[str]:
 
 
 def _root_links() -> set[str]:
-    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
     return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
 
 
 def _ns_out(cluster: EmulatedCluster, index: int, argv: list[str]) -> str:
-    return subprocess.run(cluster.command(index, argv), capture_output=True, text=True,
-                          check=True, timeout=20).stdout
+    return subprocess.run(
+        cluster.command(index, argv), capture_output=True, text=True, check=True, timeout=20
+    ).stdout
 
 
 _ECHO_SERVER = """
@@ -86,9 +87,12 @@ def _ping_all(cluster: EmulatedCluster) -> None:
     n = len(cluster.hosts)
     for dst in cluster.hosts:
         server = subprocess.Popen(
-            cluster.command(dst.index, [sys.executable, "-c", _ECHO_SERVER, dst.address,
-                                        str(n - 1)]),
-            stdout=subprocess.PIPE, text=True)
+            cluster.command(
+                dst.index, [sys.executable, "-c", _ECHO_SERVER, dst.address, str(n - 1)]
+            ),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert server.stdout is not None
             port = server.stdout.readline().strip()
@@ -96,8 +100,11 @@ def _ping_all(cluster: EmulatedCluster) -> None:
                 if src.index == dst.index:
                     continue
                 word = f"ping{src.index}to{dst.index}"
-                reply = _ns_out(cluster, src.index, [sys.executable, "-c", _ECHO_CLIENT,
-                                                     dst.address, port, word])
+                reply = _ns_out(
+                    cluster,
+                    src.index,
+                    [sys.executable, "-c", _ECHO_CLIENT, dst.address, port, word],
+                )
                 assert reply.strip() == word
             assert server.wait(timeout=10) == 0
         finally:
@@ -177,20 +184,36 @@ def test_three_hosts_reach_each_other_and_close_leaves_nothing(prefix: str) -> N
         for h in hosts:
             assert h.namespace.startswith(f"{prefix}-{os.getpid()}-")
             assert len(h.ifname) <= 15
-            addr = subprocess.run(["ip", "-n", h.namespace, "-o", "-4", "addr", "show"],
-                                  capture_output=True, text=True, check=True).stdout
+            addr = subprocess.run(
+                ["ip", "-n", h.namespace, "-o", "-4", "addr", "show"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             assert f"{h.address}/24" in addr and h.ifname in addr
             assert "127.0.0.1" in addr  # lo is up
-            qdisc = subprocess.run(["tc", "-n", h.namespace, "qdisc", "show", "dev", h.ifname],
-                                   capture_output=True, text=True, check=True).stdout
+            qdisc = subprocess.run(
+                ["tc", "-n", h.namespace, "qdisc", "show", "dev", h.ifname],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             assert "tbf" in qdisc and "rate 100Mbit" in qdisc
             # the environment is inherited through command()
-            env = subprocess.run(cluster.command(h.index, ["sh", "-c", "echo $NETNS_T"]),
-                                 capture_output=True, text=True, check=True,
-                                 env={**os.environ, "NETNS_T": "kept"}).stdout
+            env = subprocess.run(
+                cluster.command(h.index, ["sh", "-c", "echo $NETNS_T"]),
+                capture_output=True,
+                text=True,
+                check=True,
+                env={**os.environ, "NETNS_T": "kept"},
+            ).stdout
             assert env.strip() == "kept"
-        switch_qdiscs = subprocess.run(["tc", "-n", cluster.switch_namespace, "qdisc", "show"],
-                                       capture_output=True, text=True, check=True).stdout
+        switch_qdiscs = subprocess.run(
+            ["tc", "-n", cluster.switch_namespace, "qdisc", "show"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert switch_qdiscs.count("qdisc tbf") == 3  # the switch -> host direction
         _ping_all(cluster)
         # a process left running inside is stopped by close()
@@ -229,8 +252,12 @@ def test_shaping_applies_to_each_direction(prefix: str) -> None:
     nbytes = 3_000_000
     with EmulatedCluster(3, rate, prefix=prefix) as cluster:
         results: dict[int, float] = {}
-        threads = [threading.Thread(target=lambda s=s: results.__setitem__(
-            s, measure_goodput(cluster, s, 2, nbytes))) for s in (0, 1)]
+        threads = [
+            threading.Thread(
+                target=lambda s=s: results.__setitem__(s, measure_goodput(cluster, s, 2, nbytes))
+            )
+            for s in (0, 1)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -251,8 +278,10 @@ def test_interface_counters_grow_by_the_payload(prefix: str) -> None:
         measure_goodput(cluster, 2, 0, nbytes)
         after = cluster.interface_bytes()
     assert [c["ifname"] for c in after] == [h.ifname for h in cluster.hosts]
-    delta = [{k: after[i][k] - before[i][k] for k in ("tx_bytes", "rx_bytes", "tx_packets")}
-             for i in range(3)]
+    delta = [
+        {k: after[i][k] - before[i][k] for k in ("tx_bytes", "rx_bytes", "tx_packets")}
+        for i in range(3)
+    ]
     assert delta[2]["tx_bytes"] >= nbytes and delta[0]["rx_bytes"] >= nbytes
     assert delta[2]["tx_packets"] > 0
     # framing overhead is small: not more than ~10 % on full segments
@@ -274,9 +303,24 @@ def test_exception_inside_with_cleans_up(prefix: str) -> None:
 def _holder(prefix: str) -> subprocess.Popen[str]:
     """A process that builds a 2-host shaped cluster and holds it; returns once it is up."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "realrun.netns", "--hosts", "2", "--rate", "100Mbps",
-         "--prefix", prefix, "--hold", "60"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "realrun.netns",
+            "--hosts",
+            "2",
+            "--rate",
+            "100Mbps",
+            "--prefix",
+            prefix,
+            "--hold",
+            "60",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     deadline = time.monotonic() + 20
     for line in proc.stdout:
@@ -289,8 +333,9 @@ def _holder(prefix: str) -> subprocess.Popen[str]:
 
 
 @needs_netns
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
-                         ids=["SIGTERM", "SIGINT", "SIGHUP"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"]
+)
 def test_signal_to_holder_cleans_up(prefix: str, sig: signal.Signals) -> None:
     proc = _holder(prefix)
     try:
@@ -333,8 +378,7 @@ def test_list_ours_matches_only_its_prefix(prefix: str) -> None:
 
 
 @needs_netns
-def test_close_finishes_even_if_interrupted(prefix: str,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_close_finishes_even_if_interrupted(prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """An interrupt that gets into close() (a signal handled while another thread held the
     signal) does not leave namespaces behind: deletion is retried, then it is re-raised."""
     real = netns._delete_namespaces

@@ -8,8 +8,8 @@ import simpy
 from simcore.network import AnalyticNetwork, DetailedNetwork
 from simcore.topology import TopologyBuilder
 
-B = 1e9          # bytes/s
-LAT = 1e-5       # s
+B = 1e9  # bytes/s
+LAT = 1e-5  # s
 
 
 def line(n_hops=1, bw=B, lat=LAT):
@@ -29,8 +29,10 @@ def run_messages(net_cls, topo, sends, **kw):
     net = net_cls(env, topo, **kw)
     log = []
     for at, src, dst, n, prio, tag in sends:
+
         def go(_e, src=topo.gpus[src], dst=topo.gpus[dst], n=n, prio=prio, tag=tag):
             net.send(src, dst, n, lambda m: log.append((m.tag, env.now)), priority=prio, tag=tag)
+
         ev = env.timeout(at)
         ev.callbacks.append(go)
     env.run()
@@ -59,10 +61,16 @@ def test_analytic_multi_hop_is_store_free_closed_form():
 
 def test_fifo_contention_serialises_messages_on_a_shared_link():
     n = 1_000_000
-    log, _ = run_messages(DetailedNetwork, line(1), [(0, 0, 1, n, 0, "first"),
-                                                     (0, 0, 1, n, 0, "second")], chunk_bytes=n)
-    assert log == [("first", pytest.approx(n / B + LAT)),
-                   ("second", pytest.approx(2 * n / B + LAT))]
+    log, _ = run_messages(
+        DetailedNetwork,
+        line(1),
+        [(0, 0, 1, n, 0, "first"), (0, 0, 1, n, 0, "second")],
+        chunk_bytes=n,
+    )
+    assert log == [
+        ("first", pytest.approx(n / B + LAT)),
+        ("second", pytest.approx(2 * n / B + LAT)),
+    ]
 
 
 def test_opposite_directions_do_not_contend():
@@ -83,9 +91,14 @@ def test_priority_queue_lets_urgent_chunks_jump_ahead_but_never_preempts():
     assert [tag for tag, _ in fifo] == ["bulk", "urgent"]
 
 
-@pytest.mark.parametrize("net_cls, kw", [(DetailedNetwork, {"chunk_bytes": 777}),
-                                         (DetailedNetwork, {"priority": True, "chunk_bytes": 500}),
-                                         (AnalyticNetwork, {})])
+@pytest.mark.parametrize(
+    "net_cls, kw",
+    [
+        (DetailedNetwork, {"chunk_bytes": 777}),
+        (DetailedNetwork, {"priority": True, "chunk_bytes": 500}),
+        (AnalyticNetwork, {}),
+    ],
+)
 def test_bytes_sent_equal_bytes_received_on_every_link(net_cls, kw):
     topo = line(3)
     sends = [(i * 1e-6, i % 2, 1 - i % 2, 1000 + 37 * i, i % 3, str(i)) for i in range(20)]
@@ -97,6 +110,7 @@ def test_bytes_sent_equal_bytes_received_on_every_link(net_cls, kw):
 
 
 def test_local_and_empty_messages_arrive_at_once():
-    log, _ = run_messages(DetailedNetwork, line(1), [(0.5, 0, 0, 100, 0, "self"),
-                                                     (0.5, 0, 1, 0, 0, "empty")])
+    log, _ = run_messages(
+        DetailedNetwork, line(1), [(0.5, 0, 0, 100, 0, "self"), (0.5, 0, 1, 0, 0, "empty")]
+    )
     assert log == [("self", 0.5), ("empty", 0.5)]

@@ -11,18 +11,24 @@ from simcore.device import Gpu, JitteryGpu
 from simcore.network import DEFAULT_CHUNK_BYTES, AnalyticNetwork, DetailedNetwork, make_network
 from tests.test_network import LAT, B, line, run_messages
 
-C = 1000          # chunk bytes: 1 µs on the wire, 10 µs latency
+C = 1000  # chunk bytes: 1 µs on the wire, 10 µs latency
 US = 1e-6
 
 
 def test_detailed_priority_link_decides_at_each_free_moment_among_those_already_there():
     # The link frees at 1 µs: "mid" (queued at 0.5 µs) beats the second "low" chunk;
     # "high" arrived at 1.5 µs, too late for that service but first for the next.
-    sends = [(0, 0, 1, 2 * C, 5, "low"), (0.5 * US, 0, 1, C, 3, "mid"),
-             (1.5 * US, 0, 1, C, 0, "high")]
+    sends = [
+        (0, 0, 1, 2 * C, 5, "low"),
+        (0.5 * US, 0, 1, C, 3, "mid"),
+        (1.5 * US, 0, 1, C, 0, "high"),
+    ]
     log, _ = run_messages(DetailedNetwork, line(1), sends, chunk_bytes=C, priority=True)
-    assert log == [("mid", pytest.approx(2 * US + LAT)), ("high", pytest.approx(3 * US + LAT)),
-                   ("low", pytest.approx(4 * US + LAT))]
+    assert log == [
+        ("mid", pytest.approx(2 * US + LAT)),
+        ("high", pytest.approx(3 * US + LAT)),
+        ("low", pytest.approx(4 * US + LAT)),
+    ]
 
 
 def test_detailed_priority_link_left_idle_serves_a_late_chunk_when_it_came():
@@ -45,21 +51,28 @@ def test_detailed_priority_over_two_hops_keeps_one_event_per_chunk_and_hop():
 
 
 def test_analytic_priority_queues_whole_messages_per_link():
-    n = 10_000                   # 10 µs per message and hop
-    sends = [(0, 0, 1, n, 5, "bulk"), (1 * US, 0, 1, n, 3, "normal"),
-             (2 * US, 0, 1, n, 0, "urgent")]
+    n = 10_000  # 10 µs per message and hop
+    sends = [
+        (0, 0, 1, n, 5, "bulk"),
+        (1 * US, 0, 1, n, 3, "normal"),
+        (2 * US, 0, 1, n, 0, "urgent"),
+    ]
     env = simpy.Environment()
     net = make_network(env, line(2), "analytic", DEFAULT_CHUNK_BYTES, priority=True)
     log = []
     for at, _s, _d, nbytes, prio, tag in sends:
+
         def go(_e, nbytes=nbytes, prio=prio, tag=tag):
             net.send(0, 2, nbytes, lambda m: log.append((m.tag, env.now)), prio, tag)
+
         env.timeout(at).callbacks.append(go)
     env.run()
     t = n / B
-    assert log == [("bulk", pytest.approx(2 * t + 2 * LAT)),
-                   ("urgent", pytest.approx(3 * t + 2 * LAT)),
-                   ("normal", pytest.approx(4 * t + 2 * LAT))]
+    assert log == [
+        ("bulk", pytest.approx(2 * t + 2 * LAT)),
+        ("urgent", pytest.approx(3 * t + 2 * LAT)),
+        ("normal", pytest.approx(4 * t + 2 * LAT)),
+    ]
     assert net.chunk_bytes > 1 << 40
 
 

@@ -109,10 +109,13 @@ def test_the_report_includes_them(new_schemes, tmp_path):
     secs = {s.key: s for s in sections()}
     assert {"zzdp", "zzpipe"} <= set(secs["all-schemes"].schemes)
     assert "zzpipe" in secs["pipelines-vs-dp"].schemes
-    overview = dataclasses.replace(secs["all-schemes"], schemes=new_schemes,
-                                   base={**secs["all-schemes"].base, "gpus": 2,
-                                         "model": "alexnet"})
-    text, missing, computed = run_section(overview, str(tmp_path / "report"), quick=True,
-                                          jobs=1, progress=False)
+    overview = dataclasses.replace(
+        secs["all-schemes"],
+        schemes=new_schemes,
+        base={**secs["all-schemes"].base, "gpus": 2, "model": "alexnet"},
+    )
+    text, missing, computed = run_section(
+        overview, str(tmp_path / "report"), quick=True, jobs=1, progress=False
+    )
     assert computed == 2 and not missing
     assert "| zzdp" in text and "| zzpipe" in text

@@ -9,9 +9,16 @@ from realrun.options import parse_flop_rate
 from simcore.units import UnitError
 
 
-@pytest.mark.parametrize("text, rate", [("15.7e12", 15.7e12), ("15.7TFLOPS", 15.7e12),
-                                        ("312 TFLOP/s", 312e12), ("900G", 900e9),
-                                        (2e9, 2e9)])
+@pytest.mark.parametrize(
+    "text, rate",
+    [
+        ("15.7e12", 15.7e12),
+        ("15.7TFLOPS", 15.7e12),
+        ("312 TFLOP/s", 312e12),
+        ("900G", 900e9),
+        (2e9, 2e9),
+    ],
+)
 def test_flop_rates(text: str | float, rate: float) -> None:
     assert parse_flop_rate(text) == pytest.approx(rate)
 

@@ -22,28 +22,45 @@ from traces import Layer, TraceMeta, chain, load_builtin
 
 def test_slices_are_cut_to_size_and_dealt_round_robin_over_all_arrays():
     arrays = [(0, 100), (1, 450_000), (2, 200_000), (4, 30)]
-    got = [(s.layer, s.server, s.nbytes, s.priority)
-           for s in p3_slices(arrays, servers=3, slice_bytes=200_000)]
-    assert got == [(0, 0, 100, 0.0),
-                   (1, 1, 200_000, 1.0), (1, 2, 200_000, 1.0), (1, 0, 50_000, 1.0),
-                   (2, 1, 200_000, 2.0),
-                   (4, 2, 30, 4.0)]
+    got = [
+        (s.layer, s.server, s.nbytes, s.priority)
+        for s in p3_slices(arrays, servers=3, slice_bytes=200_000)
+    ]
+    assert got == [
+        (0, 0, 100, 0.0),
+        (1, 1, 200_000, 1.0),
+        (1, 2, 200_000, 1.0),
+        (1, 0, 50_000, 1.0),
+        (2, 1, 200_000, 2.0),
+        (4, 2, 30, 4.0),
+    ]
 
 
 def test_per_key_round_robin_restarts_at_server_zero_for_every_array():
-    got = [(s.layer, s.server, s.nbytes)
-           for s in p3_slices([(0, 100), (1, 450_000), (2, 30)], servers=3, slice_bytes=200_000,
-                              round_robin="per-key")]
+    got = [
+        (s.layer, s.server, s.nbytes)
+        for s in p3_slices(
+            [(0, 100), (1, 450_000), (2, 30)], servers=3, slice_bytes=200_000, round_robin="per-key"
+        )
+    ]
     assert got == [(0, 0, 100), (1, 0, 200_000), (1, 1, 200_000), (1, 2, 50_000), (2, 0, 30)]
 
 
 @pytest.mark.parametrize("slice_params", [50_000, 40_000])
 def test_vgg16_slice_count_follows_the_slice_size(slice_params):
     vgg = load_builtin("vgg16")
-    r = simulate(SimConfig(trace=vgg, topology=TopologySpec(load_preset("ethernet"), gpus=2),
-                           scheme="p3", options=P3Options(slice_params=slice_params),
-                           iterations=1, warmup_iterations=0, fidelity="analytic",
-                           record_spans=False))
+    r = simulate(
+        SimConfig(
+            trace=vgg,
+            topology=TopologySpec(load_preset("ethernet"), gpus=2),
+            scheme="p3",
+            options=P3Options(slice_params=slice_params),
+            iterations=1,
+            warmup_iterations=0,
+            fidelity="analytic",
+            record_spans=False,
+        )
+    )
     size = slice_params * 4
     assert r.extra["slice_bytes"] == size
     assert r.extra["shards"] == sum(-(-layer.param_bytes // size) for layer in vgg.layers)
@@ -58,11 +75,20 @@ def test_fused_push_pull_of_one_slice_closed_form():
     n, bw, lat, rate = 1_000_000, 1e9, 1e-5, 1e9
     trace = chain(TraceMeta("one", "V100", 1), [Layer("l0", 0.01, 0.02, param_bytes=n)])
     for p in (1, 2, 3):
-        opts = P3Options(placement="dedicated", servers=1, server_bandwidth=rate,
-                         slice_params=n // 4)
-        r = simulate(SimConfig(trace=trace, topology=star_topology(p, bw, lat, servers=1),
-                               scheme="p3", options=opts, iterations=1, warmup_iterations=0,
-                               chunk_bytes=n))
+        opts = P3Options(
+            placement="dedicated", servers=1, server_bandwidth=rate, slice_params=n // 4
+        )
+        r = simulate(
+            SimConfig(
+                trace=trace,
+                topology=star_topology(p, bw, lat, servers=1),
+                scheme="p3",
+                options=opts,
+                iterations=1,
+                warmup_iterations=0,
+                chunk_bytes=n,
+            )
+        )
         passes = OPTIMIZERS["momentum"][1]
         expected = 0.03 + 2 * (p + 1) * n / bw + 4 * lat + (1 + passes) * n / rate
         assert r.iteration_times_s[0] == pytest.approx(expected, rel=1e-12)
@@ -72,13 +98,26 @@ def test_fused_push_pull_of_one_slice_closed_form():
 def priority_story(scheme: str):
     """One worker and a dedicated server behind a slow link: backward produces the last
     layer's 20 slices first, then (while they queue) the first layer's 2 slices."""
-    layers = [Layer("first", 0.001, 0.001, param_bytes=400_000),
-              Layer("last", 0.001, 0.001, param_bytes=4_000_000)]
+    layers = [
+        Layer("first", 0.001, 0.001, param_bytes=400_000),
+        Layer("last", 0.001, 0.001, param_bytes=4_000_000),
+    ]
     trace = chain(TraceMeta("two", "V100", 1), layers)
-    options = (P3Options(placement="dedicated", servers=1) if scheme == "p3"
-               else PSOptions(placement="dedicated", servers=1))
-    r = simulate(SimConfig(trace=trace, topology=star_topology(1, 1e8, 1e-5, servers=1),
-                           scheme=scheme, options=options, iterations=1, warmup_iterations=0))
+    options = (
+        P3Options(placement="dedicated", servers=1)
+        if scheme == "p3"
+        else PSOptions(placement="dedicated", servers=1)
+    )
+    r = simulate(
+        SimConfig(
+            trace=trace,
+            topology=star_topology(1, 1e8, 1e-5, servers=1),
+            scheme=scheme,
+            options=options,
+            iterations=1,
+            warmup_iterations=0,
+        )
+    )
     return [s for s in r.span_records() if s.stream == "recv"]
 
 
@@ -96,7 +135,8 @@ def test_under_contention_the_first_layers_slices_arrive_first():
     # A FIFO parameter server (ps) delivers the last layer first.
     fifo = priority_story("ps")
     assert max(s.end_s for s in fifo if s.name == "push L1") < min(
-        s.end_s for s in fifo if s.name == "push L0")
+        s.end_s for s in fifo if s.name == "push L0"
+    )
 
 
 PAPER_MODELS = ("resnet50", "inception_v3", "vgg16", "gnmt")
@@ -110,11 +150,18 @@ def paper_setups(draw):
     every host (the ``ethernet`` preset), one of the paper's models at its profiled or a
     smaller batch. Four measured iterations (P3 can alternate between a short and a long
     iteration when communication dominates; an even count averages the pair)."""
-    spec = RunSpec(gpus=4, topology="ethernet", model=draw(st.sampled_from(PAPER_MODELS)),
-                   bandwidth=f"{draw(st.floats(1.0, 30.0)):.4f}Gbps",
-                   batch_size=draw(st.sampled_from([0, 16, 32, 64])), iterations=4)
-    return (build_config(spec.replace(scheme="ps"), record_spans=False),
-            build_config(spec.replace(scheme="p3"), record_spans=False))
+    spec = RunSpec(
+        gpus=4,
+        topology="ethernet",
+        model=draw(st.sampled_from(PAPER_MODELS)),
+        bandwidth=f"{draw(st.floats(1.0, 30.0)):.4f}Gbps",
+        batch_size=draw(st.sampled_from([0, 16, 32, 64])),
+        iterations=4,
+    )
+    return (
+        build_config(spec.replace(scheme="ps"), record_spans=False),
+        build_config(spec.replace(scheme="p3"), record_spans=False),
+    )
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -144,28 +191,50 @@ def test_p3_is_never_slower_than_ps_in_the_papers_setting(setup):
 def test_p3_can_trail_ps_when_ps_staggers_the_workers():
     """The counterexample Hypothesis found on synthetic traces: two hosts at 1 Gbps, one
     array of 234,698 bytes (a slice and 34,698 bytes) and one of a single byte."""
-    layers = [Layer("l0", 0.015625, 0.00390625, param_bytes=1),
-              Layer("l1", 0.015625, 0.03125, param_bytes=234_698),
-              Layer("l2", 0.015625, 0.03125), Layer("l3", 0.015625, 0.03125)]
-    ps = SimConfig(trace=chain(TraceMeta("ce", "V100", 4), layers), iterations=2,
-                   topology=TopologySpec(load_preset("ethernet"), 2, 1.25e8),
-                   chunk_bytes=256 * 1024, scheme="ps")
+    layers = [
+        Layer("l0", 0.015625, 0.00390625, param_bytes=1),
+        Layer("l1", 0.015625, 0.03125, param_bytes=234_698),
+        Layer("l2", 0.015625, 0.03125),
+        Layer("l3", 0.015625, 0.03125),
+    ]
+    ps = SimConfig(
+        trace=chain(TraceMeta("ce", "V100", 4), layers),
+        iterations=2,
+        topology=TopologySpec(load_preset("ethernet"), 2, 1.25e8),
+        chunk_bytes=256 * 1024,
+        scheme="ps",
+    )
     p3 = replace(ps, scheme="p3", options=P3Options())
     rps, rp3 = simulate(ps), simulate(p3)
     assert rps.iteration_time_s < rp3.iteration_time_s < 1.006 * rps.iteration_time_s
 
     def gap(r, it):
-        a, b = sorted(s.start_s for s in r.span_records()
-                      if s.kind == "forward" and s.name == "l0" and s.iteration == it)
+        a, b = sorted(
+            s.start_s
+            for s in r.span_records()
+            if s.kind == "forward" and s.name == "l0" and s.iteration == it
+        )
         return b - a
 
-    assert gap(rps, 1) > 0.003                       # ps: one worker runs ahead by ms
+    assert gap(rps, 1) > 0.003  # ps: one worker runs ahead by ms
     assert gap(rp3, 1) < 1e-5 and gap(rp3, 2) < 1e-5  # P3: the workers start together
 
 
 def test_cli_p3_is_ahead_of_ps_on_vgg16_at_10gbps(capsys):
-    args = ["run", "--gpus", "4", "--topology", "ethernet", "--bandwidth", "10Gbps",
-            "--model", "vgg16", "--iterations", "2", "--json"]
+    args = [
+        "run",
+        "--gpus",
+        "4",
+        "--topology",
+        "ethernet",
+        "--bandwidth",
+        "10Gbps",
+        "--model",
+        "vgg16",
+        "--iterations",
+        "2",
+        "--json",
+    ]
     out = {}
     for scheme in ("ps", "p3"):
         with pytest.raises(SystemExit) as ex:
@@ -174,13 +243,17 @@ def test_cli_p3_is_ahead_of_ps_on_vgg16_at_10gbps(capsys):
         out[scheme] = json.loads(capsys.readouterr().out)
     assert out["p3"]["throughput_samples_s"] > 1.2 * out["ps"]["throughput_samples_s"]
     assert out["p3"]["comm_bytes_per_iteration"] == pytest.approx(
-        out["ps"]["comm_bytes_per_iteration"], rel=0.01)
+        out["ps"]["comm_bytes_per_iteration"], rel=0.01
+    )
 
 
-@pytest.mark.parametrize("setting, needle", [
-    ("scheme.round_robin=random", "choose one of: global, per-key"),
-    ("scheme.slice_params=0", "must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "setting, needle",
+    [
+        ("scheme.round_robin=random", "choose one of: global, per-key"),
+        ("scheme.slice_params=0", "must be at least 1"),
+    ],
+)
 def test_bad_p3_options_are_one_line_errors(capsys, setting, needle):
     with pytest.raises(SystemExit) as ex:
         main(["run", "--scheme", "p3", "--set", setting])
@@ -193,8 +266,14 @@ def test_on_seven_hosts_p3_trails_ps_until_its_slices_shrink():
     hosts at 1.5 Gbps, where communication dominates. With 50,000-parameter slices P3
     trails ps; with 10,000 it leads again and comes close to the link bound (each NIC
     sends 2 x 6/7 of the model per iteration)."""
-    spec = RunSpec(gpus=7, topology="ethernet", model="resnet50", bandwidth="1.546Gbps",
-                   batch_size=16, iterations=4)
+    spec = RunSpec(
+        gpus=7,
+        topology="ethernet",
+        model="resnet50",
+        bandwidth="1.546Gbps",
+        batch_size=16,
+        iterations=4,
+    )
 
     def iteration_s(scheme, **options):
         spec2 = spec.replace(scheme=scheme, **{f"scheme.{k}": v for k, v in options.items()})

@@ -16,9 +16,14 @@ from traces import load_builtin
 
 
 def p3(gpus, mean_field="auto", **kw):
-    spec = RunSpec(scheme="p3", fidelity="analytic", iterations=2,
-                   scheme_options={"mean_field": mean_field, **kw.pop("opts", {})}, gpus=gpus,
-                   **kw)
+    spec = RunSpec(
+        scheme="p3",
+        fidelity="analytic",
+        iterations=2,
+        scheme_options={"mean_field": mean_field, **kw.pop("opts", {})},
+        gpus=gpus,
+        **kw,
+    )
     return simulate(build_config(spec, record_spans=False))
 
 
@@ -28,10 +33,9 @@ def test_two_machines_are_the_full_model_up_to_slice_placement():
     kw = {"topology": "ethernet", "model": "vgg16", "bandwidth": "1Gbps"}
     mf, full = p3(2, "on", **kw), p3(2, "off", **kw)
     assert mf.extra["mean_field"] and not full.extra["mean_field"]
-    assert not p3(2, **kw).extra["mean_field"]     # auto: not below five machines
+    assert not p3(2, **kw).extra["mean_field"]  # auto: not below five machines
     assert mf.iteration_time_s == pytest.approx(full.iteration_time_s, rel=2e-3)
-    assert mf.comm_bytes_per_iteration == pytest.approx(full.comm_bytes_per_iteration,
-                                                        rel=1e-9)
+    assert mf.comm_bytes_per_iteration == pytest.approx(full.comm_bytes_per_iteration, rel=1e-9)
 
 
 @pytest.mark.parametrize("gpus", [16, 32])
@@ -43,8 +47,7 @@ def test_mirrored_run_matches_the_full_one_when_links_keep_up(gpus):
     assert mf.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-3)
     assert mf.per_gpu_utilization == pytest.approx(full.per_gpu_utilization, rel=1e-3)
     assert mf.per_gpu_peak_memory_bytes == full.per_gpu_peak_memory_bytes
-    assert mf.comm_bytes_per_iteration == pytest.approx(full.comm_bytes_per_iteration,
-                                                        rel=1e-3)
+    assert mf.comm_bytes_per_iteration == pytest.approx(full.comm_bytes_per_iteration, rel=1e-3)
     # Every link carries the mean of its place over all machines (servers differ a
     # little in the full model: whole slices are dealt round-robin).
     assert set(mf.comm_bytes_by_link) == set(full.comm_bytes_by_link)
@@ -63,7 +66,8 @@ def test_simulated_messages_do_not_grow_with_the_cluster():
     assert big.extra["mean_field"]
     assert small.messages == big.messages
     assert big.comm_bytes_per_iteration == pytest.approx(
-        8 * small.comm_bytes_per_iteration, rel=1e-3)
+        8 * small.comm_bytes_per_iteration, rel=1e-3
+    )
     assert len(set(big.per_gpu_utilization)) == 1
 
 
@@ -79,25 +83,33 @@ def test_bandwidth_bound_runs_are_never_slower_than_the_full_model():
     assert mf.iteration_time_s >= wire
 
 
-@pytest.mark.parametrize(("case", "reason"), [
-    ({"fidelity": "detailed"}, "analytic fidelity"),
-    ({"opts": {"placement": "dedicated"}}, "co-located"),
-    ({"opts": {"servers": 3}}, "one server per machine"),
-    ({"opts": {"round_robin": "per-key"}}, "per-key"),
-    ({"gpus": 22}, "every machine full"),   # the last machine holds 2 of 4 GPUs
-    ({"compute_jitter": 0.05}, "jitter"),
-    ({"gpus": 4}, "two machines"),
-])
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ({"fidelity": "detailed"}, "analytic fidelity"),
+        ({"opts": {"placement": "dedicated"}}, "co-located"),
+        ({"opts": {"servers": 3}}, "one server per machine"),
+        ({"opts": {"round_robin": "per-key"}}, "per-key"),
+        ({"gpus": 22}, "every machine full"),  # the last machine holds 2 of 4 GPUs
+        ({"compute_jitter": 0.05}, "jitter"),
+        ({"gpus": 4}, "two machines"),
+    ],
+)
 def test_falls_back_to_every_worker_where_the_cluster_is_not_symmetric(case, reason):
     """``auto`` simulates everybody there; ``on`` says why it cannot run."""
     case = dict(case)
 
     def spec(mode):
-        return RunSpec(scheme="p3", fidelity=case.get("fidelity", "analytic"), iterations=1,
-                       topology="ib-cluster", gpus=case.get("gpus", 24),
-                       scheme_options={**case.get("opts", {}), "mean_field": mode},
-                       **{k: v for k, v in case.items() if k not in ("fidelity", "gpus",
-                                                                     "opts")})
+        return RunSpec(
+            scheme="p3",
+            fidelity=case.get("fidelity", "analytic"),
+            iterations=1,
+            topology="ib-cluster",
+            gpus=case.get("gpus", 24),
+            scheme_options={**case.get("opts", {}), "mean_field": mode},
+            **{k: v for k, v in case.items() if k not in ("fidelity", "gpus", "opts")},
+        )
+
     r = simulate(build_config(spec("auto"), record_spans=False))
     assert r.extra["mean_field"] is False
     assert r.extra["simulated_workers"] == r.gpus
@@ -111,8 +123,12 @@ def test_auto_starts_at_five_machines():
 
 
 def test_ps_keeps_the_full_model_below_five_machines():
-    r = simulate(build_config(RunSpec(scheme="ps", gpus=8, topology="ib-cluster",
-                                      fidelity="analytic", iterations=1), record_spans=False))
+    r = simulate(
+        build_config(
+            RunSpec(scheme="ps", gpus=8, topology="ib-cluster", fidelity="analytic", iterations=1),
+            record_spans=False,
+        )
+    )
     assert r.extra["mean_field"] is False
 
 
@@ -126,8 +142,11 @@ def test_box_twins_pair_every_link_with_the_same_link_of_the_twin_machine():
     assert names["n2.nic0->switch"] == "n0.nic0->switch"
     assert names["switch->n3.nic0"] == "switch->n1.nic0"
     assert names["n3.gpu2->n3.sw0"] == "n1.gpu2->n1.sw0"
-    own = sum(1 for link in topo.links if not link.name.startswith(("n0.", "n1.", "switch->n0",
-                                                                     "switch->n1")))
+    own = sum(
+        1
+        for link in topo.links
+        if not link.name.startswith(("n0.", "n1.", "switch->n0", "switch->n1"))
+    )
     assert len(pairs) == own
 
 
@@ -157,7 +176,12 @@ def test_two_switches_are_not_one_fabric():
         b.link(box, sw[0], "ethernet", 1e9, 1e-6)
     b.link(sw[0], sw[1], "ethernet", 1e8, 1e-6)
     topo = b.build(list(range(6)), hosts=list(range(6)))
-    config = SimConfig(trace=load_builtin("resnet50"), topology=topo, scheme="p3",
-                       fidelity="analytic", options=P3Options(mean_field="on"))
+    config = SimConfig(
+        trace=load_builtin("resnet50"),
+        topology=topo,
+        scheme="p3",
+        fidelity="analytic",
+        options=P3Options(mean_field="on"),
+    )
     with pytest.raises(ConfigError, match="one switch"):
         simulate(config)

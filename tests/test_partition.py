@@ -15,7 +15,7 @@ from simcore.partition import CostModel, PartitionError, partition, prepare
 from simcore.partition.antichain import antichain_states, chain_states
 from traces import Layer, Trace, TraceMeta, chain, load_builtin
 
-B10 = 1.25e9   # 10 Gbps in bytes/s
+B10 = 1.25e9  # 10 Gbps in bytes/s
 
 # PipeDream's own optimizer (msr-fiddle/pipedream, optimizer/optimizer_graph_hierarchical.py
 # with graph/graph.py, one level, -b 1.25e9, default flags, with and without
@@ -71,19 +71,26 @@ REFERENCE = {
 }
 
 # The same optimizer's data-parallel time per batch (-n N, its "data_parallel_total_time").
-REFERENCE_DP = {("vgg16", 4): 0.5001918556, ("vgg16", 8): 0.2777674366,
-                ("alexnet", 4): 0.16797226599999998, ("resnet50", 8): 0.09120721979999999,
-                ("gnmt", 8): 0.2824493328}
+REFERENCE_DP = {
+    ("vgg16", 4): 0.5001918556,
+    ("vgg16", 8): 0.2777674366,
+    ("alexnet", 4): 0.16797226599999998,
+    ("resnet50", 8): 0.09120721979999999,
+    ("gnmt", 8): 0.2824493328,
+}
 
 # Where four runs of the reference all chose the same stages, the layers per stage (inputs
 # and unused __getitem__ outputs left out). Elsewhere ties make its choice vary from run
 # to run (it iterates over a set of objects), so only the bottleneck is compared.
 REFERENCE_STAGE_SIZES = {
-    ("alexnet", 4, False): [6, 3, 13], ("resnet101", 4, True): [54, 91, 108, 93],
-    ("resnet50", 4, True): [29, 37, 51, 59], ("resnext50", 4, False): [65, 49, 62],
+    ("alexnet", 4, False): [6, 3, 13],
+    ("resnet101", 4, True): [54, 91, 108, 93],
+    ("resnet50", 4, True): [29, 37, 51, 59],
+    ("resnext50", 4, False): [65, 49, 62],
     ("resnext50", 4, True): [29, 35, 48, 64],
     ("resnext50", 8, True): [12, 17, 12, 23, 19, 29, 30, 34],
-    ("squeezenet1_0", 4, False): [42, 25], ("squeezenet1_0", 4, True): [3, 18, 21, 25],
+    ("squeezenet1_0", 4, False): [42, 25],
+    ("squeezenet1_0", 4, True): [3, 18, 21, 25],
     ("vgg16", 4, False): [15, 25],
 }
 
@@ -139,9 +146,18 @@ def test_activation_term_counts_what_crosses_the_cut():
 
 
 def test_state_counts_match_the_reference():
-    counts = {"vgg16": 40, "alexnet": 22, "resnet18": 100, "squeezenet1_0": 99, "gnmt": 99,
-              "gnmt_large": 1495, "resnet50": 240, "resnet101": 410, "densenet121": 430,
-              "inception_v3": 221564}
+    counts = {
+        "vgg16": 40,
+        "alexnet": 22,
+        "resnet18": 100,
+        "squeezenet1_0": 99,
+        "gnmt": 99,
+        "gnmt_large": 1495,
+        "resnet50": 240,
+        "resnet101": 410,
+        "densenet121": 430,
+        "inception_v3": 221564,
+    }
     for model, n in counts.items():
         assert antichain_states(prepare(load_builtin(model))).count == n, model
 
@@ -160,8 +176,13 @@ def test_raw_inception_is_partitioned_exactly():
 
 def test_narrowed_search_agrees_with_windowed_search(monkeypatch):
     """Force the state-tree search on mid-sized graphs and compare."""
-    cases = [("resnet50", 8, False), ("squeezenet1_0", 8, False), ("densenet121", 4, True),
-             ("resnext50", 8, True), ("vgg16", 8, False)]
+    cases = [
+        ("resnet50", 8, False),
+        ("squeezenet1_0", 8, False),
+        ("densenet121", 4, True),
+        ("resnext50", 8, True),
+        ("vgg16", 8, False),
+    ]
     monkeypatch.setattr(optimize, "DENSE_STATES", 0)
     for model, gpus, straight in cases:
         p = partition(load_builtin(model), gpus, B10, straight=straight)
@@ -172,12 +193,19 @@ def test_narrowed_search_agrees_with_windowed_search(monkeypatch):
 
 # ---- exactness against brute force ---------------------------------------------------------
 
+
 def random_dag(data, n):
     """A single-source DAG over ``n`` layers (every layer has a predecessor)."""
-    layers = [Layer(f"l{i}", data.draw(st.floats(0.0, 1.0)), data.draw(st.floats(0.0, 1.0)),
-                    param_bytes=data.draw(st.integers(0, 3)) * 10**8,
-                    activation_bytes=data.draw(st.integers(0, 3)) * 10**8)
-              for i in range(n)]
+    layers = [
+        Layer(
+            f"l{i}",
+            data.draw(st.floats(0.0, 1.0)),
+            data.draw(st.floats(0.0, 1.0)),
+            param_bytes=data.draw(st.integers(0, 3)) * 10**8,
+            activation_bytes=data.draw(st.integers(0, 3)) * 10**8,
+        )
+        for i in range(n)
+    ]
     edges = set()
     for j in range(1, n):
         edges.add((data.draw(st.integers(0, j - 1)), j))
@@ -194,16 +222,23 @@ def brute_force(trace, gpus, straight, activation_term):
     cm = CostModel(gpus, B10, straight, activation_term)
     n = g.n
     pred = [set(g.pred[v]) for v in range(n)]
-    ideals = [frozenset(c) for k in range(1, n + 1) for c in itertools.combinations(range(n), k)
-              if 0 in c and all(pred[v] <= set(c) for v in c)]
+    ideals = [
+        frozenset(c)
+        for k in range(1, n + 1)
+        for c in itertools.combinations(range(n), k)
+        if 0 in c and all(pred[v] <= set(c) for v in c)
+    ]
     full = frozenset(range(n))
 
     def cost(a, b, r):
         inside = b - a
-        return cm.stage_time(sum(g.compute_s[v] for v in inside),
-                             sum(g.param_bytes[v] for v in inside), r,
-                             g.boundary_bytes(a) if a else 0,
-                             g.boundary_bytes(b) if b != full else 0)
+        return cm.stage_time(
+            sum(g.compute_s[v] for v in inside),
+            sum(g.param_bytes[v] for v in inside),
+            r,
+            g.boundary_bytes(a) if a else 0,
+            g.boundary_bytes(b) if b != full else 0,
+        )
 
     best: dict[tuple[frozenset, int], float] = {}
     for u in range(1, gpus + 1):
@@ -219,8 +254,13 @@ def brute_force(trace, gpus, straight, activation_term):
 
 
 @settings(max_examples=40, deadline=None)
-@given(data=st.data(), n=st.integers(1, 7), gpus=st.integers(1, 4), straight=st.booleans(),
-       act=st.booleans())
+@given(
+    data=st.data(),
+    n=st.integers(1, 7),
+    gpus=st.integers(1, 4),
+    straight=st.booleans(),
+    act=st.booleans(),
+)
 def test_search_is_optimal_on_small_graphs(data, n, gpus, straight, act):
     trace = random_dag(data, n)
     expected = brute_force(trace, gpus, straight, act)
@@ -251,8 +291,9 @@ def test_state_tree_agrees_with_pairwise_containment(data, n):
     above = np.where(strict.T[None], v[:, :, None], -np.inf).max(axis=1)
     np.testing.assert_allclose(stt.order.strictly_below(v), below)
     np.testing.assert_allclose(stt.order.strictly_above(v), above)
-    np.testing.assert_allclose(stt.order.down(v, 1),
-                               np.where(inside[None], v[:, :, None], -np.inf).max(axis=1))
+    np.testing.assert_allclose(
+        stt.order.down(v, 1), np.where(inside[None], v[:, :, None], -np.inf).max(axis=1)
+    )
 
 
 def test_pieces_without_structure_are_enumerated():
@@ -265,15 +306,21 @@ def test_pieces_without_structure_are_enumerated():
     # down-sets containing l0: {0}, +1, +2, +12, +123, +124, +1234, all
     assert stt.count == 8
     assert partition(trace, 3, B10, straight=True).bottleneck_s == pytest.approx(
-        brute_force(trace, 3, True, False))
+        brute_force(trace, 3, True, False)
+    )
 
 
 # ---- baselines, conventions, errors -------------------------------------------------------
 
+
 def test_baselines_cut_the_chain_evenly():
-    trace = chain(TraceMeta("c", "V100", 1),
-                  [Layer(f"l{i}", t, 0.0, param_bytes=p) for i, (t, p) in
-                   enumerate([(1, 0), (1, 0), (1, 0), (1, 900), (3, 0), (2, 100)])])
+    trace = chain(
+        TraceMeta("c", "V100", 1),
+        [
+            Layer(f"l{i}", t, 0.0, param_bytes=p)
+            for i, (t, p) in enumerate([(1, 0), (1, 0), (1, 0), (1, 900), (3, 0), (2, 100)])
+        ],
+    )
     layers = partition(trace, 3, B10, method="layers")
     assert [len(s.layers) for s in layers.stages] == [2, 2, 2]
     compute = partition(trace, 3, B10, method="compute")
@@ -311,9 +358,10 @@ def test_speedups_follow_the_cost_model():
 
 
 def test_memory_limit_rules_out_stages_that_do_not_fit():
-    trace = chain(TraceMeta("m", "V100", 1),
-                  [Layer(f"l{i}", 1.0, 1.0, param_bytes=10**9, activation_bytes=10**6)
-                   for i in range(4)])
+    trace = chain(
+        TraceMeta("m", "V100", 1),
+        [Layer(f"l{i}", 1.0, 1.0, param_bytes=10**9, activation_bytes=10**6) for i in range(4)],
+    )
     free = partition(trace, 2, B10)
     assert free.replicas == (1, 1) or free.replicas == (2,)
     limited = partition(trace, 4, B10, memory_limit_bytes=7e9)

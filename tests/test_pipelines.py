@@ -24,15 +24,22 @@ BW = 10e9
 
 def layers(times, params=0, act=0, batch=64):
     """A chain with one layer per (forward, backward) pair."""
-    return chain(TraceMeta("toy", "V100", batch),
-                 [Layer(f"l{i}", f, b, param_bytes=params, activation_bytes=act)
-                  for i, (f, b) in enumerate(times)])
+    return chain(
+        TraceMeta("toy", "V100", batch),
+        [
+            Layer(f"l{i}", f, b, param_bytes=params, activation_bytes=act)
+            for i, (f, b) in enumerate(times)
+        ],
+    )
 
 
 def run(trace, scheme, n, options=None, **kw):
     kw.setdefault("iterations", 3)
-    return simulate(SimConfig(trace=trace, topology=ring_topology(n, BW, 0.0), scheme=scheme,
-                              options=options, **kw))
+    return simulate(
+        SimConfig(
+            trace=trace, topology=ring_topology(n, BW, 0.0), scheme=scheme, options=options, **kw
+        )
+    )
 
 
 @pytest.mark.parametrize(("n", "m"), [(2, 1), (2, 4), (4, 1), (4, 8), (3, 5)])
@@ -82,25 +89,31 @@ def test_1f1b_steady_state_runs_at_the_bottleneck_stage(scheme):
 
 
 @settings(max_examples=25, deadline=None)
-@given(times=st.lists(st.tuples(st.floats(0.001, 0.05), st.floats(0.001, 0.05)), min_size=1,
-                      max_size=5),
-       m=st.integers(1, 8), scheme=st.sampled_from(["gpipe", "pipedream", "spectrain", "mp"]),
-       act=st.integers(0, 4_000_000), params=st.integers(0, 50_000_000))
-def test_pipelines_never_beat_their_bottleneck_and_memory_stays_sane(times, m, scheme, act,
-                                                                     params):
+@given(
+    times=st.lists(
+        st.tuples(st.floats(0.001, 0.05), st.floats(0.001, 0.05)), min_size=1, max_size=5
+    ),
+    m=st.integers(1, 8),
+    scheme=st.sampled_from(["gpipe", "pipedream", "spectrain", "mp"]),
+    act=st.integers(0, 4_000_000),
+    params=st.integers(0, 50_000_000),
+)
+def test_pipelines_never_beat_their_bottleneck_and_memory_stays_sane(times, m, scheme, act, params):
     """Whatever the stages: an iteration takes at least M times the slowest stage per
     micro-batch, every forward of a micro-batch ends before its backward starts on the
     same GPU, no memory account is ever asked to free more than it holds (it would go
     negative), and weights, gradients and momentum are always counted."""
     n = len(times)
     trace = layers(times, params=params, act=act)
-    opts = {"gpipe": GPipeOptions(microbatches=m),
-            "pipedream": PipeDreamOptions(microbatches=m, straight=True)}.get(scheme)
+    opts = {
+        "gpipe": GPipeOptions(microbatches=m),
+        "pipedream": PipeDreamOptions(microbatches=m, straight=True),
+    }.get(scheme)
     overdrawn = []
     free = MemoryAccount.free
 
     def checked_free(self, kind, nbytes):
-        if nbytes > self.held[kind] + 1e-6:      # the account would go negative
+        if nbytes > self.held[kind] + 1e-6:  # the account would go negative
             overdrawn.append((kind, nbytes, self.held[kind]))
         free(self, kind, nbytes)
 
@@ -122,29 +135,29 @@ def test_pipelines_never_beat_their_bottleneck_and_memory_stays_sane(times, m, s
     assert set(r.memory_breakdown_bytes) <= set(MEMORY_KINDS)
     weights = [params * (x[2]) for x in r.extra["stage_layers"]]
     for peak, w in zip(r.per_gpu_peak_memory_bytes, weights):
-        assert peak >= 3 * w        # weights, gradients and momentum are always held
+        assert peak >= 3 * w  # weights, gradients and momentum are always held
 
 
 # ---- memory model ------------------------------------------------------------------------
 
+
 def test_pipedream_stashes_older_versions_on_early_stages_and_spectrain_none():
     n, p = 4, 40_000_000
     trace = layers([(0.01, 0.02)] * n, params=p, act=1_000_000)
-    pd = run(trace, "pipedream", n, PipeDreamOptions(straight=True, microbatches=8),
-             iterations=3)
+    pd = run(trace, "pipedream", n, PipeDreamOptions(straight=True, microbatches=8), iterations=3)
     # stage k keeps N-k versions: N-k-1 stashed copies besides the current weights
     assert pd.extra["stash_peak_bytes"] == [(n - k - 1) * p for k in range(n)]
-    stale = run(trace, "pipedream", n, PipeDreamOptions(straight=True, stash=False,
-                                                        microbatches=8))
+    stale = run(trace, "pipedream", n, PipeDreamOptions(straight=True, stash=False, microbatches=8))
     assert stale.extra["stash_peak_bytes"] == [0] * n
     sp = run(trace, "spectrain", n, iterations=3)
     assert sp.extra["stash_peak_bytes"] == [0] * n
     assert sp.memory_breakdown_bytes["stash"] == 0
-    assert sp.memory_breakdown_bytes["buffers"] == p          # the predicted weights
+    assert sp.memory_breakdown_bytes["buffers"] == p  # the predicted weights
     # weights + gradients + momentum + 3 stashed versions on stage 0
     assert pd.per_gpu_peak_memory_bytes[0] > pd.per_gpu_peak_memory_bytes[n - 1]
-    assert pd.per_gpu_peak_memory_bytes[0] - sp.per_gpu_peak_memory_bytes[0] == \
-        pytest.approx((n - 1) * p - p, abs=4_000_000)
+    assert pd.per_gpu_peak_memory_bytes[0] - sp.per_gpu_peak_memory_bytes[0] == pytest.approx(
+        (n - 1) * p - p, abs=4_000_000
+    )
 
 
 def test_pipedream_keeps_activations_of_its_micro_batches_in_flight():
@@ -160,8 +173,7 @@ def test_gpipe_recompute_trades_time_for_activation_memory():
     n, m = 2, 4
     trace = layers([(0.01, 0.02)] * (2 * n), act=8_000_000)
     plain = run(trace, "gpipe", n, GPipeOptions(microbatches=m, partition="layers"))
-    remat = run(trace, "gpipe", n, GPipeOptions(microbatches=m, partition="layers",
-                                                 recompute=True))
+    remat = run(trace, "gpipe", n, GPipeOptions(microbatches=m, partition="layers", recompute=True))
     # two layers of 8 MB per stage: all 4 micro-batches' activations (16 MB) ...
     assert plain.per_gpu_peak_memory_bytes[1] == 16_000_000
     # ... versus the 4 stage inputs (one layer's output, 2 MB each) plus one micro-batch's
@@ -175,6 +187,7 @@ def test_gpipe_recompute_trades_time_for_activation_memory():
 
 
 # ---- communication, replication, configuration ------------------------------------------
+
 
 def test_activations_and_gradients_cross_the_links():
     n, m, act = 2, 4, 10_000_000
@@ -191,10 +204,14 @@ def test_activations_and_gradients_cross_the_links():
 
 def replicable():
     """A heavy first layer without weights, then two light layers with many."""
-    return chain(TraceMeta("toy", "V100", 64),
-                 [Layer("l0", 0.04, 0.08, param_bytes=1_000_000),
-                  Layer("l1", 0.01, 0.02, param_bytes=400_000_000),
-                  Layer("l2", 0.01, 0.02, param_bytes=400_000_000)])
+    return chain(
+        TraceMeta("toy", "V100", 64),
+        [
+            Layer("l0", 0.04, 0.08, param_bytes=1_000_000),
+            Layer("l1", 0.01, 0.02, param_bytes=400_000_000),
+            Layer("l2", 0.01, 0.02, param_bytes=400_000_000),
+        ],
+    )
 
 
 def test_replicated_stages_all_reduce_their_gradients():
@@ -203,7 +220,7 @@ def test_replicated_stages_all_reduce_their_gradients():
     ar = [s for s in r.span_records() if s.kind.startswith("allreduce")]
     assert {s.device for s in ar} == set(r.device_names[:3])
     rounds = {(s.start_s, s.iteration) for s in ar if 0 <= s.iteration < 4}
-    assert len(rounds) == 2 * 4                    # per iteration, one per round of 3
+    assert len(rounds) == 2 * 4  # per iteration, one per round of 3
     # The partitioner's bottleneck is the second stage, 6 x 0.01 s per iteration, but a
     # replica waits in each round's all-reduce for the round's last micro-batch, which
     # the second stage finishes two micro-batches later: so the first stage runs at
@@ -216,7 +233,7 @@ def test_replication_needs_whole_rounds_of_micro_batches():
     with pytest.raises(ConfigError, match="multiple"):
         run(replicable(), "pipedream", 4, PipeDreamOptions(microbatches=4))
     auto = run(replicable(), "pipedream", 4)
-    assert auto.extra["microbatches"] == 6          # one per GPU, rounded up to 3s
+    assert auto.extra["microbatches"] == 6  # one per GPU, rounded up to 3s
 
 
 def test_configurations_that_cannot_be_pipelined_are_refused():
@@ -233,8 +250,11 @@ def test_spectrain_version_difference_follows_the_reference_code():
 
 @pytest.mark.parametrize("scheme", ["mp", "gpipe", "pipedream", "spectrain"])
 def test_builtin_models_run_on_the_default_topology(scheme):
-    r = simulate(build_config(RunSpec(scheme=scheme, gpus=4, model="alexnet", iterations=2),
-                              record_spans=False))
+    r = simulate(
+        build_config(
+            RunSpec(scheme=scheme, gpus=4, model="alexnet", iterations=2), record_spans=False
+        )
+    )
     d = r.to_dict()
     assert d["scheme"] == scheme and d["gpus"] == 4
     assert 0 < d["gpu_utilization"] <= 1 and d["throughput_samples_s"] > 0
@@ -247,8 +267,7 @@ def test_builtin_models_run_on_the_default_topology(scheme):
 def test_partition_option_picks_the_method():
     spec = RunSpec(scheme="gpipe", gpus=4, model="vgg16", iterations=2)
     ant = simulate(build_config(spec, record_spans=False))
-    lay = simulate(build_config(spec.replace(**{"scheme.partition": "layers"}),
-                                record_spans=False))
+    lay = simulate(build_config(spec.replace(**{"scheme.partition": "layers"}), record_spans=False))
     assert lay.extra["partition"] == "layers"
     assert [x[2] for x in lay.extra["stage_layers"]] == [11, 10, 10, 10]
     assert ant.throughput_samples_s > lay.throughput_samples_s
@@ -261,9 +280,11 @@ def test_traffic_per_iteration_counts_measured_iterations_only():
     trace = layers([(0.01, 0.02)] * 8, act=1_000_000)
     per_it = {
         scheme: run(trace, scheme, 4, opts).comm_bytes_per_iteration
-        for scheme, opts in (("gpipe", GPipeOptions(microbatches=4)),
-                             ("pipedream", PipeDreamOptions(microbatches=4, straight=True)),
-                             ("spectrain", None))
+        for scheme, opts in (
+            ("gpipe", GPipeOptions(microbatches=4)),
+            ("pipedream", PipeDreamOptions(microbatches=4, straight=True)),
+            ("spectrain", None),
+        )
     }
     assert per_it["gpipe"] > 0
     assert per_it["pipedream"] == pytest.approx(per_it["gpipe"])

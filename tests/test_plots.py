@@ -23,8 +23,10 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def results(tmp_path_factory) -> str:
     """dp and ps on 2 and 4 one-GPU hosts at 1 and 10 Gbps (ResNet-18, one iteration)."""
     path = str(tmp_path_factory.mktemp("plots") / "r.parquet")
-    plan = plan_sweep(RunSpec().replace(model="resnet18", topology="ethernet", iterations=1),
-                      {"scheme": "dp,ps", "gpus": "2,4", "bandwidth": "1Gbps,10Gbps"})
+    plan = plan_sweep(
+        RunSpec().replace(model="resnet18", topology="ethernet", iterations=1),
+        {"scheme": "dp,ps", "gpus": "2,4", "bandwidth": "1Gbps,10Gbps"},
+    )
     run_sweep(plan, path)
     return path
 
@@ -33,8 +35,21 @@ def results(tmp_path_factory) -> str:
 def chrome_trace(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("trace") / "t.json")
     with pytest.raises(SystemExit) as ex:
-        main(["run", "--gpus", "2", "--scheme", "dp", "--model", "resnet18", "--iterations",
-              "2", "--trace-out", path])
+        main(
+            [
+                "run",
+                "--gpus",
+                "2",
+                "--scheme",
+                "dp",
+                "--model",
+                "resnet18",
+                "--iterations",
+                "2",
+                "--trace-out",
+                path,
+            ]
+        )
     assert ex.value.code == 0
     return path
 
@@ -55,8 +70,9 @@ def test_generic_line_plot_draws_one_line_per_hue_in_each_panel(results):
         for ln in lines:
             assert list(ln.get_xdata()) == [1.0, 10.0]  # Gbit/s
         # the y values are the rows' throughputs, in bandwidth order
-        want = sorted(df[df["gpus"] == gpus].groupby("scheme")["throughput_samples_s"]
-                      .apply(list).tolist())
+        want = sorted(
+            df[df["gpus"] == gpus].groupby("scheme")["throughput_samples_s"].apply(list).tolist()
+        )
         got = sorted(sorted(ln.get_ydata().tolist()) for ln in lines)
         assert got == [sorted(w) for w in want]
 
@@ -76,14 +92,19 @@ def test_throughput_plot_uses_a_log_bandwidth_axis(results):
     assert axes[0].get_xlabel() == "inter-node bandwidth (Gbit/s)"
 
 
-@pytest.mark.parametrize("args, suffix", [
-    (["--x", "bandwidth", "--y", "throughput_samples_s", "--hue", "scheme", "--col", "gpus"],
-     "png"),
-    (["--kind", "throughput", "--col", "gpus"], "svg"),
-    (["--kind", "speedup", "--where", "bandwidth=1Gbps"], "png"),
-    (["--kind", "utilization", "--where", "gpus=4", "--where", "bandwidth=1Gbps"], "pdf"),
-    (["--x", "scheme", "--y", "comm_bytes_per_iteration", "--col", "gpus"], "png"),
-])
+@pytest.mark.parametrize(
+    "args, suffix",
+    [
+        (
+            ["--x", "bandwidth", "--y", "throughput_samples_s", "--hue", "scheme", "--col", "gpus"],
+            "png",
+        ),
+        (["--kind", "throughput", "--col", "gpus"], "svg"),
+        (["--kind", "speedup", "--where", "bandwidth=1Gbps"], "png"),
+        (["--kind", "utilization", "--where", "gpus=4", "--where", "bandwidth=1Gbps"], "pdf"),
+        (["--x", "scheme", "--y", "comm_bytes_per_iteration", "--col", "gpus"], "png"),
+    ],
+)
 def test_sim_plot_writes_non_empty_figures(results, tmp_path, capsys, args, suffix):
     out = tmp_path / f"fig.{suffix}"
     code, text, err = run_main(capsys, "plot", results, *args, "--out", str(out))
@@ -106,15 +127,19 @@ def test_utilization_has_one_bar_per_gpu_and_configuration(results):
     fig = utilization_plot(df, where={"gpus": "4", "bandwidth": "1Gbps"})
     bars = [p for p in fig.axes[0].patches if p.get_height() > 0]
     assert len(bars) == 8  # 4 GPUs x (dp, ps)
-    want = sorted(100 * u for r in df[(df["gpus"] == 4) & (df["bandwidth"] == "1Gbps")]
-                  ["per_gpu_utilization"] for u in json.loads(r))
+    want = sorted(
+        100 * u
+        for r in df[(df["gpus"] == 4) & (df["bandwidth"] == "1Gbps")]["per_gpu_utilization"]
+        for u in json.loads(r)
+    )
     assert sorted(b.get_height() for b in bars) == pytest.approx(want)
 
 
 def test_default_output_name_and_run_json_input(tmp_path, capsys):
     js = tmp_path / "one.json"
-    code, out, _ = run_main(capsys, "run", "--gpus", "4", "--model", "resnet18", "--json",
-                            "--iterations", "1")
+    code, out, _ = run_main(
+        capsys, "run", "--gpus", "4", "--model", "resnet18", "--json", "--iterations", "1"
+    )
     js.write_text(out)
     code, text, err = run_main(capsys, "plot", str(js), "--kind", "utilization")
     assert code == 0, err
@@ -136,28 +161,41 @@ def test_gantt_draws_every_slice_of_the_trace(chrome_trace, tmp_path, capsys):
     assert sum(len(c.get_paths()) for c in one.axes[0].collections) == len(want)
 
     out = tmp_path / "gantt.png"
-    code, _text, err = run_main(capsys, "plot", chrome_trace, "--kind", "gantt", "--out",
-                                str(out))
+    code, _text, err = run_main(capsys, "plot", chrome_trace, "--kind", "gantt", "--out", str(out))
     assert code == 0, err
     assert out.read_bytes().startswith(PNG) and out.stat().st_size > 10000
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--x", "bandwidth", "--y", "nope"], "--y: 'nope' is not allowed; not a column of the "
-                                          "results; columns: point_id, status"),
-    (["--kind", "speedup", "--where", "gpus=3"], "--where: 'gpus=3' is not allowed; selects "
-                                                 "no successful rows"),
-    (["--kind", "speedup", "--where", "color=red"], "--where: 'color=red' is not allowed; "
-                                                    "no column 'color'"),
-    (["--y", "speedup"], "--x: '' is not allowed; give --x and --y, or a ready --kind"),
-    (["--x", "scheme", "--y", "speedup", "--kind", "line"], "--x: 'scheme' is not allowed; "
-                                                            "a line plot needs a numeric x"),
-    (["--kind", "gantt"], "is not a JSON Chrome trace"),
-    (["--kind", "speedup", "--out", "fig.jpg"], "--out: 'fig.jpg' is not allowed; expected a "
-                                                "file name ending in .png, .svg, .pdf"),
-])
-def test_bad_plot_requests_are_one_line_exit_2(results, tmp_path, capsys, monkeypatch,
-                                               args, needle):
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (
+            ["--x", "bandwidth", "--y", "nope"],
+            "--y: 'nope' is not allowed; not a column of the results; columns: point_id, status",
+        ),
+        (
+            ["--kind", "speedup", "--where", "gpus=3"],
+            "--where: 'gpus=3' is not allowed; selects no successful rows",
+        ),
+        (
+            ["--kind", "speedup", "--where", "color=red"],
+            "--where: 'color=red' is not allowed; no column 'color'",
+        ),
+        (["--y", "speedup"], "--x: '' is not allowed; give --x and --y, or a ready --kind"),
+        (
+            ["--x", "scheme", "--y", "speedup", "--kind", "line"],
+            "--x: 'scheme' is not allowed; a line plot needs a numeric x",
+        ),
+        (["--kind", "gantt"], "is not a JSON Chrome trace"),
+        (
+            ["--kind", "speedup", "--out", "fig.jpg"],
+            "--out: 'fig.jpg' is not allowed; expected a file name ending in .png, .svg, .pdf",
+        ),
+    ],
+)
+def test_bad_plot_requests_are_one_line_exit_2(
+    results, tmp_path, capsys, monkeypatch, args, needle
+):
     monkeypatch.chdir(tmp_path)
     code, out, err = run_main(capsys, "plot", results, *args)
     assert code == 2, err

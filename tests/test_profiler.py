@@ -35,8 +35,9 @@ class Branchy(nn.Module):
 
 
 def test_measured_trace_of_a_small_model() -> None:
-    trace = profile_module(Branchy(), (torch.randn(4, 3, 8, 8),),
-                           ProfileConfig(batch_size=4, **QUICK), "branchy")
+    trace = profile_module(
+        Branchy(), (torch.randn(4, 3, 8, 8),), ProfileConfig(batch_size=4, **QUICK), "branchy"
+    )
     names = [layer.name for layer in trace.layers]
     assert names == ["x", "conv", "relu", "side", "add", "flatten", "fc"]
     edges = {(trace.layers[s].name, trace.layers[d].name) for s, d in trace.edges}
@@ -59,8 +60,12 @@ def test_measured_trace_of_a_small_model() -> None:
 
 def test_analytic_times_are_flops_over_rate() -> None:
     rate, eff = 1e12, 0.5
-    trace = profile_model("resnet18", ProfileConfig(
-        batch_size=2, analytic=True, device_flops=rate, efficiency=eff, progress=False))
+    trace = profile_model(
+        "resnet18",
+        ProfileConfig(
+            batch_size=2, analytic=True, device_flops=rate, efficiency=eff, progress=False
+        ),
+    )
     by = {layer.name: layer for layer in trace.layers}
     conv = by["layer1.0.conv1"]
     assert conv.forward_s == pytest.approx(conv.flops / (rate * eff))
@@ -76,9 +81,12 @@ def test_analytic_times_are_flops_over_rate() -> None:
 
 
 def test_analytic_memory_floor_gives_elementwise_layers_a_time() -> None:
-    trace = profile_model("resnet18", ProfileConfig(
-        batch_size=2, analytic=True, device_flops=1e12, memory_bytes_per_s=1e9,
-        progress=False))
+    trace = profile_model(
+        "resnet18",
+        ProfileConfig(
+            batch_size=2, analytic=True, device_flops=1e12, memory_bytes_per_s=1e9, progress=False
+        ),
+    )
     relu = next(layer for layer in trace.layers if layer.name == "layer1.0.relu1")
     moved = 2 * relu.activation_bytes  # reads its input, writes its output
     assert relu.forward_s == pytest.approx(moved / 1e9)
@@ -99,8 +107,17 @@ def test_cuda_without_a_gpu_is_a_profile_error() -> None:
         profile_model("snn", ProfileConfig(batch_size=2, device="cuda", progress=False))
 
 
-@pytest.mark.parametrize("bad", [{"batch_size": 0}, {"dtype": "int8"}, {"device": "tpu"},
-                                 {"analytic": True}, {"efficiency": 1.5}, {"repeats": 0}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"batch_size": 0},
+        {"dtype": "int8"},
+        {"device": "tpu"},
+        {"analytic": True},
+        {"efficiency": 1.5},
+        {"repeats": 0},
+    ],
+)
 def test_bad_configs_are_refused(bad: dict) -> None:
     with pytest.raises(ProfileError):
         ProfileConfig(**{"batch_size": 2, **bad})

@@ -15,17 +15,20 @@ from simcore.schemes.dp import DPOptions
 from simcore.schemes.ps import PSOptions
 from traces import Layer, TraceMeta, chain
 
-SETTINGS = settings(max_examples=40, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
 def traces(draw):
     n = draw(st.integers(1, 5))
     layers = [
-        Layer(f"l{i}", draw(st.floats(1e-4, 2e-2)), draw(st.floats(1e-4, 4e-2)),
-              param_bytes=draw(st.integers(0, 4_000_000)),
-              activation_bytes=draw(st.integers(0, 1_000_000)))
+        Layer(
+            f"l{i}",
+            draw(st.floats(1e-4, 2e-2)),
+            draw(st.floats(1e-4, 4e-2)),
+            param_bytes=draw(st.integers(0, 4_000_000)),
+            activation_bytes=draw(st.integers(0, 1_000_000)),
+        )
         for i in range(n)
     ]
     return chain(TraceMeta("prop", "V100", 4), layers)
@@ -38,23 +41,35 @@ def configs(draw, schemes=("dp", "ps")):
     gpus = draw(st.integers(1, 10))
     bw = draw(st.floats(1e8, 5e10))
     if scheme == "dp":
-        options = DPOptions(algorithm=draw(st.sampled_from(["ring", "tree", "hierarchical"])),
-                            bucket_bytes=draw(st.integers(500_000, 30_000_000)))
+        options = DPOptions(
+            algorithm=draw(st.sampled_from(["ring", "tree", "hierarchical"])),
+            bucket_bytes=draw(st.integers(500_000, 30_000_000)),
+        )
     else:
-        options = PSOptions(placement=draw(st.sampled_from(["colocated", "dedicated"])),
-                            servers=draw(st.integers(0, 3)))
+        options = PSOptions(
+            placement=draw(st.sampled_from(["colocated", "dedicated"])),
+            servers=draw(st.integers(0, 3)),
+        )
     return SimConfig(
         trace=draw(traces()),
         topology=TopologySpec(load_preset(preset), gpus=gpus, bandwidth_bytes_per_s=bw),
-        scheme=scheme, options=options, iterations=2, warmup_iterations=1,
+        scheme=scheme,
+        options=options,
+        iterations=2,
+        warmup_iterations=1,
         fidelity=draw(st.sampled_from(["detailed", "analytic"])),
-        chunk_bytes=draw(st.sampled_from([256 * 1024, 1 << 20, 4 << 20])))
+        chunk_bytes=draw(st.sampled_from([256 * 1024, 1 << 20, 4 << 20])),
+    )
 
 
 def with_bandwidth(cfg: SimConfig, factor: float) -> SimConfig:
     topo = cfg.topology
-    return SimConfig(**{**cfg.__dict__, "topology": TopologySpec(
-        topo.preset, topo.gpus, topo.bandwidth_bytes_per_s * factor)})
+    return SimConfig(
+        **{
+            **cfg.__dict__,
+            "topology": TopologySpec(topo.preset, topo.gpus, topo.bandwidth_bytes_per_s * factor),
+        }
+    )
 
 
 def iteration_ends(r) -> list[float]:
@@ -128,8 +143,10 @@ def test_same_config_and_seed_give_identical_results(cfg, seed, jitter):
 def test_different_seeds_differ_when_there_is_jitter():
     trace = chain(TraceMeta("m", "V100", 1), [Layer(f"l{i}", 0.01, 0.02, 1000) for i in range(4)])
     topo = TopologySpec(load_preset("pcie"), gpus=2)
-    runs = {simulate(SimConfig(trace=trace, topology=topo, seed=s, compute_jitter=0.1))
-            .iteration_time_s for s in range(5)}
+    runs = {
+        simulate(SimConfig(trace=trace, topology=topo, seed=s, compute_jitter=0.1)).iteration_time_s
+        for s in range(5)
+    }
     assert len(runs) == 5
 
 
@@ -142,24 +159,39 @@ def test_gpu_counters_agree_with_the_span_log(cfg):
     from simcore.metrics import busy_by_device, utilization
 
     r = sim(cfg)
-    log = [(s.device, s.kind, s.name, s.start_s, s.end_s, s.iteration, s.layer, s.microbatch)
-           for s in r.span_records() if s.stream == COMPUTE]
-    busy = busy_by_device(log, r.device_names, r.warmup_iterations,
-                          r.warmup_iterations + r.iterations - 1)
+    log = [
+        (s.device, s.kind, s.name, s.start_s, s.end_s, s.iteration, s.layer, s.microbatch)
+        for s in r.span_records()
+        if s.stream == COMPUTE
+    ]
+    busy = busy_by_device(
+        log, r.device_names, r.warmup_iterations, r.warmup_iterations + r.iterations - 1
+    )
     util = utilization(busy, r.iteration_time_s * r.iterations)
     assert util == [pytest.approx(u, abs=1e-9) for u in r.per_gpu_utilization]
 
 
-@pytest.mark.parametrize("scheme", ["dp", "ps", "p3", "gossip", "mp", "gpipe", "pipedream",
-                                    "spectrain"])
+@pytest.mark.parametrize(
+    "scheme", ["dp", "ps", "p3", "gossip", "mp", "gpipe", "pipedream", "spectrain"]
+)
 @pytest.mark.parametrize("jitter", [0.0, 0.2])
 def test_recording_spans_does_not_change_the_result(scheme, jitter):
     """--trace-out only adds records: the simulated run is the same with or without."""
-    trace = chain(TraceMeta("m", "V100", 8),
-                  [Layer(f"l{i}", 0.002 * (i + 1), 0.004, param_bytes=3_000_000,
-                         activation_bytes=500_000) for i in range(6)])
-    base = SimConfig(trace=trace, topology=TopologySpec(load_preset("pcie"), gpus=4),
-                     scheme=scheme, iterations=2, seed=5, compute_jitter=jitter)
+    trace = chain(
+        TraceMeta("m", "V100", 8),
+        [
+            Layer(f"l{i}", 0.002 * (i + 1), 0.004, param_bytes=3_000_000, activation_bytes=500_000)
+            for i in range(6)
+        ],
+    )
+    base = SimConfig(
+        trace=trace,
+        topology=TopologySpec(load_preset("pcie"), gpus=4),
+        scheme=scheme,
+        iterations=2,
+        seed=5,
+        compute_jitter=jitter,
+    )
     with_spans = simulate(base).to_dict()
     without = simulate(SimConfig(**{**base.__dict__, "record_spans": False})).to_dict()
     with_spans.pop("wall_s"), without.pop("wall_s")

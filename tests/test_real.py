@@ -71,19 +71,29 @@ def assert_moved(a: dict[str, Any], job: Job) -> None:
 
 # ---- synchronous schemes = one process on the concatenated batches ----------------------
 
-@pytest.mark.parametrize("scheme, workers, servers, options, optimizer", [
-    ("dp", 2, 0, {}, "momentum"),
-    ("dp", 3, 0, {"bucket_bytes": 100_000, "first_bucket_bytes": 20_000}, "adam"),
-    ("dp", 2, 0, {"overlap": False, "bucket_bytes": 100_000}, "sgd"),
-    ("ps", 2, 2, {"big_array_bytes": 100_000}, "momentum"),
-    ("p3", 3, 3, {"slice_params": 5000}, "momentum"),
-])
-def test_synchronous_schemes_equal_single_process_sgd(tmp_path: Path, scheme: str,
-                                                      workers: int, servers: int,
-                                                      options: dict[str, Any],
-                                                      optimizer: str) -> None:
-    _records, result, job = run(tmp_path, scheme=scheme, workers=workers, servers=servers,
-                                options=options, optimizer=optimizer, lr=0.05)
+
+@pytest.mark.parametrize(
+    "scheme, workers, servers, options, optimizer",
+    [
+        ("dp", 2, 0, {}, "momentum"),
+        ("dp", 3, 0, {"bucket_bytes": 100_000, "first_bucket_bytes": 20_000}, "adam"),
+        ("dp", 2, 0, {"overlap": False, "bucket_bytes": 100_000}, "sgd"),
+        ("ps", 2, 2, {"big_array_bytes": 100_000}, "momentum"),
+        ("p3", 3, 3, {"slice_params": 5000}, "momentum"),
+    ],
+)
+def test_synchronous_schemes_equal_single_process_sgd(
+    tmp_path: Path, scheme: str, workers: int, servers: int, options: dict[str, Any], optimizer: str
+) -> None:
+    _records, result, job = run(
+        tmp_path,
+        scheme=scheme,
+        workers=workers,
+        servers=servers,
+        options=options,
+        optimizer=optimizer,
+        lr=0.05,
+    )
     ref = sgd_reference(job)
     # Adam divides by the root of the squared gradient: an element whose gradient is 1e-9
     # in one summation order and 0 in the other moves by a different fraction of lr, so its
@@ -99,21 +109,26 @@ def test_synchronous_schemes_equal_single_process_sgd(tmp_path: Path, scheme: st
 
 def test_dp_buckets_are_the_simulators(tmp_path: Path) -> None:
     """DDP, given the caps, builds exactly the simulator's buckets (after its rebuild)."""
-    _records, result, _job = run(tmp_path, scheme="dp", workers=2, model="cnn_small",
-                                 options={"bucket_bytes": 10_000, "first_bucket_bytes": 10_000})
+    _records, result, _job = run(
+        tmp_path,
+        scheme="dp",
+        workers=2,
+        model="cnn_small",
+        options={"bucket_bytes": 10_000, "first_bucket_bytes": 10_000},
+    )
     assert result["buckets_planned_bytes"] == [20520, 18560, 640]
     assert result["buckets_measured_bytes"] == result["buckets_planned_bytes"]
 
 
 # ---- gossip = the pairwise-averaging reference ---------------------------------------------
 
+
 def gossip_reference(job: Job, schedule: str, rotation: str, shuffle: bool) -> list[dict]:
     """Four models; each iteration every worker averages each layer's gradient with the one
     it receives and steps; with ``shuffle`` a worker trains on the batch its partner sent."""
     p = job.workers
     setups = [build_model(job, torch.device("cpu")) for _ in range(p)]
-    opts = [{layer.index: make_optimizer(job, layer.params) for layer in s.layers}
-            for s in setups]
+    opts = [{layer.index: make_optimizer(job, layer.params) for layer in s.layers} for s in setups]
     spec = output_shape(job)
     for it in range(job.total_iterations):
         if it == 0 or not shuffle:
@@ -135,15 +150,24 @@ def gossip_reference(job: Job, schedule: str, rotation: str, shuffle: bool) -> l
     return [{k: v.detach().clone() for k, v in s.model.state_dict().items()} for s in setups]
 
 
-@pytest.mark.parametrize("schedule, rotation, shuffle", [
-    ("hypercube", "singer", True),
-    ("dissemination", "shift", False),
-])
-def test_gossip_equals_pairwise_averaging_reference(tmp_path: Path, schedule: str,
-                                                    rotation: str, shuffle: bool) -> None:
-    _records, result, job = run(tmp_path, scheme="gossip", workers=4, iterations=4,
-                                options={"schedule": schedule, "rotation": rotation,
-                                         "shuffle": shuffle}, lr=0.05)
+@pytest.mark.parametrize(
+    "schedule, rotation, shuffle",
+    [
+        ("hypercube", "singer", True),
+        ("dissemination", "shift", False),
+    ],
+)
+def test_gossip_equals_pairwise_averaging_reference(
+    tmp_path: Path, schedule: str, rotation: str, shuffle: bool
+) -> None:
+    _records, result, job = run(
+        tmp_path,
+        scheme="gossip",
+        workers=4,
+        iterations=4,
+        options={"schedule": schedule, "rotation": rotation, "shuffle": shuffle},
+        lr=0.05,
+    )
     ref = gossip_reference(job, schedule, rotation, shuffle)
     for r in range(4):
         assert_close(weights(tmp_path, r), ref[r])
@@ -154,6 +178,7 @@ def test_gossip_equals_pairwise_averaging_reference(tmp_path: Path, schedule: st
 
 # ---- traffic = the simulator's on the same model ------------------------------------------
 
+
 def simulate_same(tmp_path: Path, job: Job) -> Any:
     """``sim run``'s result for the job's configuration, on a trace of the same model built
     from its layers (the analytic profile: names, parameter and activation bytes)."""
@@ -163,28 +188,41 @@ def simulate_same(tmp_path: Path, job: Job) -> Any:
     from simcore.engine import simulate
     from traces.jsonfmt import save
 
-    trace = profile_model(job.model, ProfileConfig(batch_size=job.batch_size, analytic=True,
-                                                   device_flops=1e12, progress=False))
+    trace = profile_model(
+        job.model,
+        ProfileConfig(batch_size=job.batch_size, analytic=True, device_flops=1e12, progress=False),
+    )
     path = tmp_path / "trace.json"
     save(trace, path)
-    settings = {"scheme": job.scheme, "gpus": job.workers, "model": str(path),
-                "topology": "ethernet", "batch_size": job.batch_size,
-                "iterations": job.iterations, "warmup_iterations": job.warmup_iterations,
-                "optimizer": job.optimizer}
+    settings = {
+        "scheme": job.scheme,
+        "gpus": job.workers,
+        "model": str(path),
+        "topology": "ethernet",
+        "batch_size": job.batch_size,
+        "iterations": job.iterations,
+        "warmup_iterations": job.warmup_iterations,
+        "optimizer": job.optimizer,
+    }
     settings.update({f"scheme.{k}": v for k, v in job.options.items()})
     return simulate(build_config(RunSpec().replace(**settings), record_spans=False))
 
 
-@pytest.mark.parametrize("scheme, workers, servers, options", [
-    ("dp", 2, 0, {"bucket_bytes": 100_000, "first_bucket_bytes": 20_000}),
-    ("ps", 2, 2, {"big_array_bytes": 100_000}),
-    ("p3", 2, 2, {"slice_params": 5000}),
-    ("gossip", 4, 0, {}),
-])
-def test_bytes_per_iteration_equal_the_simulators(tmp_path: Path, scheme: str, workers: int,
-                                                  servers: int, options: dict) -> None:
-    _records, real, job = run(tmp_path, scheme=scheme, workers=workers, servers=servers,
-                              options=options, iterations=2)
+@pytest.mark.parametrize(
+    "scheme, workers, servers, options",
+    [
+        ("dp", 2, 0, {"bucket_bytes": 100_000, "first_bucket_bytes": 20_000}),
+        ("ps", 2, 2, {"big_array_bytes": 100_000}),
+        ("p3", 2, 2, {"slice_params": 5000}),
+        ("gossip", 4, 0, {}),
+    ],
+)
+def test_bytes_per_iteration_equal_the_simulators(
+    tmp_path: Path, scheme: str, workers: int, servers: int, options: dict
+) -> None:
+    _records, real, job = run(
+        tmp_path, scheme=scheme, workers=workers, servers=servers, options=options, iterations=2
+    )
     sim = simulate_same(tmp_path, job)
     measured = real["comm_bytes_per_iteration"]
     if scheme == "gossip":
@@ -202,11 +240,18 @@ def test_bytes_per_iteration_equal_the_simulators(tmp_path: Path, scheme: str, w
 def test_ps_placement_is_the_simulators(tmp_path: Path) -> None:
     from simcore.schemes.ps import mxnet_shards
 
-    _records, real, job = run(tmp_path, scheme="ps", workers=2, servers=3, iterations=1,
-                              options={"big_array_bytes": 100_000})
+    _records, real, job = run(
+        tmp_path,
+        scheme="ps",
+        workers=2,
+        servers=3,
+        iterations=1,
+        options={"big_array_bytes": 100_000},
+    )
     trace_layers = build_model(job, torch.device("cpu")).trace_layers
-    arrays = [(i, pb) for i, (_n, pb, kind) in enumerate(trace_layers)
-              if pb > 0 and kind != "input"]
+    arrays = [
+        (i, pb) for i, (_n, pb, kind) in enumerate(trace_layers) if pb > 0 and kind != "input"
+    ]
     sim = [[s.layer, s.server, s.nbytes] for s in mxnet_shards(arrays, 3, 100_000)]
     assert real["placement"] == sim
     assert {s for _l, s, _b in sim} == {0, 1, 2}
@@ -217,16 +262,27 @@ def test_ps_placement_is_the_simulators(tmp_path: Path) -> None:
 
 # ---- failures ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("scheme, servers, fault, words", [
-    ("dp", 0, "kill:1:1", "rank 1 (worker) was killed by SIGKILL"),
-    ("dp", 0, "hang:2:1", "rank 2 (worker) hung"),
-    ("ps", 2, "hang:1:2", "rank 1 (worker) hung"),
-])
-def test_dead_or_hung_rank_is_named_and_everything_stops(tmp_path: Path, scheme: str,
-                                                         servers: int, fault: str,
-                                                         words: str) -> None:
-    job = Job(scheme=scheme, model="mlp_small", workers=3, servers=servers, iterations=3,
-              timeout_s=4.0, fault=fault)
+
+@pytest.mark.parametrize(
+    "scheme, servers, fault, words",
+    [
+        ("dp", 0, "kill:1:1", "rank 1 (worker) was killed by SIGKILL"),
+        ("dp", 0, "hang:2:1", "rank 2 (worker) hung"),
+        ("ps", 2, "hang:1:2", "rank 1 (worker) hung"),
+    ],
+)
+def test_dead_or_hung_rank_is_named_and_everything_stops(
+    tmp_path: Path, scheme: str, servers: int, fault: str, words: str
+) -> None:
+    job = Job(
+        scheme=scheme,
+        model="mlp_small",
+        workers=3,
+        servers=servers,
+        iterations=3,
+        timeout_s=4.0,
+        fault=fault,
+    )
     with pytest.raises(RankFailed) as info:
         launch(job, str(tmp_path))
     assert words in str(info.value)
@@ -237,9 +293,24 @@ def test_dead_or_hung_rank_is_named_and_everything_stops(tmp_path: Path, scheme:
 
 def test_cli_reports_a_killed_rank_in_one_line(tmp_path: Path) -> None:
     env = dict(os.environ, DTSIM_REAL_FAULT="kill:0:1")
-    out = subprocess.run([*SIM, "real", "--gpus", "2", "--scheme", "gossip", "--model",
-                          "mlp_small", "--iterations", "2"], capture_output=True, text=True,
-                         env=env, timeout=120)
+    out = subprocess.run(
+        [
+            *SIM,
+            "real",
+            "--gpus",
+            "2",
+            "--scheme",
+            "gossip",
+            "--model",
+            "mlp_small",
+            "--iterations",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 1
     assert out.stderr.strip().count("\n") == 0
     assert "rank 0 (worker) was killed by SIGKILL" in out.stderr
@@ -248,14 +319,33 @@ def test_cli_reports_a_killed_rank_in_one_line(tmp_path: Path) -> None:
 
 # ---- the command line ------------------------------------------------------------------------
 
+
 def test_cli_json_contract_trace_and_profile(tmp_path: Path) -> None:
     from simcore.result import CONTRACT_KEYS
 
     trace_out, profile_out = tmp_path / "t.json", tmp_path / "p.json"
-    out = subprocess.run([*SIM, "real", "--gpus", "2", "--scheme", "p3", "--model",
-                          "cnn_small", "--iterations", "2", "--json", "--trace-out",
-                          str(trace_out), "--profile-out", str(profile_out)],
-                         capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [
+            *SIM,
+            "real",
+            "--gpus",
+            "2",
+            "--scheme",
+            "p3",
+            "--model",
+            "cnn_small",
+            "--iterations",
+            "2",
+            "--json",
+            "--trace-out",
+            str(trace_out),
+            "--profile-out",
+            str(profile_out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert set(CONTRACT_KEYS) <= set(result)
@@ -272,22 +362,41 @@ def test_cli_json_contract_trace_and_profile(tmp_path: Path) -> None:
     assert trace.meta.batch_size == 8
     assert trace.compute_s > 0
     # the profile can drive the simulator
-    sim = subprocess.run([*SIM, "run", "--gpus", "2", "--scheme", "p3", "--topology",
-                          "ethernet", "--model", str(profile_out), "--json"],
-                         capture_output=True, text=True, timeout=60)
+    sim = subprocess.run(
+        [
+            *SIM,
+            "run",
+            "--gpus",
+            "2",
+            "--scheme",
+            "p3",
+            "--topology",
+            "ethernet",
+            "--model",
+            str(profile_out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert sim.returncode == 0, sim.stderr
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--scheme", "gpipe"], "has no real runtime yet"),
-    (["--model", "vgg17"], "is not a zoo model"),
-    (["--scheme", "gossip", "--gpus", "3"], "needs a power of two"),
-    (["--set", "scheme.algorithm=tree"], "all-reduce with a ring"),
-    (["--backend", "nccl", "--scheme", "ps"], "nccl runs dp only"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--scheme", "gpipe"], "has no real runtime yet"),
+        (["--model", "vgg17"], "is not a zoo model"),
+        (["--scheme", "gossip", "--gpus", "3"], "needs a power of two"),
+        (["--set", "scheme.algorithm=tree"], "all-reduce with a ring"),
+        (["--backend", "nccl", "--scheme", "ps"], "nccl runs dp only"),
+    ],
+)
 def test_cli_refuses_what_cannot_run_for_real(args: list[str], words: str) -> None:
-    out = subprocess.run([*SIM, "real", "--model", "mlp_small", *args], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [*SIM, "real", "--model", "mlp_small", *args], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2, out.stderr
     assert words in out.stderr
     assert "Traceback" not in out.stderr
@@ -297,12 +406,20 @@ def test_zoo_small_models_are_listed() -> None:
     assert {"mlp_small", "cnn_small"} <= set(zoo.names())
 
 
-@pytest.mark.parametrize("key, value, typed", [
-    ("backend", "gloo", "gloo"), ("cluster", "netns", "netns"), ("lr", "0.5", 0.5),
-    ("timeout_s", "30", 30.0), ("batch_size", "4", 4), ("model", "cnn_small", "cnn_small"),
-])
-def test_real_settings_are_flags_config_keys_and_set_keys(tmp_path: Path, key: str,
-                                                          value: str, typed: Any) -> None:
+@pytest.mark.parametrize(
+    "key, value, typed",
+    [
+        ("backend", "gloo", "gloo"),
+        ("cluster", "netns", "netns"),
+        ("lr", "0.5", 0.5),
+        ("timeout_s", "30", 30.0),
+        ("batch_size", "4", 4),
+        ("model", "cnn_small", "cnn_small"),
+    ],
+)
+def test_real_settings_are_flags_config_keys_and_set_keys(
+    tmp_path: Path, key: str, value: str, typed: Any
+) -> None:
     from realrun.spec import RealSpec
     from tests.test_settings import resolve
 

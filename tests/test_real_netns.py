@@ -33,8 +33,9 @@ MBIT = 1e6 / 8
 
 
 _REASON = netns_unavailable_reason()
-needs_netns = pytest.mark.skipif(_REASON is not None,
-                                 reason=f"network namespaces unavailable: {_REASON}")
+needs_netns = pytest.mark.skipif(
+    _REASON is not None, reason=f"network namespaces unavailable: {_REASON}"
+)
 
 
 @pytest.fixture
@@ -67,14 +68,22 @@ def test_p3_first_layer_overtakes_on_a_congested_link(prefix: str, tmp_path: Pat
     """At 20 Mbit/s a backward's slices queue up: P3 sends the first layer's ahead of the
     big middle layer's (after the one slice already on the wire); MXNet's FIFO sends it
     last."""
-    first, middle = 1, 3   # mlp_small: body.0 (66 KB), body.2 (263 KB), head (10 KB)
+    first, middle = 1, 3  # mlp_small: body.0 (66 KB), body.2 (263 KB), head (10 KB)
     orders = {}
     for scheme, options in (("p3", {"slice_params": 2000}), ("ps", {})):
-        job = Job(scheme=scheme, model="mlp_small", workers=2, servers=1, iterations=2,
-                  options=options, timeout_s=60)
+        job = Job(
+            scheme=scheme,
+            model="mlp_small",
+            workers=2,
+            servers=1,
+            iterations=2,
+            options=options,
+            timeout_s=60,
+        )
         with EmulatedCluster(job.hosts, 20 * MBIT, prefix=prefix) as emu:
-            placement = Placement(emu.command, emu.hosts[0].address,
-                                  lambda h, emu=emu: emu.hosts[h].ifname)
+            placement = Placement(
+                emu.command, emu.hosts[0].address, lambda h, emu=emu: emu.hosts[h].ifname
+            )
             records = launch(job, str(tmp_path / scheme), placement)
         orders[scheme] = _completion_order(records, 1)  # the worker not beside the server
     assert orders["p3"] and all(o.index(first) < o.index(middle) for o in orders["p3"]), orders
@@ -84,10 +93,29 @@ def test_p3_first_layer_overtakes_on_a_congested_link(prefix: str, tmp_path: Pat
 @needs_netns
 def test_sim_real_netns_end_to_end(prefix: str) -> None:
     env = dict(os.environ, DTSIM_NETNS_PREFIX=prefix)
-    out = subprocess.run([SIM, "real", "--gpus", "3", "--scheme", "p3", "--model",
-                          "mlp_small", "--cluster", "netns", "--bandwidth", "200Mbps",
-                          "--iterations", "2", "--json"], capture_output=True, text=True,
-                         env=env, timeout=180)
+    out = subprocess.run(
+        [
+            SIM,
+            "real",
+            "--gpus",
+            "3",
+            "--scheme",
+            "p3",
+            "--model",
+            "mlp_small",
+            "--cluster",
+            "netns",
+            "--bandwidth",
+            "200Mbps",
+            "--iterations",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert r["cluster"] == "netns" and r["link_rate_bytes_per_s"] == pytest.approx(25e6)
@@ -100,15 +128,33 @@ def test_sim_real_netns_end_to_end(prefix: str) -> None:
 @needs_netns
 def test_sigterm_mid_run_leaves_nothing(prefix: str) -> None:
     env = dict(os.environ, DTSIM_NETNS_PREFIX=prefix)
-    proc = subprocess.Popen([SIM, "real", "--gpus", "2", "--scheme", "dp", "--model",
-                             "mlp_small", "--cluster", "netns", "--bandwidth", "100Mbps",
-                             "--iterations", "100000"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            SIM,
+            "real",
+            "--gpus",
+            "2",
+            "--scheme",
+            "dp",
+            "--model",
+            "mlp_small",
+            "--cluster",
+            "netns",
+            "--bandwidth",
+            "100Mbps",
+            "--iterations",
+            "100000",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not list_ours(prefix) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert list_ours(prefix), "the cluster never came up"
-    time.sleep(6)   # the ranks are running
+    time.sleep(6)  # the ranks are running
     proc.send_signal(signal.SIGTERM)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
@@ -118,13 +164,31 @@ def test_sigterm_mid_run_leaves_nothing(prefix: str) -> None:
     assert left.stdout.strip() == "", "rank processes outlived sim real"
 
 
-@pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0,
-                    reason="needs root and setpriv to run as an unprivileged user")
+@pytest.mark.skipif(
+    shutil.which("setpriv") is None or os.geteuid() != 0,
+    reason="needs root and setpriv to run as an unprivileged user",
+)
 def test_netns_without_root_says_so_in_one_line() -> None:
-    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                          SIM, "real", "--gpus", "2", "--model", "mlp_small", "--cluster",
-                          "netns"], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, HOME="/tmp"))
+    out = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            SIM,
+            "real",
+            "--gpus",
+            "2",
+            "--model",
+            "mlp_small",
+            "--cluster",
+            "netns",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, HOME="/tmp"),
+    )
     assert out.returncode == 2, out.stderr
     assert "root" in out.stderr and "--cluster local" in out.stderr
     assert out.stderr.strip().count("\n") == 0

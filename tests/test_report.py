@@ -46,7 +46,8 @@ def test_quick_report_covers_what_exists_and_names_what_is_missing(tmp_path, cap
         assert line.endswith(f"missing: {', '.join(lacking)} |" if lacking else "complete |")
         if lacking:
             assert f"in {sec.title} (missing {', '.join(lacking)})" in out.replace(
-                "incomplete: ", "in ")
+                "incomplete: ", "in "
+            )
     assert "| The antichain partitioner's balance | complete |" in md
 
     # the figures it references exist and are real PNGs

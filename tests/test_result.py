@@ -15,14 +15,17 @@ from simcore.spec import RunSpec
 
 @pytest.fixture(scope="module")
 def result() -> RunResult:
-    return simulate(build_config(RunSpec(gpus=4, model="resnet18", iterations=2,
-                                         warmup_iterations=1), record_spans=True))
+    return simulate(
+        build_config(
+            RunSpec(gpus=4, model="resnet18", iterations=2, warmup_iterations=1), record_spans=True
+        )
+    )
 
 
 def test_json_has_every_field_but_the_spans(result):
     d = result.to_dict()
     names = [f.name for f in dataclasses.fields(RunResult) if f.name not in ("spans", "extra")]
-    assert list(d)[:len(names)] == names
+    assert list(d)[: len(names)] == names
     assert set(CONTRACT_KEYS) <= set(d)
     assert "spans" not in d and result.spans
 

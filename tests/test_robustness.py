@@ -41,6 +41,7 @@ def one_line_error(code: int, err: str, expected_code: int = 2) -> str:
 
 # ---- outputs ---------------------------------------------------------------------------
 
+
 def read_fifo_in_background(path: str) -> tuple[threading.Thread, list[bytes]]:
     got: list[bytes] = []
 
@@ -54,8 +55,19 @@ def read_fifo_in_background(path: str) -> tuple[threading.Thread, list[bytes]]:
 
 
 WRITERS = {
-    "run --trace-out": lambda out: ["run", "--gpus", "2", "--scheme", "dp", "--fidelity",
-                                    "analytic", "--iterations", "1", "--trace-out", out],
+    "run --trace-out": lambda out: [
+        "run",
+        "--gpus",
+        "2",
+        "--scheme",
+        "dp",
+        "--fidelity",
+        "analytic",
+        "--iterations",
+        "1",
+        "--trace-out",
+        out,
+    ],
     "trace convert": lambda out: ["trace", "convert", "resnet18-cpu", out],
 }
 """Writers that take any file name (``sim sweep``, ``sim plot`` and ``sim profile`` need a
@@ -93,7 +105,7 @@ def test_a_named_pipe_is_written_into_not_replaced(writer, tmp_path, capsys):
     code, _out, err = run_main(capsys, *WRITERS[writer](str(fifo)))
     t.join(timeout=60)
     assert code == 0, err
-    assert os.path.exists(fifo) and not os.path.isfile(fifo)      # still a pipe
+    assert os.path.exists(fifo) and not os.path.isfile(fifo)  # still a pipe
     assert json.loads(got[0])
 
 
@@ -113,11 +125,21 @@ def test_dev_full_fails_with_an_error(writer, capsys):
 
 
 def test_trace_out_dash_writes_the_trace_to_stdout(capsys):
-    code, out, err = run_main(capsys, "run", "--gpus", "2", "--fidelity", "analytic",
-                              "--iterations", "1", "--trace-out", "-")
+    code, out, err = run_main(
+        capsys,
+        "run",
+        "--gpus",
+        "2",
+        "--fidelity",
+        "analytic",
+        "--iterations",
+        "1",
+        "--trace-out",
+        "-",
+    )
     assert code == 0, err
     assert "traceEvents" in json.loads(out)
-    assert "iteration time" in err          # the summary moved to stderr
+    assert "iteration time" in err  # the summary moved to stderr
 
 
 def test_trace_out_dash_with_json_is_refused(capsys):
@@ -161,24 +183,47 @@ def test_sweep_and_plot_outputs_through_symlinks(suffix, tmp_path, capsys):
     table = tmp_path / "real.csv"
     link = tmp_path / "results.csv"
     link.symlink_to(table)
-    code, _o, err = run_main(capsys, "sweep", "--scheme", "dp", "--gpus", "2,4", "--fidelity",
-                             "analytic", "--iterations", "1", "--out", str(link), "-j", "1")
+    code, _o, err = run_main(
+        capsys,
+        "sweep",
+        "--scheme",
+        "dp",
+        "--gpus",
+        "2,4",
+        "--fidelity",
+        "analytic",
+        "--iterations",
+        "1",
+        "--out",
+        str(link),
+        "-j",
+        "1",
+    )
     assert code == 0, err
     assert link.is_symlink() and "iteration_time_s" in table.read_text()
     if suffix == ".png":
         fig = tmp_path / "real.png"
         flink = tmp_path / "fig.png"
         flink.symlink_to(fig)
-        code, _o, err = run_main(capsys, "plot", str(table), "--kind", "line",
-                                 "--x", "gpus", "--y", "throughput_samples_s", "--out",
-                                 str(flink))
+        code, _o, err = run_main(
+            capsys,
+            "plot",
+            str(table),
+            "--kind",
+            "line",
+            "--x",
+            "gpus",
+            "--y",
+            "throughput_samples_s",
+            "--out",
+            str(flink),
+        )
         assert code == 0, err
         assert flink.is_symlink() and fig.read_bytes().startswith(b"\x89PNG")
 
 
 def test_report_out_that_cannot_be_made_exits_2(capsys):
-    line = one_line_error(*run_main(capsys, "report", "--quick", "--out",
-                                    "/proc/nope/x")[::2])
+    line = one_line_error(*run_main(capsys, "report", "--quick", "--out", "/proc/nope/x")[::2])
     assert "/proc/nope/x" in line
 
 
@@ -187,14 +232,23 @@ def test_report_out_that_cannot_be_made_exits_2(capsys):
 BINARY = bytes(range(256)) * 4
 
 
-@pytest.mark.parametrize("reader", [
-    ("run", "--model", "{f}.json"), ("run", "--model", "{f}.txt"),
-    ("run", "--config", "{f}.yaml"), ("run", "--config", "{f}.json"),
-    ("run", "--topology", "{f}.yaml"), ("trace", "show", "{f}.json"),
-    ("trace", "show", "{f}.txt"), ("trace", "convert", "{f}.json", "{out}"),
-    ("plot", "{f}.json"), ("plot", "{f}.csv"), ("plot", "--kind", "gantt", "{f}.json"),
-    ("schedule", "--from-file", "{f}.txt"),
-])
+@pytest.mark.parametrize(
+    "reader",
+    [
+        ("run", "--model", "{f}.json"),
+        ("run", "--model", "{f}.txt"),
+        ("run", "--config", "{f}.yaml"),
+        ("run", "--config", "{f}.json"),
+        ("run", "--topology", "{f}.yaml"),
+        ("trace", "show", "{f}.json"),
+        ("trace", "show", "{f}.txt"),
+        ("trace", "convert", "{f}.json", "{out}"),
+        ("plot", "{f}.json"),
+        ("plot", "{f}.csv"),
+        ("plot", "--kind", "gantt", "{f}.json"),
+        ("schedule", "--from-file", "{f}.txt"),
+    ],
+)
 def test_binary_input_files_give_one_line_naming_the_file(reader, tmp_path, capsys):
     stem = tmp_path / "binary"
     args = []
@@ -231,6 +285,7 @@ def test_sim_alone_prints_its_help(capsys):
 
 # ---- guards ----------------------------------------------------------------------------
 
+
 def test_absurd_gpus_are_refused_before_any_work(capsys):
     line = one_line_error(*run_main(capsys, "run", "--gpus", "1000000000")[::2])
     assert "too big" in line and "memory" in line and "--fidelity analytic" in line
@@ -242,32 +297,47 @@ def test_too_many_iterations_are_refused(capsys):
 
 
 def test_a_huge_schedule_is_refused(capsys):
-    line = one_line_error(*run_main(capsys, "schedule", "--stages", "1000", "--microbatches",
-                                    "100000")[::2])
+    line = one_line_error(
+        *run_main(capsys, "schedule", "--stages", "1000", "--microbatches", "100000")[::2]
+    )
     assert "--microbatches" in line
 
 
 def test_ordinary_runs_pass_the_guard():
-    for spec in (RunSpec(gpus=8, scheme="p3"), RunSpec(gpus=64, scheme="dp",
-                                                       topology="ib-cluster"),
-                 RunSpec(gpus=1024, scheme="ps", topology="ib-cluster", fidelity="analytic"),
-                 RunSpec(gpus=4096, scheme="gossip", topology="ib-cluster",
-                         fidelity="analytic")):
+    for spec in (
+        RunSpec(gpus=8, scheme="p3"),
+        RunSpec(gpus=64, scheme="dp", topology="ib-cluster"),
+        RunSpec(gpus=1024, scheme="ps", topology="ib-cluster", fidelity="analytic"),
+        RunSpec(gpus=4096, scheme="gossip", topology="ib-cluster", fidelity="analytic"),
+    ):
         est = estimate(build_config(spec, record_spans=False))
         assert est.memory_bytes < 4 << 30 and est.seconds < 600
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.sampled_from(["dp", "ps", "p3", "gossip", "gpipe"]),
-       st.sampled_from(["detailed", "analytic"]), st.integers(1, 12), st.integers(1, 50))
+@given(
+    st.sampled_from(["dp", "ps", "p3", "gossip", "gpipe"]),
+    st.sampled_from(["detailed", "analytic"]),
+    st.integers(1, 12),
+    st.integers(1, 50),
+)
 def test_the_estimate_grows_with_gpus_and_iterations(scheme, fidelity, log_gpus, its):
     def est(gpus: int, iterations: int):
-        return estimate(build_config(RunSpec(scheme=scheme, gpus=gpus, fidelity=fidelity,
-                                             iterations=iterations, topology="ib-cluster"),
-                                     record_spans=False))
-    a, b, c = est(2 ** log_gpus, its), est(2 ** (log_gpus + 1), its), est(2 ** log_gpus,
-                                                                         its + 1)
-    if a.mean_field == b.mean_field:     # a mean field starting at more GPUs costs less
+        return estimate(
+            build_config(
+                RunSpec(
+                    scheme=scheme,
+                    gpus=gpus,
+                    fidelity=fidelity,
+                    iterations=iterations,
+                    topology="ib-cluster",
+                ),
+                record_spans=False,
+            )
+        )
+
+    a, b, c = est(2**log_gpus, its), est(2 ** (log_gpus + 1), its), est(2**log_gpus, its + 1)
+    if a.mean_field == b.mean_field:  # a mean field starting at more GPUs costs less
         assert 0 < a.memory_bytes <= b.memory_bytes
     assert 0 < a.memory_bytes <= c.memory_bytes
     assert 0 < a.seconds <= c.seconds and a.events <= c.events
@@ -289,39 +359,83 @@ def test_simcore_stays_pure():
     root = pathlib.Path(__file__).resolve().parent.parent / "simcore"
     for path in root.rglob("*.py"):
         text = path.read_text()
-        for bad in ("import tqdm", "from tqdm", "import click", "import pandas",
-                    "from pandas", "open("):
+        for bad in (
+            "import tqdm",
+            "from tqdm",
+            "import click",
+            "import pandas",
+            "from pandas",
+            "open(",
+        ):
             assert bad not in text, f"{path}: {bad}"
 
 
 # ---- partial failures --------------------------------------------------------------------
 
+
 def test_a_sweep_with_failed_points_exits_1_and_says_how_many(tmp_path, capsys):
     out = str(tmp_path / "s.csv")
-    args = ("sweep", "--scheme", "gossip", "--gpus", "4,6,12", "--fidelity", "analytic",
-            "--iterations", "1", "--out", out, "-j", "1")
+    args = (
+        "sweep",
+        "--scheme",
+        "gossip",
+        "--gpus",
+        "4,6,12",
+        "--fidelity",
+        "analytic",
+        "--iterations",
+        "1",
+        "--out",
+        out,
+        "-j",
+        "1",
+    )
     code, _o, err = run_main(capsys, *args)
     assert code == 1 and "2 of 3 points failed" in err and "Traceback" not in err
-    code, _o, err = run_main(capsys, *args)           # skipped now, still failed
+    code, _o, err = run_main(capsys, *args)  # skipped now, still failed
     assert code == 1 and "2 from an earlier run" in err
 
 
 def test_a_sweep_without_failures_exits_0(tmp_path, capsys):
-    code, _o, err = run_main(capsys, "sweep", "--scheme", "dp", "--gpus", "2", "--fidelity",
-                             "analytic", "--iterations", "1", "--out",
-                             str(tmp_path / "s.csv"), "-j", "1")
+    code, _o, err = run_main(
+        capsys,
+        "sweep",
+        "--scheme",
+        "dp",
+        "--gpus",
+        "2",
+        "--fidelity",
+        "analytic",
+        "--iterations",
+        "1",
+        "--out",
+        str(tmp_path / "s.csv"),
+        "-j",
+        "1",
+    )
     assert code == 0, err
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
 def test_profile_with_a_batch_that_cannot_fit_is_one_line(tmp_path, capsys):
-    line = one_line_error(*run_main(capsys, "profile", "--model", "resnet18", "--batch-size",
-                                    "100000", "--out", str(tmp_path / "p.json"))[::2])
+    line = one_line_error(
+        *run_main(
+            capsys,
+            "profile",
+            "--model",
+            "resnet18",
+            "--batch-size",
+            "100000",
+            "--out",
+            str(tmp_path / "p.json"),
+        )[::2]
+    )
     assert "--batch-size" in line and "100000" in line
     assert not (tmp_path / "p.json").exists()
 
 
 # ---- fuzzing the loaders -----------------------------------------------------------------
+
 
 def _valid_trace_text() -> str:
     import tempfile
@@ -337,8 +451,12 @@ def _valid_trace_text() -> str:
 
 
 VALID_TRACE = _valid_trace_text()
-with open(os.path.join(os.path.dirname(__file__), "..", "simcore", "presets", "topologies",
-                       "ib-cluster.yaml"), encoding="utf-8") as _fh:
+with open(
+    os.path.join(
+        os.path.dirname(__file__), "..", "simcore", "presets", "topologies", "ib-cluster.yaml"
+    ),
+    encoding="utf-8",
+) as _fh:
     VALID_TOPOLOGY = _fh.read()
 
 
@@ -347,11 +465,15 @@ def mutated(text: str) -> st.SearchStrategy[bytes]:
     raw = text.encode()
     return st.one_of(
         st.tuples(st.integers(0, len(raw)), st.integers(0, 40), st.binary(max_size=40)).map(
-            lambda t: raw[:t[0]] + t[2] + raw[t[0] + t[1]:]),
+            lambda t: raw[: t[0]] + t[2] + raw[t[0] + t[1] :]
+        ),
         st.integers(0, len(raw)).map(lambda n: raw[:n]),
-        st.tuples(st.integers(0, len(raw) - 1), st.sampled_from(
-            [b"-1", b"1e999", b"null", b"[]", b"{}", b'"x"', b"0", b"nan", b"\xff"])).map(
-            lambda t: raw[:t[0]] + t[1] + raw[t[0] + 1:]),
+        st.tuples(
+            st.integers(0, len(raw) - 1),
+            st.sampled_from(
+                [b"-1", b"1e999", b"null", b"[]", b"{}", b'"x"', b"0", b"nan", b"\xff"]
+            ),
+        ).map(lambda t: raw[: t[0]] + t[1] + raw[t[0] + 1 :]),
     )
 
 
@@ -364,14 +486,15 @@ def assert_user_error_only(fn) -> None:
         assert message and "\n" not in message
 
 
-FUZZ = settings(max_examples=int(os.environ.get("DTSIM_FUZZ_EXAMPLES", "60")), deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                       HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=int(os.environ.get("DTSIM_FUZZ_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @FUZZ
-@given(st.one_of(st.binary(max_size=300), mutated(VALID_TRACE)),
-       st.sampled_from([".json", ".txt"]))
+@given(st.one_of(st.binary(max_size=300), mutated(VALID_TRACE)), st.sampled_from([".json", ".txt"]))
 def test_fuzzed_trace_files_never_crash_the_loader(tmp_path_factory, data, suffix):
     from traces.catalog import load_file
 
@@ -413,9 +536,22 @@ def test_the_cli_progress_bar_draws_the_simulation_share(monkeypatch):
 
 def test_a_sweep_point_too_big_fails_alone(tmp_path, capsys):
     out = tmp_path / "g.csv"
-    code, text, err = run_main(capsys, "sweep", "--scheme", "dp", "--gpus", "2,1000000000",
-                               "--fidelity", "analytic", "--iterations", "1", "--out",
-                               str(out), "-j", "1")
+    code, text, err = run_main(
+        capsys,
+        "sweep",
+        "--scheme",
+        "dp",
+        "--gpus",
+        "2,1000000000",
+        "--fidelity",
+        "analytic",
+        "--iterations",
+        "1",
+        "--out",
+        str(out),
+        "-j",
+        "1",
+    )
     assert code == 1 and "1 of 2 points failed" in err
     assert "too big to finish here" in text
     assert "iteration_time_s" in out.read_text()

@@ -54,18 +54,44 @@ def test_1f1b_warms_up_then_alternates():
 
 def test_1f1b_grid_matches_the_textbook_picture():
     grid = one_f_one_b(straight_stages(3), 4).grid().splitlines()
-    assert grid[1].split()[1:] == ["F0", "F1", "F2", ".", ".", "B0", "F3", "B1", ".", "B2", ".",
-                                   "B3"]
-    assert grid[3].split()[1:] == [".", ".", "F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3", ".",
-                                   "."]
+    assert grid[1].split()[1:] == [
+        "F0",
+        "F1",
+        "F2",
+        ".",
+        ".",
+        "B0",
+        "F3",
+        "B1",
+        ".",
+        "B2",
+        ".",
+        "B3",
+    ]
+    assert grid[3].split()[1:] == [
+        ".",
+        ".",
+        "F0",
+        "B0",
+        "F1",
+        "B1",
+        "F2",
+        "B2",
+        "F3",
+        "B3",
+        ".",
+        ".",
+    ]
 
 
 def test_gpipe_grid_takes_two_times_m_plus_n_minus_one_steps():
     n, m = 4, 5
     grid = gpipe(straight_stages(n), m).grid().splitlines()
     assert grid[0].split()[-1] == str(2 * (m + n - 1) - 1)
-    assert grid[1].split()[1:m + 1] == [f"F{i}" for i in range(m)]
-    assert grid[4].split()[n:n + 2 * m] == [f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)]
+    assert grid[1].split()[1 : m + 1] == [f"F{i}" for i in range(m)]
+    assert grid[4].split()[n : n + 2 * m] == [f"F{i}" for i in range(m)] + [
+        f"B{i}" for i in range(m)
+    ]
 
 
 def test_recompute_reruns_the_forward_before_each_backward():
@@ -81,8 +107,11 @@ def test_validator_reports_backward_before_forward():
     acts.remove(Action(FORWARD, 1, 1))
     acts.insert(len(acts) - 1, Action(FORWARD, 1, 1))
     bad = Schedule("x", s.stages, 2, 2, (s.actions[0], tuple(acts)))
-    with pytest.raises(ScheduleError, match=r"rank 1, step \d+ \(1B1\): backward of "
-                                            r"micro-batch 1 without a forward"):
+    with pytest.raises(
+        ScheduleError,
+        match=r"rank 1, step \d+ \(1B1\): backward of "
+        r"micro-batch 1 without a forward",
+    ):
         bad.validate()
 
 
@@ -96,18 +125,22 @@ def test_validator_reports_unmatched_send():
 
 def test_validator_finds_a_deadlock_and_draws_where():
     """Stage 1 waits for the gradient of micro-batch 1 before forwarding micro-batch 1."""
-    text = ("rank 0 (stage 0): 0F0 0SA0>1 0F1 0SA1>1 0RG0<1 0B0 0RG1<1 0B1 0U1\n"
-            "rank 1 (stage 1): 1RA0<0 1F0 1RG1<2 1SA0>2 1RA1<0 1F1 1SA1>2 1RG0<2 1B0 "
-            "1SG0>0 1B1 1SG1>0 1U1\n"
-            "rank 2 (stage 2): 2RA0<1 2F0 2B0 2SG0>1 2RA1<1 2F1 2B1 2SG1>1 2U1")
+    text = (
+        "rank 0 (stage 0): 0F0 0SA0>1 0F1 0SA1>1 0RG0<1 0B0 0RG1<1 0B1 0U1\n"
+        "rank 1 (stage 1): 1RA0<0 1F0 1RG1<2 1SA0>2 1RA1<0 1F1 1SA1>2 1RG0<2 1B0 "
+        "1SG0>0 1B1 1SG1>0 1U1\n"
+        "rank 2 (stage 2): 2RA0<1 2F0 2B0 2SG0>1 2RA1<1 2F1 2B1 2SG1>1 2U1"
+    )
     s = Schedule.from_text(text)
     with pytest.raises(ScheduleError) as err:
         s.validate()
     msg = str(err.value)
-    assert msg.startswith("deadlock at step 2: rank 0 (its action 4, 0RG0<1) waits for the "
-                          "gradient of micro-batch 0 from rank 1; rank 1 (its action 2, "
-                          "1RG1<2) waits for the gradient of micro-batch 1 from rank 2; "
-                          "rank 2 (its action 0, 2RA0<1) waits")
+    assert msg.startswith(
+        "deadlock at step 2: rank 0 (its action 4, 0RG0<1) waits for the "
+        "gradient of micro-batch 0 from rank 1; rank 1 (its action 2, "
+        "1RG1<2) waits for the gradient of micro-batch 1 from rank 2; "
+        "rank 2 (its action 0, 2RA0<1) waits"
+    )
     grid = msg.splitlines()[1:]
     assert grid[1].split() == ["rank0", "F0", "F1", "!"]
     assert grid[2].split() == ["rank1", ".", "F0", "!"]
@@ -127,9 +160,13 @@ def test_replicated_stages_need_whole_rounds():
 
 
 @settings(max_examples=60, deadline=None)
-@given(reps=st.lists(st.integers(1, 3), min_size=1, max_size=5), rounds=st.integers(1, 4),
-       iterations=st.integers(1, 3), kind=st.sampled_from(["1f1b", "gpipe", "stale"]),
-       flag=st.booleans())
+@given(
+    reps=st.lists(st.integers(1, 3), min_size=1, max_size=5),
+    rounds=st.integers(1, 4),
+    iterations=st.integers(1, 3),
+    kind=st.sampled_from(["1f1b", "gpipe", "stale"]),
+    flag=st.booleans(),
+)
 def test_every_generated_schedule_validates(reps, rounds, iterations, kind, flag):
     """For any stages, replicas and micro-batches: each forward precedes its backward on
     its rank, every micro-batch passes every stage once, sends match receives, and the

@@ -35,12 +35,14 @@ def test_dp_iteration_is_compute_plus_ring_plus_update(fidelity, p):
     n = 4_000_000
     trace = one_layer(n)
     topo = ring_topology(p, B, LAT)
-    r = simulate(SimConfig(trace=trace, topology=topo, scheme="dp", fidelity=fidelity,
-                           iterations=3))
+    r = simulate(
+        SimConfig(trace=trace, topology=topo, scheme="dp", fidelity=fidelity, iterations=3)
+    )
     update = OPTIMIZERS["momentum"][1] * n / topo.gpu_spec.memory_bandwidth_bytes_per_s
     expected = 0.03 + closed_form_ring_allreduce(p, n, LAT, B) + update
-    assert r.iteration_time_s == pytest.approx(expected, rel=1e-9 if fidelity == "analytic"
-                                               else 1e-3)
+    assert r.iteration_time_s == pytest.approx(
+        expected, rel=1e-9 if fidelity == "analytic" else 1e-3
+    )
 
 
 def test_dp_on_one_gpu_is_the_single_gpu_baseline():
@@ -52,9 +54,13 @@ def test_dp_on_one_gpu_is_the_single_gpu_baseline():
 
 
 def test_dp_buckets_follow_ddp():
-    trace = chain(TraceMeta("m", "V100", 1),
-                  [Layer(f"l{i}", 0.001, 0.001, param_bytes=s)
-                   for i, s in enumerate([10, 0, 600, 300, 500, 200])])
+    trace = chain(
+        TraceMeta("m", "V100", 1),
+        [
+            Layer(f"l{i}", 0.001, 0.001, param_bytes=s)
+            for i, s in enumerate([10, 0, 600, 300, 500, 200])
+        ],
+    )
     assert ddp_buckets(trace, bucket_bytes=700, first_bucket_bytes=100) == [[5], [4, 3], [2, 0]]
 
 
@@ -62,8 +68,9 @@ def test_dp_overlap_hides_communication():
     trace = synthetic_trace(n_layers=8, param_bytes=20_000_000)
     topo = ring_topology(4, 2e9, LAT)
     on = simulate(SimConfig(trace=trace, topology=topo, options=DPOptions(bucket_bytes=2**22)))
-    off = simulate(SimConfig(trace=trace, topology=topo,
-                             options=DPOptions(bucket_bytes=2**22, overlap=False)))
+    off = simulate(
+        SimConfig(trace=trace, topology=topo, options=DPOptions(bucket_bytes=2**22, overlap=False))
+    )
     assert on.iteration_time_s < off.iteration_time_s
 
 
@@ -94,18 +101,33 @@ def test_ps_push_pull_formula(fused_scheme, p):
     trace = one_layer(n)
     topo = star_topology(p, bw, lat, servers=1)
     opts = PSOptions(placement="dedicated", servers=1, server_bandwidth=rate)
-    r = simulate(SimConfig(trace=trace, topology=topo, scheme=fused_scheme, options=opts,
-                           iterations=1, warmup_iterations=0, chunk_bytes=n))
+    r = simulate(
+        SimConfig(
+            trace=trace,
+            topology=topo,
+            scheme=fused_scheme,
+            options=opts,
+            iterations=1,
+            warmup_iterations=0,
+            chunk_bytes=n,
+        )
+    )
     expected = 0.03 + 2 * (p + 1) * n / bw + 4 * lat + 6 * n / rate
     assert r.iteration_times_s[0] == pytest.approx(expected, rel=1e-12)
 
 
 def test_ps_shards_follow_mxnet_placement():
-    shards = mxnet_shards([(0, 100), (1, 8_000_000), (2, 100)], servers=4,
-                          big_array_bytes=4_000_000)
+    shards = mxnet_shards(
+        [(0, 100), (1, 8_000_000), (2, 100)], servers=4, big_array_bytes=4_000_000
+    )
     assert [(s.layer, s.server, s.nbytes) for s in shards] == [
-        (0, 0, 100), (1, 0, 2_000_000), (1, 1, 2_000_000), (1, 2, 2_000_000),
-        (1, 3, 2_000_000), (2, 9973 * 2 % 4, 100)]
+        (0, 0, 100),
+        (1, 0, 2_000_000),
+        (1, 1, 2_000_000),
+        (1, 2, 2_000_000),
+        (1, 3, 2_000_000),
+        (2, 9973 * 2 % 4, 100),
+    ]
 
 
 def test_ps_colocated_on_ethernet_is_slower_than_dp_ring():
@@ -124,10 +146,11 @@ def test_ps_rejects_colocated_without_hosts():
 
 
 def test_ps_on_builtin_vgg16_four_hosts_runs_every_layer():
-    r = simulate(build_config(RunSpec(scheme="ps", gpus=4, topology="ethernet",
-                                      model="vgg16", iterations=2)))
+    r = simulate(
+        build_config(RunSpec(scheme="ps", gpus=4, topology="ethernet", model="vgg16", iterations=2))
+    )
     vgg = load_builtin("vgg16")
-    assert r.comm_bytes_total > 2 * 4 * vgg.param_bytes   # push and pull per worker
+    assert r.comm_bytes_total > 2 * 4 * vgg.param_bytes  # push and pull per worker
     assert all(0 < u <= 1 for u in r.per_gpu_utilization)
 
 
@@ -135,9 +158,14 @@ def test_ps_on_builtin_vgg16_four_hosts_runs_every_layer():
 def test_an_input_node_with_parameters_does_not_stall_parameter_servers(scheme):
     """Input nodes never run backward, so their parameters are never pushed; they must not
     be sharded (it used to stall the run)."""
-    trace = chain(TraceMeta("m", "V100", 1),
-                  [Layer("in", 0.001, 0.0, param_bytes=1_000_000, kind="input"),
-                   Layer("l1", 0.01, 0.02, param_bytes=2_000_000)])
-    r = simulate(SimConfig(trace=trace, topology=star_topology(2, B, LAT), scheme=scheme,
-                           iterations=2))
+    trace = chain(
+        TraceMeta("m", "V100", 1),
+        [
+            Layer("in", 0.001, 0.0, param_bytes=1_000_000, kind="input"),
+            Layer("l1", 0.01, 0.02, param_bytes=2_000_000),
+        ],
+    )
+    r = simulate(
+        SimConfig(trace=trace, topology=star_topology(2, B, LAT), scheme=scheme, iterations=2)
+    )
     assert r.iteration_time_s > 0

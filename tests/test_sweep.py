@@ -77,9 +77,11 @@ def test_scheme_option_applies_only_to_schemes_that_take_it():
 
 
 @settings(max_examples=30, deadline=None)
-@given(gpus=st.lists(st.integers(1, 64), min_size=1, max_size=4, unique=True),
-       seeds=st.lists(st.integers(0, 9), min_size=1, max_size=3, unique=True),
-       schemes=st.sampled_from([("dp",), ("ps",), ("dp", "ps"), ("ps", "dp")]))
+@given(
+    gpus=st.lists(st.integers(1, 64), min_size=1, max_size=4, unique=True),
+    seeds=st.lists(st.integers(0, 9), min_size=1, max_size=3, unique=True),
+    schemes=st.sampled_from([("dp",), ("ps",), ("dp", "ps"), ("ps", "dp")]),
+)
 def test_plan_has_one_point_per_combination(gpus, seeds, schemes):
     plan = plan_sweep(RunSpec(), {"scheme": list(schemes), "gpus": gpus, "seed": seeds})
     assert len(plan.points) == len(gpus) * len(seeds) * len(schemes)
@@ -88,29 +90,41 @@ def test_plan_has_one_point_per_combination(gpus, seeds, schemes):
     assert len({p.point_id for p in plan.points}) == len(plan.points)
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--gpus", "2,x"], "--gpus: 'x' is not allowed; expected an integer"),
-    (["--gpus", "2,,4"], "--gpus: '2,,4' is not allowed; expected a comma-separated list"),
-    (["--gpus", "2,02"], "--gpus: 2 is not allowed; is listed twice"),
-    (["--gpus", "0,2"], "--gpus: '0' is not allowed; must be at least 1"),
-    (["--scheme", "dp,foo"], "--scheme: 'foo' is not allowed; choose one of: dp, ps"),
-    (["--bandwidth", "1Gbps,fast"], "--bandwidth: 'fast' is not allowed; expected a rate"),
-    (["--model", "resnet50,resnet5"], "--model: 'resnet5' is not allowed"),
-    (["--topology", "pcie,mars"], "--topology: 'mars' is not allowed; choose one of"),
-    (["--fidelity", "exact"], "--fidelity: 'exact' is not allowed; choose one of: detailed"),
-    (["--set", "nope=1,2"], "nope: unknown setting; known: scheme, gpus"),
-    (["--set", "scheme.nope=1,2"], "scheme.nope: unknown setting; none of the swept schemes "
-                                   "(dp) takes this option"),
-    (["--scheme", "dp,ps", "--set", "scheme.algorithm=ring,star"],
-     "scheme.algorithm: 'star' is not allowed; choose one of"),
-    (["--set", "chunk_bytes=1MiB,huge"], "chunk_bytes: 'huge' is not allowed; expected a size"),
-    (["--set", "gpus"], "--set: 'gpus' is not allowed; expected KEY=VALUE"),
-    (["--out", "results.txt"], "--out: 'results.txt' is not allowed; expected a file name "
-                               "ending in .parquet or .csv"),
-    (["--scheduler", "localhost:8786"], "--scheduler: 'localhost:8786' is not allowed; "
-                                        "expected an address like tcp://HOST:PORT"),
-    (["--jobs", "0"], "--jobs: 0 is not allowed; expected a positive number"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--gpus", "2,x"], "--gpus: 'x' is not allowed; expected an integer"),
+        (["--gpus", "2,,4"], "--gpus: '2,,4' is not allowed; expected a comma-separated list"),
+        (["--gpus", "2,02"], "--gpus: 2 is not allowed; is listed twice"),
+        (["--gpus", "0,2"], "--gpus: '0' is not allowed; must be at least 1"),
+        (["--scheme", "dp,foo"], "--scheme: 'foo' is not allowed; choose one of: dp, ps"),
+        (["--bandwidth", "1Gbps,fast"], "--bandwidth: 'fast' is not allowed; expected a rate"),
+        (["--model", "resnet50,resnet5"], "--model: 'resnet5' is not allowed"),
+        (["--topology", "pcie,mars"], "--topology: 'mars' is not allowed; choose one of"),
+        (["--fidelity", "exact"], "--fidelity: 'exact' is not allowed; choose one of: detailed"),
+        (["--set", "nope=1,2"], "nope: unknown setting; known: scheme, gpus"),
+        (
+            ["--set", "scheme.nope=1,2"],
+            "scheme.nope: unknown setting; none of the swept schemes (dp) takes this option",
+        ),
+        (
+            ["--scheme", "dp,ps", "--set", "scheme.algorithm=ring,star"],
+            "scheme.algorithm: 'star' is not allowed; choose one of",
+        ),
+        (["--set", "chunk_bytes=1MiB,huge"], "chunk_bytes: 'huge' is not allowed; expected a size"),
+        (["--set", "gpus"], "--set: 'gpus' is not allowed; expected KEY=VALUE"),
+        (
+            ["--out", "results.txt"],
+            "--out: 'results.txt' is not allowed; expected a file name ending in .parquet or .csv",
+        ),
+        (
+            ["--scheduler", "localhost:8786"],
+            "--scheduler: 'localhost:8786' is not allowed; "
+            "expected an address like tcp://HOST:PORT",
+        ),
+        (["--jobs", "0"], "--jobs: 0 is not allowed; expected a positive number"),
+    ],
+)
 def test_bad_sweep_specs_are_one_line_exit_2(tmp_path, capsys, monkeypatch, args, needle):
     monkeypatch.chdir(tmp_path)
     code, out, err = run_main(capsys, "sweep", "--gpus", "2", *SMALL, *args)
@@ -132,22 +146,24 @@ def test_out_that_is_not_a_sweep_output_is_refused(tmp_path, capsys):
 
 def test_config_file_lists_are_swept_and_scalars_shared(tmp_path, capsys):
     cfg = tmp_path / "sweep.yaml"
-    cfg.write_text("model: resnet18\niterations: 1\ngpus: [2, 4]\nscheme: [dp, ps]\n"
-                   "scheme.algorithm: [ring, tree]\n")
-    code, out, err = run_main(capsys, "sweep", "--config", str(cfg), "--gpus", "2",
-                              "--dry-run")
+    cfg.write_text(
+        "model: resnet18\niterations: 1\ngpus: [2, 4]\nscheme: [dp, ps]\n"
+        "scheme.algorithm: [ring, tree]\n"
+    )
+    code, out, err = run_main(capsys, "sweep", "--config", str(cfg), "--gpus", "2", "--dry-run")
     assert code == 0, err
     assert out.splitlines()[0] == "3 points:"  # --gpus overrides the file's list
     lines = out.splitlines()[1:]
     assert [ln.split(None, 1)[1] for ln in lines] == [
-        "gpus=2 scheme=dp scheme.algorithm=ring", "gpus=2 scheme=dp scheme.algorithm=tree",
-        "gpus=2 scheme=ps scheme.algorithm=-"]
+        "gpus=2 scheme=dp scheme.algorithm=ring",
+        "gpus=2 scheme=dp scheme.algorithm=tree",
+        "gpus=2 scheme=ps scheme.algorithm=-",
+    ]
 
 
 def test_dry_run_lists_points_and_writes_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, out, _err = run_main(capsys, "sweep", "--scheme", "dp,ps", "--gpus", "2,4",
-                               "--dry-run")
+    code, out, _err = run_main(capsys, "sweep", "--scheme", "dp,ps", "--gpus", "2,4", "--dry-run")
     assert code == 0
     assert out.splitlines()[0] == "4 points:"
     assert "scheme=ps gpus=4" in out
@@ -160,18 +176,44 @@ def test_dry_run_lists_points_and_writes_nothing(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("suffix", ["parquet", "csv"])
 def test_rows_equal_individual_sim_run_json(tmp_path, capsys, suffix):
     out = tmp_path / f"r.{suffix}"
-    code, text, err = run_main(capsys, "sweep", "--scheme", "dp,ps", "--gpus", "2,4",
-                               "--topology", "ethernet", "--bandwidth", "5Gbps", *SMALL,
-                               "--out", str(out))
+    code, text, err = run_main(
+        capsys,
+        "sweep",
+        "--scheme",
+        "dp,ps",
+        "--gpus",
+        "2,4",
+        "--topology",
+        "ethernet",
+        "--bandwidth",
+        "5Gbps",
+        *SMALL,
+        "--out",
+        str(out),
+    )
     assert code == 0, err
     assert text.startswith(f"4 points into {out}: 4 computed, 0 already there; 4 rows")
     rows = ok_rows(out)
     assert len(rows) == 4
     for row in rows:
         assert row["bandwidth"] == "5Gbps" and row["bandwidth_bytes_per_s"] == 5e9 / 8
-        code, js, err = run_main(capsys, "run", "--scheme", row["scheme"], "--gpus",
-                                 str(row["gpus"]), "--topology", "ethernet", "--bandwidth",
-                                 "5Gbps", "--model", "resnet18", "--iterations", "1", "--json")
+        code, js, err = run_main(
+            capsys,
+            "run",
+            "--scheme",
+            row["scheme"],
+            "--gpus",
+            str(row["gpus"]),
+            "--topology",
+            "ethernet",
+            "--bandwidth",
+            "5Gbps",
+            "--model",
+            "resnet18",
+            "--iterations",
+            "1",
+            "--json",
+        )
         assert code == 0, err
         expected = json.loads(js)
         assert set(CONTRACT_KEYS) <= set(expected)
@@ -186,8 +228,18 @@ def test_a_failing_point_is_recorded_and_the_rest_complete(tmp_path, capsys):
     preset = tmp_path / "nohost.yaml"
     preset.write_text(NO_HOST_PRESET)
     out = tmp_path / "r.csv"
-    args = ["sweep", "--scheme", "ps,dp", "--gpus", "2,4", "--topology", str(preset),
-            *SMALL, "--out", str(out)]
+    args = [
+        "sweep",
+        "--scheme",
+        "ps,dp",
+        "--gpus",
+        "2,4",
+        "--topology",
+        str(preset),
+        *SMALL,
+        "--out",
+        str(out),
+    ]
     code, text, err = run_main(capsys, *args)
     # The sweep goes on past failed points but exits 1, saying how many failed.
     assert code == 1, err
@@ -218,8 +270,7 @@ class Interrupt(KeyboardInterrupt):
 
 
 def test_interrupted_sweep_resumes_without_recomputing_or_losing_rows(tmp_path):
-    plan = plan_sweep(RunSpec().replace(model="resnet18", iterations=1),
-                      {"gpus": "1,2,3,4,5"})
+    plan = plan_sweep(RunSpec().replace(model="resnet18", iterations=1), {"gpus": "1,2,3,4,5"})
     out = str(tmp_path / "r.parquet")
     seen = []
 
@@ -247,11 +298,27 @@ def test_interrupted_sweep_resumes_without_recomputing_or_losing_rows(tmp_path):
 def test_killed_sweep_resumes_from_its_journal(tmp_path, capsys):
     out = tmp_path / "r.parquet"
     journal = tmp_path / "r.parquet.journal.jsonl"
-    args = ["sweep", "--gpus", "4,8", "--topology", "ethernet", "--bandwidth",
-            "1Gbps,5Gbps,10Gbps", "--set", "iterations=3", "-j", "1", "--no-progress",
-            "--out", str(out)]
-    proc = subprocess.Popen([sys.executable, "-c", "from dtsim.cli import main; main()",
-                             *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    args = [
+        "sweep",
+        "--gpus",
+        "4,8",
+        "--topology",
+        "ethernet",
+        "--bandwidth",
+        "1Gbps,5Gbps,10Gbps",
+        "--set",
+        "iterations=3",
+        "-j",
+        "1",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from dtsim.cli import main; main()", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
@@ -315,8 +382,9 @@ def test_second_writer_is_refused_while_a_sweep_runs(tmp_path):
 
 
 def test_mixed_type_columns_are_written_as_text(tmp_path):
-    df = rows_frame([{"point_id": "a", "scheme.k": 4}, {"point_id": "b", "scheme.k": "4MiB"},
-                     {"point_id": "c"}])
+    df = rows_frame(
+        [{"point_id": "a", "scheme.k": 4}, {"point_id": "b", "scheme.k": "4MiB"}, {"point_id": "c"}]
+    )
     assert df["scheme.k"].tolist()[:2] == ["4", "4MiB"]
     assert df["scheme.k"].isna().tolist()[2]
     df.to_parquet(tmp_path / "x.parquet")
@@ -332,8 +400,9 @@ def _metrics(rows):
 def test_joblib_and_dask_give_the_same_rows_as_in_process(tmp_path, capsys):
     from dask.distributed import LocalCluster
 
-    plan = plan_sweep(RunSpec().replace(model="resnet18", iterations=1),
-                      {"scheme": "dp,ps", "gpus": "2,4"})
+    plan = plan_sweep(
+        RunSpec().replace(model="resnet18", iterations=1), {"scheme": "dp,ps", "gpus": "2,4"}
+    )
     expected = _metrics(run_in_process(plan.points))
 
     jl = tmp_path / "joblib.parquet"
@@ -344,30 +413,57 @@ def test_joblib_and_dask_give_the_same_rows_as_in_process(tmp_path, capsys):
     for pid, row in expected.items():
         assert {k: got[pid][k] for k in row} == row
 
-    cluster = LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
-                           dashboard_address=None)
+    cluster = LocalCluster(
+        n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None
+    )
     try:
         out = tmp_path / "dask.csv"
-        code, text, err = run_main(capsys, "sweep", "--scheme", "dp,ps", "--gpus", "2,4",
-                                   *SMALL, "--scheduler", cluster.scheduler_address,
-                                   "--out", str(out))
+        code, text, err = run_main(
+            capsys,
+            "sweep",
+            "--scheme",
+            "dp,ps",
+            "--gpus",
+            "2,4",
+            *SMALL,
+            "--scheduler",
+            cluster.scheduler_address,
+            "--out",
+            str(out),
+        )
         assert code == 0, err
         assert "4 computed, 0 already there" in text
         rows = read_table(str(out)).to_dict(orient="records")
         assert len(rows) == 4
         for r in rows:
             want = expected[r["point_id"]]
-            for k in ("throughput_samples_s", "iteration_time_s", "events", "speedup",
-                      "comm_bytes_total", "per_gpu_utilization"):
-                assert r[k] == want[k] or (isinstance(want[k], float)
-                                           and math.isclose(r[k], want[k], rel_tol=1e-12))
+            for k in (
+                "throughput_samples_s",
+                "iteration_time_s",
+                "events",
+                "speedup",
+                "comm_bytes_total",
+                "per_gpu_utilization",
+            ):
+                assert r[k] == want[k] or (
+                    isinstance(want[k], float) and math.isclose(r[k], want[k], rel_tol=1e-12)
+                )
     finally:
         cluster.close()
 
 
 def test_unreachable_scheduler_is_a_clear_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("analysis.sweep.CONNECT_TIMEOUT_S", 0.5)
-    code, _out, err = run_main(capsys, "sweep", "--gpus", "2", *SMALL, "--scheduler",
-                               "tcp://127.0.0.1:9", "--out", str(tmp_path / "r.csv"))
+    code, _out, err = run_main(
+        capsys,
+        "sweep",
+        "--gpus",
+        "2",
+        *SMALL,
+        "--scheduler",
+        "tcp://127.0.0.1:9",
+        "--out",
+        str(tmp_path / "r.csv"),
+    )
     assert code == 2
     assert "--scheduler: 'tcp://127.0.0.1:9' is not allowed; no Dask scheduler answers" in err

@@ -73,8 +73,11 @@ def test_dgx1_routes_over_nvlink_and_ring_uses_direct_links():
 def test_dgx1_has_six_nvlinks_per_gpu():
     topo = build("dgx1", 8)
     for g in topo.gpus:
-        lanes = sum(link.bandwidth_bytes_per_s / 25e9 for link in topo.links
-                    if link.src == g and link.kind == "nvlink")
+        lanes = sum(
+            link.bandwidth_bytes_per_s / 25e9
+            for link in topo.links
+            if link.src == g and link.kind == "nvlink"
+        )
         assert lanes == pytest.approx(6)
 
 

@@ -15,23 +15,31 @@ from traces.jsonfmt import save, to_dict
 
 
 def _good() -> dict:
-    return {"format": "dtsim-trace", "version": 1,
-            "meta": {"model": "m", "device": "cpu", "batch_size": 2},
-            "layers": [{"name": "a", "forward_s": 1e-3, "backward_s": 2e-3},
-                       {"name": "b", "forward_s": 1e-3, "backward_s": 2e-3}],
-            "edges": [["a", "b"]]}
+    return {
+        "format": "dtsim-trace",
+        "version": 1,
+        "meta": {"model": "m", "device": "cpu", "batch_size": 2},
+        "layers": [
+            {"name": "a", "forward_s": 1e-3, "backward_s": 2e-3},
+            {"name": "b", "forward_s": 1e-3, "backward_s": 2e-3},
+        ],
+        "edges": [["a", "b"]],
+    }
 
 
-@pytest.mark.parametrize("mutate, field, problem", [
-    (lambda d: d.update(format="other"), "format", "expected 'dtsim-trace'"),
-    (lambda d: d.update(version=9), "version", "unsupported version"),
-    (lambda d: d["meta"].pop("batch_size"), "meta.batch_size", "missing"),
-    (lambda d: d["meta"].update(batch_size=0), "meta.batch_size", "integer >= 1"),
-    (lambda d: d["layers"][1].update(forward_s=-1), "layers[1].forward_s", "non-negative"),
-    (lambda d: d["layers"][1].update(name="a"), "layers[1].name", "duplicate"),
-    (lambda d: d["edges"].append(["b", "zz"]), "edges[1]", "unknown layer name 'zz'"),
-    (lambda d: d["edges"].append(["b", "a"]), "edges", "cycle"),
-])
+@pytest.mark.parametrize(
+    "mutate, field, problem",
+    [
+        (lambda d: d.update(format="other"), "format", "expected 'dtsim-trace'"),
+        (lambda d: d.update(version=9), "version", "unsupported version"),
+        (lambda d: d["meta"].pop("batch_size"), "meta.batch_size", "missing"),
+        (lambda d: d["meta"].update(batch_size=0), "meta.batch_size", "integer >= 1"),
+        (lambda d: d["layers"][1].update(forward_s=-1), "layers[1].forward_s", "non-negative"),
+        (lambda d: d["layers"][1].update(name="a"), "layers[1].name", "duplicate"),
+        (lambda d: d["edges"].append(["b", "zz"]), "edges[1]", "unknown layer name 'zz'"),
+        (lambda d: d["edges"].append(["b", "a"]), "edges", "cycle"),
+    ],
+)
 def test_malformed_dtsim_files(tmp_path: Path, mutate, field: str, problem: str) -> None:
     doc = _good()
     mutate(doc)
@@ -70,8 +78,15 @@ ZOO_BUILTINS = sorted(n for n, e in builtin_models().items() if e.file.startswit
 
 def test_zoo_builtins_exist_for_cpu_and_analytic() -> None:
     assert any(n.endswith("-cpu") for n in ZOO_BUILTINS)
-    for seed in ("vgg16", "resnet50", "resnet152", "inception_v3", "transformer",
-                 "residual_lstm", "snn"):
+    for seed in (
+        "vgg16",
+        "resnet50",
+        "resnet152",
+        "inception_v3",
+        "transformer",
+        "residual_lstm",
+        "snn",
+    ):
         assert f"{seed}-analytic" in ZOO_BUILTINS
 
 

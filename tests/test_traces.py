@@ -66,15 +66,18 @@ def test_json_loader_sorts_layers_topologically():
     assert [layer.name for layer in tr.layers] == ["l0", "l1", "l2"]
 
 
-@pytest.mark.parametrize("mutate, field", [
-    (lambda d: d["layers"][1].__setitem__("forward_s", "slow"), "layers[1].forward_s"),
-    (lambda d: d["layers"][0].pop("name"), "layers[0].name"),
-    (lambda d: d["meta"].__setitem__("batch_size", 0), "meta.batch_size"),
-    (lambda d: d.__setitem__("version", 99), "version"),
-    (lambda d: d["edges"].append(["l0", "nope"]), "edges[3]"),
-    (lambda d: d["edges"].append(["l2", "l0"]), "edges"),
-    (lambda d: d["layers"][0].__setitem__("kind", "loss"), "layers[0].kind"),
-])
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda d: d["layers"][1].__setitem__("forward_s", "slow"), "layers[1].forward_s"),
+        (lambda d: d["layers"][0].pop("name"), "layers[0].name"),
+        (lambda d: d["meta"].__setitem__("batch_size", 0), "meta.batch_size"),
+        (lambda d: d.__setitem__("version", 99), "version"),
+        (lambda d: d["edges"].append(["l0", "nope"]), "edges[3]"),
+        (lambda d: d["edges"].append(["l2", "l0"]), "edges"),
+        (lambda d: d["layers"][0].__setitem__("kind", "loss"), "layers[0].kind"),
+    ],
+)
 def test_malformed_json_names_file_field_and_problem(tmp_path, mutate, field):
     d = to_dict(synthetic_trace(n_layers=4))
     mutate(d)
@@ -107,22 +110,30 @@ node4 -- Add -- forward_compute_time=0.000, backward_compute_time=0.000, activat
 
 def test_pipedream_import():
     tr = pipedream.parse(PIPEDREAM_TEXT, model="tiny")
-    assert tr.meta.batch_size == 2            # 1204224 = 2 * 3*224*224*4
+    assert tr.meta.batch_size == 2  # 1204224 = 2 * 3*224*224*4
     assert [layer.name for layer in tr.layers] == ["node1", "node2", "node3", "node4"]
     assert tr.layers[0].kind == "input"
     assert tr.layers[1].forward_s == pytest.approx(1.5e-3)
-    assert tr.layers[2].activation_bytes == 100   # multi-output sizes are summed
-    assert tr.predecessors[3] == (1, 2)            # the join
-    assert tr.forward_s == pytest.approx(2e-3)     # the input node does not run
+    assert tr.layers[2].activation_bytes == 100  # multi-output sizes are summed
+    assert tr.predecessors[3] == (1, 2)  # the join
+    assert tr.forward_s == pytest.approx(2e-3)  # the input node does not run
 
 
-@pytest.mark.parametrize("text, field", [
-    ("node1 -- X -- forward_compute_time=abc, backward_compute_time=0, activation_size=0, "
-     "parameter_size=0\n", "line 1: forward_compute_time"),
-    ("node1 -- X -- forward_compute_time=1, activation_size=0, parameter_size=0\n",
-     "line 1: backward_compute_time"),
-    ("garbage line\n", "line 1"),
-])
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        (
+            "node1 -- X -- forward_compute_time=abc, backward_compute_time=0, activation_size=0, "
+            "parameter_size=0\n",
+            "line 1: forward_compute_time",
+        ),
+        (
+            "node1 -- X -- forward_compute_time=1, activation_size=0, parameter_size=0\n",
+            "line 1: backward_compute_time",
+        ),
+        ("garbage line\n", "line 1"),
+    ],
+)
 def test_pipedream_malformed(text, field):
     with pytest.raises(TraceFormatError) as err:
         pipedream.parse(text, source="g.txt", batch_size=1)
@@ -131,8 +142,18 @@ def test_pipedream_malformed(text, field):
 
 def test_builtins_are_complete_and_match_published_parameter_counts():
     names = set(builtin_models())
-    paper_ten = {"vgg16", "resnet18", "resnet50", "resnet101", "alexnet", "resnext50",
-                 "resnext101", "inception_v3", "densenet121", "squeezenet1_0"}
+    paper_ten = {
+        "vgg16",
+        "resnet18",
+        "resnet50",
+        "resnet101",
+        "alexnet",
+        "resnext50",
+        "resnext101",
+        "inception_v3",
+        "densenet121",
+        "squeezenet1_0",
+    }
     assert paper_ten | {"gnmt", "gnmt_large"} <= names
     assert default_model() == "resnet50"
     # torchvision's parameter counts
@@ -161,8 +182,19 @@ def test_an_analytic_device_peak_is_a_typed_field_and_old_names_still_read():
     assert TraceMeta("m", "V100", 8).peak_flop_per_s == 0.0
     assert TraceMeta("m", "analytic:bogus", 8).peak_flop_per_s == 0.0
     new = TraceMeta("m", "my estimate", 8, peak_flop_per_s=2e12)
-    trace = Trace(new, (Layer(name="l0", op="linear", forward_s=1e-3, backward_s=2e-3,
-                              param_bytes=4, activation_bytes=4),))
+    trace = Trace(
+        new,
+        (
+            Layer(
+                name="l0",
+                op="linear",
+                forward_s=1e-3,
+                backward_s=2e-3,
+                param_bytes=4,
+                activation_bytes=4,
+            ),
+        ),
+    )
     d = to_dict(trace)
     assert d["meta"]["peak_flop_per_s"] == 2e12
     assert from_dict(d).meta.peak_flop_per_s == 2e12

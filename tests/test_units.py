@@ -11,10 +11,19 @@ from simcore.units import (
 )
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("10Gbps", 1.25e9), ("100Gb/s", 12.5e9), ("25GB/s", 25e9), ("1.5 GB/s", 1.5e9),
-    ("8bps", 1.0), ("12.5e9B/s", 12.5e9), (3e9, 3e9), ("1GiB/s", 2**30),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("10Gbps", 1.25e9),
+        ("100Gb/s", 12.5e9),
+        ("25GB/s", 25e9),
+        ("1.5 GB/s", 1.5e9),
+        ("8bps", 1.0),
+        ("12.5e9B/s", 12.5e9),
+        (3e9, 3e9),
+        ("1GiB/s", 2**30),
+    ],
+)
 def test_parse_rate(text, expected):
     assert parse_rate(text) == pytest.approx(expected)
 
@@ -26,14 +35,17 @@ def test_parse_rate_rejects(bad):
     assert err.value.expected
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("25MiB", 25 * 2**20), ("4096", 4096), ("1.5GB", 1_500_000_000), ("1KiB", 1024), (7, 7)])
+@pytest.mark.parametrize(
+    "text, expected",
+    [("25MiB", 25 * 2**20), ("4096", 4096), ("1.5GB", 1_500_000_000), ("1KiB", 1024), (7, 7)],
+)
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text, expected", [("2us", 2e-6), ("0.5ms", 5e-4), ("1e-6", 1e-6),
-                                            ("3s", 3.0), ("10ns", 1e-8)])
+@pytest.mark.parametrize(
+    "text, expected", [("2us", 2e-6), ("0.5ms", 5e-4), ("1e-6", 1e-6), ("3s", 3.0), ("10ns", 1e-8)]
+)
 def test_parse_time(text, expected):
     assert parse_time(text) == pytest.approx(expected)
 

@@ -33,8 +33,13 @@ PUBLISHED = {
     # BERT-base (109,482,240 up to the pooler) plus a 768 -> 2 classifier
     "transformer": 109_482_240 + _linear(768, 2),
     "residual_lstm": 10000 * 1024 + 4 * _lstm(1024, 1024) + _linear(1024, 10000),
-    "seq2seq": (2 * 8000 * 256 + 2 * _lstm(256, 128) + 2 * _lstm(256, 256)
-                + _linear(512, 256) + _linear(256, 8000)),
+    "seq2seq": (
+        2 * 8000 * 256
+        + 2 * _lstm(256, 128)
+        + 2 * _lstm(256, 256)
+        + _linear(512, 256)
+        + _linear(256, 8000)
+    ),
     "snn": _linear(784, 2048) + 7 * _linear(2048, 2048) + _linear(2048, 10),
     # our own small models (realrun/zoo/small.py)
     "mlp_small": _linear(64, 256) + _linear(256, 256) + _linear(256, 10),

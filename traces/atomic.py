@@ -70,8 +70,9 @@ def check_writable(path: str | os.PathLike[str]) -> None:
     if kind == "folder":
         raise OutputPathError(f"{shown}: is a folder; give a file name")
     if kind == "other":
-        raise OutputPathError(f"{shown}: is not a regular file, a pipe or a device; give a "
-                              f"file name")
+        raise OutputPathError(
+            f"{shown}: is not a regular file, a pipe or a device; give a file name"
+        )
     if kind == "stream":
         if target != STDOUT and not os.access(target, os.W_OK):
             raise OutputPathError(f"{shown}: is not writable")

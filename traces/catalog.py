@@ -64,8 +64,13 @@ def _load_builtin_cached(name: str) -> Trace:
     path = resources.files("traces.builtin").joinpath(entry.file)
     with resources.as_file(path) as real:
         trace = load_file(real, fmt=entry.format, model=name, batch_size=entry.batch_size)
-    meta = replace(trace.meta, model=name, device=entry.device, provenance=entry.provenance,
-                   framework=entry.framework or trace.meta.framework)
+    meta = replace(
+        trace.meta,
+        model=name,
+        device=entry.device,
+        provenance=entry.provenance,
+        framework=entry.framework or trace.meta.framework,
+    )
     return Trace(meta, trace.layers, trace.edges)
 
 

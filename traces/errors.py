@@ -7,9 +7,10 @@ def unreadable(exc: BaseException) -> str:
     """Why a file could not be read, in a few words: the OS error, or for undecodable
     bytes which byte and where (the file is binary, or not UTF-8 text)."""
     if isinstance(exc, UnicodeDecodeError):
-        bad = exc.object[exc.start:exc.start + 1]
-        return (f"not UTF-8 text (byte 0x{bad.hex() or '??'} at offset {exc.start}); give a "
-                f"text file")
+        bad = exc.object[exc.start : exc.start + 1]
+        return (
+            f"not UTF-8 text (byte 0x{bad.hex() or '??'} at offset {exc.start}); give a text file"
+        )
     if isinstance(exc, OSError):
         return f"cannot read file: {exc.strerror or exc}"
     return str(exc)
@@ -41,4 +42,5 @@ class UnknownModelError(TraceError):
         self.name, self.known = name, known
         super().__init__(
             f"unknown model {name!r}: choose a built-in model ({', '.join(known)}) "
-            "or give the path of a trace file (.json: dtsim or Kineto; or PipeDream graph.txt)")
+            "or give the path of a trace file (.json: dtsim or Kineto; or PipeDream graph.txt)"
+        )

@@ -41,16 +41,24 @@ def to_dict(trace: Trace) -> dict[str, Any]:
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
         "meta": {
-            "model": m.model, "device": m.device, "batch_size": m.batch_size,
-            "dtype": m.dtype, "framework": m.framework, "date": m.date,
+            "model": m.model,
+            "device": m.device,
+            "batch_size": m.batch_size,
+            "dtype": m.dtype,
+            "framework": m.framework,
+            "date": m.date,
             "provenance": m.provenance,
             **({"peak_flop_per_s": m.peak_flop_per_s} if m.peak_flop_per_s else {}),
         },
         "layers": [
             {
-                "name": layer.name, "op": layer.op, "kind": layer.kind,
-                "forward_s": layer.forward_s, "backward_s": layer.backward_s,
-                "param_bytes": layer.param_bytes, "activation_bytes": layer.activation_bytes,
+                "name": layer.name,
+                "op": layer.op,
+                "kind": layer.kind,
+                "forward_s": layer.forward_s,
+                "backward_s": layer.backward_s,
+                "param_bytes": layer.param_bytes,
+                "activation_bytes": layer.activation_bytes,
                 "flops": layer.flops,
             }
             for layer in trace.layers
@@ -83,8 +91,9 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise TraceFormatError(src, "", f"not valid JSON (line {exc.lineno}, column {exc.colno}: "
-                                        f"{exc.msg})") from None
+        raise TraceFormatError(
+            src, "", f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
     return data
 
 
@@ -98,8 +107,9 @@ def from_dict(data: Any, source: str = "<dict>") -> Trace:
         v.fail("format", f"expected {FORMAT_NAME!r}, got {fmt!r}")
     version = data.get("version")
     if version != FORMAT_VERSION:
-        v.fail("version", f"unsupported version {version!r}; this dtsim reads version "
-                          f"{FORMAT_VERSION}")
+        v.fail(
+            "version", f"unsupported version {version!r}; this dtsim reads version {FORMAT_VERSION}"
+        )
     meta_d = v.obj(data, "meta")
     meta = TraceMeta(
         model=v.string(meta_d, "meta", "model"),
@@ -110,8 +120,9 @@ def from_dict(data: Any, source: str = "<dict>") -> Trace:
         date=v.string(meta_d, "meta", "date", default=""),
         provenance=v.string(meta_d, "meta", "provenance", default=""),
         source_format="dtsim",
-        peak_flop_per_s=(v.number(meta_d, "meta", "peak_flop_per_s")
-                         if "peak_flop_per_s" in meta_d else 0.0),
+        peak_flop_per_s=(
+            v.number(meta_d, "meta", "peak_flop_per_s") if "peak_flop_per_s" in meta_d else 0.0
+        ),
     )
     layers_l = data.get("layers")
     if not isinstance(layers_l, list) or not layers_l:
@@ -132,23 +143,24 @@ def from_dict(data: Any, source: str = "<dict>") -> Trace:
         flops = ld.get("flops")
         if flops is not None:
             flops = v.number(ld, where, "flops")
-        layers.append(Layer(
-            name=name,
-            op=v.string(ld, where, "op", default=""),
-            kind=kind,
-            forward_s=v.number(ld, where, "forward_s"),
-            backward_s=v.number(ld, where, "backward_s"),
-            param_bytes=v.integer(ld, where, "param_bytes", default=0),
-            activation_bytes=v.integer(ld, where, "activation_bytes", default=0),
-            flops=flops,
-        ))
+        layers.append(
+            Layer(
+                name=name,
+                op=v.string(ld, where, "op", default=""),
+                kind=kind,
+                forward_s=v.number(ld, where, "forward_s"),
+                backward_s=v.number(ld, where, "backward_s"),
+                param_bytes=v.integer(ld, where, "param_bytes", default=0),
+                activation_bytes=v.integer(ld, where, "activation_bytes", default=0),
+                flops=flops,
+            )
+        )
     edges_l = data.get("edges", [])
     if not isinstance(edges_l, list):
         v.fail("edges", "expected a list of [src, dst] name pairs")
     edges: list[tuple[str, str]] = []
     for i, e in enumerate(edges_l):
-        if (not isinstance(e, list) or len(e) != 2
-                or not all(isinstance(x, str) for x in e)):
+        if not isinstance(e, list) or len(e) != 2 or not all(isinstance(x, str) for x in e):
             v.fail(f"edges[{i}]", f"expected a [src_name, dst_name] pair, got {e!r}")
         for x in e:
             if x not in names:
@@ -191,13 +203,18 @@ class _Validator:
 
     def number(self, d: dict[str, Any], where: str, key: str) -> float:
         val = self._get(d, where, key, _REQUIRED)
-        if isinstance(val, bool) or not isinstance(val, int | float) or not math.isfinite(val) \
-                or val < 0:
+        if (
+            isinstance(val, bool)
+            or not isinstance(val, int | float)
+            or not math.isfinite(val)
+            or val < 0
+        ):
             self.fail(f"{where}.{key}", f"expected a non-negative number, got {val!r}")
         return float(val)
 
-    def integer(self, d: dict[str, Any], where: str, key: str, default: Any = None,
-                minimum: int = 0) -> int:
+    def integer(
+        self, d: dict[str, Any], where: str, key: str, default: Any = None, minimum: int = 0
+    ) -> int:
         val = self._get(d, where, key, _REQUIRED if default is None else default)
         if isinstance(val, float) and val.is_integer():
             val = int(val)

@@ -55,16 +55,20 @@ _KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _SLACK_US = 0.01  # rounding of event times: a child may seem to end this much late
 
 
-def load(path: str | os.PathLike[str], *, model: str | None = None,
-         batch_size: int | None = None, device: str | None = None) -> Trace:
+def load(
+    path: str | os.PathLike[str],
+    *,
+    model: str | None = None,
+    batch_size: int | None = None,
+    device: str | None = None,
+) -> Trace:
     """Read a Kineto JSON trace file into a :class:`Trace` (see the module docs).
 
     ``model``, ``batch_size`` and ``device`` override the metadata; ``batch_size`` is
     required when the trace has no ``"dtsim"`` metadata.
     """
     src = os.fspath(path)
-    return from_dict(read_json(src), source=src, model=model, batch_size=batch_size,
-                     device=device)
+    return from_dict(read_json(src), source=src, model=model, batch_size=batch_size, device=device)
 
 
 def is_kineto(data: Any) -> bool:
@@ -85,18 +89,26 @@ class _Event:
     args: dict[str, Any]
 
 
-def from_dict(data: Any, *, source: str = "<kineto>", model: str | None = None,
-              batch_size: int | None = None, device: str | None = None) -> Trace:
+def from_dict(
+    data: Any,
+    *,
+    source: str = "<kineto>",
+    model: str | None = None,
+    batch_size: int | None = None,
+    device: str | None = None,
+) -> Trace:
     """Build a trace from a parsed Kineto JSON document (see :func:`load`)."""
     if not is_kineto(data):
-        raise TraceFormatError(source, "traceEvents", "missing: not a PyTorch profiler "
-                                                      "(Kineto) trace")
+        raise TraceFormatError(
+            source, "traceEvents", "missing: not a PyTorch profiler (Kineto) trace"
+        )
     events = _complete_events(data["traceEvents"], source)
     graph = _metadata(data, source)
     ranges = [e for e in events if e.name.startswith(RANGE_PREFIX)]
     if not ranges:
-        raise TraceFormatError(source, "traceEvents", f"no '{RANGE_PREFIX}<layer>' "
-                                                      "record_function ranges found")
+        raise TraceFormatError(
+            source, "traceEvents", f"no '{RANGE_PREFIX}<layer>' record_function ranges found"
+        )
     steps = sum(1 for e in events if e.name.startswith(_STEP_PREFIX))
     if steps == 0:
         first = ranges[0].name
@@ -115,19 +127,23 @@ def from_dict(data: Any, *, source: str = "<kineto>", model: str | None = None,
                 table[owner[0]] = table.get(owner[0], 0.0) + (k.end - k.ts)
     else:
         for r in ranges:
-            layer = r.name[len(RANGE_PREFIX):]
+            layer = r.name[len(RANGE_PREFIX) :]
             fwd_us[layer] = fwd_us.get(layer, 0.0) + (r.end - r.ts)
         for e in events:
             if e.index in bwd_owner:
                 layer = bwd_owner[e.index]
                 bwd_us[layer] = bwd_us.get(layer, 0.0) + (e.end - e.ts)
 
-    order = list(dict.fromkeys(r.name[len(RANGE_PREFIX):] for r in ranges))
+    order = list(dict.fromkeys(r.name[len(RANGE_PREFIX) :] for r in ranges))
     if graph is None:
         if batch_size is None:
-            raise TraceFormatError(source, METADATA_KEY, "the trace has no layer-graph "
-                                                         "metadata, so the batch size is "
-                                                         "unknown; pass it explicitly")
+            raise TraceFormatError(
+                source,
+                METADATA_KEY,
+                "the trace has no layer-graph "
+                "metadata, so the batch size is "
+                "unknown; pass it explicitly",
+            )
         specs = [{"name": n, "kind": "layer"} for n in order]
         edges = list(itertools.pairwise(order))
         graph = {"layers": specs, "edges": edges, "model": "", "batch_size": batch_size}
@@ -135,35 +151,48 @@ def from_dict(data: Any, *, source: str = "<kineto>", model: str | None = None,
         known = {spec["name"] for spec in graph["layers"]}
         stray = [n for n in order if n not in known]
         if stray:
-            raise TraceFormatError(source, f"{METADATA_KEY}.layers",
-                                   f"range '{RANGE_PREFIX}{stray[0]}' names no layer of "
-                                   "the metadata")
+            raise TraceFormatError(
+                source,
+                f"{METADATA_KEY}.layers",
+                f"range '{RANGE_PREFIX}{stray[0]}' names no layer of the metadata",
+            )
     layers: list[Layer] = []
     for i, spec in enumerate(graph["layers"]):
         name = spec["name"]
         if spec["kind"] == "layer" and name not in fwd_us and not kernels:
-            raise TraceFormatError(source, f"{METADATA_KEY}.layers[{i}]",
-                                   f"layer {name!r} has no '{RANGE_PREFIX}{name}' range")
-        layers.append(Layer(
-            name=name, op=spec.get("op", ""), kind=spec["kind"],
-            forward_s=fwd_us.get(name, 0.0) / steps / 1e6,
-            backward_s=bwd_us.get(name, 0.0) / steps / 1e6,
-            param_bytes=spec.get("param_bytes", 0),
-            activation_bytes=spec.get("activation_bytes", 0),
-            flops=spec.get("flops"),
-        ))
+            raise TraceFormatError(
+                source,
+                f"{METADATA_KEY}.layers[{i}]",
+                f"layer {name!r} has no '{RANGE_PREFIX}{name}' range",
+            )
+        layers.append(
+            Layer(
+                name=name,
+                op=spec.get("op", ""),
+                kind=spec["kind"],
+                forward_s=fwd_us.get(name, 0.0) / steps / 1e6,
+                backward_s=bwd_us.get(name, 0.0) / steps / 1e6,
+                param_bytes=spec.get("param_bytes", 0),
+                activation_bytes=spec.get("activation_bytes", 0),
+                flops=spec.get("flops"),
+            )
+        )
     dev = device or graph.get("device") or ("cuda" if kernels else "cpu")
     timing = "GPU kernel durations" if kernels else "CPU event durations"
     meta = TraceMeta(
         model=model or graph.get("model") or os.path.splitext(os.path.basename(source))[0],
-        device=dev, batch_size=batch_size or graph["batch_size"],
-        dtype=graph.get("dtype", "float32"), framework=graph.get("framework", "PyTorch"),
+        device=dev,
+        batch_size=batch_size or graph["batch_size"],
+        dtype=graph.get("dtype", "float32"),
+        framework=graph.get("framework", "PyTorch"),
         date=graph.get("date", ""),
-        provenance=(f"imported from the PyTorch profiler (Kineto) trace "
-                    f"{os.path.basename(source)}: {steps} profiled step(s), {timing}; forward "
-                    f"from '{RANGE_PREFIX}' ranges, backward from autograd functions matched "
-                    f"by sequence number; {unattributed_us / steps / 1e3:.3f} ms of backward "
-                    f"work per step outside every layer (e.g. the loss) left out"),
+        provenance=(
+            f"imported from the PyTorch profiler (Kineto) trace "
+            f"{os.path.basename(source)}: {steps} profiled step(s), {timing}; forward "
+            f"from '{RANGE_PREFIX}' ranges, backward from autograd functions matched "
+            f"by sequence number; {unattributed_us / steps / 1e3:.3f} ms of backward "
+            f"work per step outside every layer (e.g. the loss) left out"
+        ),
         source_format="kineto",
     )
     try:
@@ -173,6 +202,7 @@ def from_dict(data: Any, *, source: str = "<kineto>", model: str | None = None,
 
 
 # ---- reading and checking ----------------------------------------------------------------
+
 
 def _complete_events(raw: Any, source: str) -> list[_Event]:
     if not isinstance(raw, list):
@@ -185,20 +215,36 @@ def _complete_events(raw: Any, source: str) -> list[_Event]:
             continue
         for key in ("ts", "dur"):
             val = e.get(key)
-            if isinstance(val, bool) or not isinstance(val, int | float) \
-                    or not math.isfinite(val) or (key == "dur" and val < 0):
-                raise TraceFormatError(source, f"traceEvents[{i}].{key}",
-                                       f"expected a {'non-negative ' if key == 'dur' else ''}"
-                                       f"number, got {val!r}")
+            if (
+                isinstance(val, bool)
+                or not isinstance(val, int | float)
+                or not math.isfinite(val)
+                or (key == "dur" and val < 0)
+            ):
+                raise TraceFormatError(
+                    source,
+                    f"traceEvents[{i}].{key}",
+                    f"expected a {'non-negative ' if key == 'dur' else ''}number, got {val!r}",
+                )
         name = e.get("name")
         if not isinstance(name, str):
-            raise TraceFormatError(source, f"traceEvents[{i}].name",
-                                   f"expected a string, got {name!r}")
+            raise TraceFormatError(
+                source, f"traceEvents[{i}].name", f"expected a string, got {name!r}"
+            )
         args = e.get("args", {})
         if not isinstance(args, dict):
             raise TraceFormatError(source, f"traceEvents[{i}].args", "expected an object")
-        out.append(_Event(i, name, str(e.get("cat", "")), (e.get("pid"), e.get("tid")),
-                          float(e["ts"]), float(e["ts"]) + float(e["dur"]), args))
+        out.append(
+            _Event(
+                i,
+                name,
+                str(e.get("cat", "")),
+                (e.get("pid"), e.get("tid")),
+                float(e["ts"]),
+                float(e["ts"]) + float(e["dur"]),
+                args,
+            )
+        )
     return out
 
 
@@ -227,8 +273,7 @@ def _metadata(data: dict[str, Any], source: str) -> dict[str, Any] | None:
             fail(f"{at}.name", f"expected a non-empty string, got {spec.get('name')!r}")
         spec.setdefault("kind", "layer")
         if spec["kind"] not in LAYER_KINDS:
-            fail(f"{at}.kind", f"expected one of {', '.join(LAYER_KINDS)}, "
-                               f"got {spec['kind']!r}")
+            fail(f"{at}.kind", f"expected one of {', '.join(LAYER_KINDS)}, got {spec['kind']!r}")
         for key in ("param_bytes", "activation_bytes"):
             v = spec.get(key, 0)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -250,6 +295,7 @@ def _metadata(data: dict[str, Any], source: str) -> dict[str, Any] | None:
 
 
 # ---- attribution -------------------------------------------------------------------------
+
 
 def _innermost(intervals: list[_Event], points: list[_Event]) -> dict[int, _Event]:
     """For each point event, the innermost interval on the same thread that contains it
@@ -278,19 +324,25 @@ def _innermost(intervals: list[_Event], points: list[_Event]) -> dict[int, _Even
 def _attribute(events: list[_Event], ranges: list[_Event]) -> tuple[dict[int, str], float]:
     """Backward functions (by event index) -> layer names, and the microseconds of
     backward functions that belong to no layer."""
-    seq_ops = [e for e in events if "Sequence number" in e.args
-               and not e.name.startswith(_BACKWARD_PREFIX) and e.cat != "user_annotation"]
+    seq_ops = [
+        e
+        for e in events
+        if "Sequence number" in e.args
+        and not e.name.startswith(_BACKWARD_PREFIX)
+        and e.cat != "user_annotation"
+    ]
     owner = _innermost(ranges, seq_ops)
     seq_layer: dict[tuple[Any, Any], str] = {}
     for op in seq_ops:
         if op.index in owner:
-            layer = owner[op.index].name[len(RANGE_PREFIX):]
+            layer = owner[op.index].name[len(RANGE_PREFIX) :]
             seq_layer.setdefault((op.thread[0], op.args["Sequence number"]), layer)
     bwd_owner: dict[int, str] = {}
     unattributed = 0.0
     last: dict[tuple[Any, Any], str] = {}
-    backward = sorted((e for e in events if e.name.startswith(_BACKWARD_PREFIX)),
-                      key=lambda e: e.ts)
+    backward = sorted(
+        (e for e in events if e.name.startswith(_BACKWARD_PREFIX)), key=lambda e: e.ts
+    )
     for e in backward:
         layer: str | None
         if _ACCUMULATE in e.name:
@@ -306,8 +358,9 @@ def _attribute(events: list[_Event], ranges: list[_Event]) -> tuple[dict[int, st
     return bwd_owner, unattributed
 
 
-def _launch_owners(events: list[_Event], ranges: list[_Event], bwd_owner: dict[int, str]
-                   ) -> dict[Any, tuple[str, str]]:
+def _launch_owners(
+    events: list[_Event], ranges: list[_Event], bwd_owner: dict[int, str]
+) -> dict[Any, tuple[str, str]]:
     """Correlation id of each kernel launch -> (layer, "forward" | "backward")."""
     launches = [e for e in events if e.cat == "cuda_runtime" and "correlation" in e.args]
     bwd_events = [e for e in events if e.index in bwd_owner]
@@ -319,5 +372,5 @@ def _launch_owners(events: list[_Event], ranges: list[_Event], bwd_owner: dict[i
         if launch.index in bwd_in:
             out[corr] = (bwd_owner[bwd_in[launch.index].index], "backward")
         elif launch.index in fwd_in:
-            out[corr] = (fwd_in[launch.index].name[len(RANGE_PREFIX):], "forward")
+            out[corr] = (fwd_in[launch.index].name[len(RANGE_PREFIX) :], "forward")
     return out

@@ -138,7 +138,8 @@ class Trace:
             if src >= dst:
                 raise ValueError(
                     f"edge {self.layers[src].name} -> {self.layers[dst].name} points backwards: "
-                    "layers must be in topological order")
+                    "layers must be in topological order"
+                )
 
     # ---- graph structure -------------------------------------------------------------
     @cached_property
@@ -230,8 +231,11 @@ class Trace:
         if throughput_ratio == 1 and device is None:
             return self
         layers = tuple(
-            replace(layer, forward_s=layer.forward_s / throughput_ratio,
-                    backward_s=layer.backward_s / throughput_ratio)
+            replace(
+                layer,
+                forward_s=layer.forward_s / throughput_ratio,
+                backward_s=layer.backward_s / throughput_ratio,
+            )
             for layer in self.layers
         )
         meta = replace(self.meta, device=device if device is not None else self.meta.device)

@@ -31,9 +31,15 @@ _FIELDS = ("forward_compute_time", "backward_compute_time", "activation_size", "
 _IMAGE_SIDES = (224, 299)
 
 
-def load(path: str | os.PathLike[str], *, model: str | None = None,
-         batch_size: int | None = None, device: str = "unknown GPU",
-         provenance: str = "", framework: str = "PyTorch (PipeDream profiler)") -> Trace:
+def load(
+    path: str | os.PathLike[str],
+    *,
+    model: str | None = None,
+    batch_size: int | None = None,
+    device: str = "unknown GPU",
+    provenance: str = "",
+    framework: str = "PyTorch (PipeDream profiler)",
+) -> Trace:
     """Read a PipeDream ``graph.txt`` file into a :class:`Trace`.
 
     ``model`` defaults to the file's stem; ``batch_size`` defaults to the value inferred
@@ -46,13 +52,27 @@ def load(path: str | os.PathLike[str], *, model: str | None = None,
     except (OSError, UnicodeDecodeError) as exc:
         raise TraceFormatError(src, "", unreadable(exc)) from None
     name = model or os.path.splitext(os.path.basename(src))[0]
-    return parse(text, source=src, model=name, batch_size=batch_size, device=device,
-                 provenance=provenance, framework=framework)
+    return parse(
+        text,
+        source=src,
+        model=name,
+        batch_size=batch_size,
+        device=device,
+        provenance=provenance,
+        framework=framework,
+    )
 
 
-def parse(text: str, *, source: str = "<graph.txt>", model: str = "model",
-          batch_size: int | None = None, device: str = "unknown GPU", provenance: str = "",
-          framework: str = "PyTorch (PipeDream profiler)") -> Trace:
+def parse(
+    text: str,
+    *,
+    source: str = "<graph.txt>",
+    model: str = "model",
+    batch_size: int | None = None,
+    device: str = "unknown GPU",
+    provenance: str = "",
+    framework: str = "PyTorch (PipeDream profiler)",
+) -> Trace:
     """Parse the text of a ``graph.txt`` file (see :func:`load`)."""
     layers: list[Layer] = []
     seen: dict[str, int] = {}
@@ -64,14 +84,16 @@ def parse(text: str, *, source: str = "<graph.txt>", model: str = "model",
         if raw[0] in " \t":
             parts = [p.strip() for p in raw.strip().split(" -- ")]
             if len(parts) != 2 or not all(_NODE_ID.match(p) for p in parts):
-                raise TraceFormatError(source, where, f"expected an edge 'nodeA -- nodeB', got "
-                                                      f"{raw.strip()!r}")
+                raise TraceFormatError(
+                    source, where, f"expected an edge 'nodeA -- nodeB', got {raw.strip()!r}"
+                )
             edges.append((parts[0], parts[1]))
             continue
         parts = raw.split(" -- ")
         if len(parts) < 3 or not _NODE_ID.match(parts[0].strip()):
-            raise TraceFormatError(source, where, "expected 'nodeN -- description -- "
-                                                  "forward_compute_time=..., ...'")
+            raise TraceFormatError(
+                source, where, "expected 'nodeN -- description -- forward_compute_time=..., ...'"
+            )
         node = parts[0].strip()
         desc = " -- ".join(parts[1:-1]).strip()
         values = _parse_fields(parts[-1], source, where)
@@ -82,30 +104,42 @@ def parse(text: str, *, source: str = "<graph.txt>", model: str = "model",
                 raise TraceFormatError(source, where, f"{node} described twice differently")
             continue
         seen[node] = len(layers)
-        layers.append(Layer(
-            name=node,
-            op=desc,
-            kind="input" if desc.startswith("Input") else "layer",
-            forward_s=values["forward_compute_time"] / 1e3,
-            backward_s=values["backward_compute_time"] / 1e3,
-            activation_bytes=round(values["activation_size"]),
-            param_bytes=round(values["parameter_size"]),
-        ))
+        layers.append(
+            Layer(
+                name=node,
+                op=desc,
+                kind="input" if desc.startswith("Input") else "layer",
+                forward_s=values["forward_compute_time"] / 1e3,
+                backward_s=values["backward_compute_time"] / 1e3,
+                activation_bytes=round(values["activation_size"]),
+                param_bytes=round(values["parameter_size"]),
+            )
+        )
     if not layers:
         raise TraceFormatError(source, "", "no node lines found")
     for i, (s, d) in enumerate(edges):
         for x in (s, d):
             if x not in seen:
-                raise TraceFormatError(source, f"edge {i} ({s} -- {d})",
-                                       f"{x} has no node line")
+                raise TraceFormatError(source, f"edge {i} ({s} -- {d})", f"{x} has no node line")
     if batch_size is None:
         batch_size = infer_image_batch(layers)
         if batch_size is None:
-            raise TraceFormatError(source, "batch size", "graph.txt does not record the batch "
-                                                         "size and it cannot be inferred from "
-                                                         "an image input; pass it explicitly")
-    meta = TraceMeta(model=model, device=device, batch_size=batch_size, dtype="float32",
-                     framework=framework, provenance=provenance, source_format="pipedream")
+            raise TraceFormatError(
+                source,
+                "batch size",
+                "graph.txt does not record the batch "
+                "size and it cannot be inferred from "
+                "an image input; pass it explicitly",
+            )
+    meta = TraceMeta(
+        model=model,
+        device=device,
+        batch_size=batch_size,
+        dtype="float32",
+        framework=framework,
+        provenance=provenance,
+        source_format="pipedream",
+    )
     try:
         return sort_layers(meta, layers, edges)
     except ValueError as exc:
@@ -138,8 +172,9 @@ def _parse_fields(text: str, source: str, where: str) -> dict[str, float]:
             else:
                 values[key] = float(val)
         except ValueError:
-            raise TraceFormatError(source, f"{where}: {key}",
-                                   f"expected a number, got {val!r}") from None
+            raise TraceFormatError(
+                source, f"{where}: {key}", f"expected a number, got {val!r}"
+            ) from None
     for key in _FIELDS:
         if key not in values:
             raise TraceFormatError(source, f"{where}: {key}", "missing")

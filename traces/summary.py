@@ -60,15 +60,23 @@ def summarize(trace: Trace, top: int = 5) -> TraceSummary:
     def ranking(key: Any) -> tuple[LayerShare, ...]:
         total = sum(key(layer) for layer in running) or 1.0
         ranked = sorted(running, key=lambda layer: -key(layer))[:top]
-        return tuple(LayerShare(layer.name, layer.op, float(key(layer)), key(layer) / total)
-                     for layer in ranked if key(layer) > 0)
+        return tuple(
+            LayerShare(layer.name, layer.op, float(key(layer)), key(layer) / total)
+            for layer in ranked
+            if key(layer) > 0
+        )
 
     return TraceSummary(
-        layers=len(running), inputs=len(trace.layers) - len(running), edges=len(trace.edges),
+        layers=len(running),
+        inputs=len(trace.layers) - len(running),
+        edges=len(trace.edges),
         joins=sum(1 for preds in trace.predecessors if len(preds) > 1),
-        forward_s=trace.forward_s, backward_s=trace.backward_s,
-        param_bytes=trace.param_bytes, param_count=trace.param_count,
-        activation_bytes=trace.activation_bytes, flops=sum(known) if known else None,
+        forward_s=trace.forward_s,
+        backward_s=trace.backward_s,
+        param_bytes=trace.param_bytes,
+        param_count=trace.param_count,
+        activation_bytes=trace.activation_bytes,
+        flops=sum(known) if known else None,
         by_time=ranking(lambda layer: layer.compute_s),
         by_params=ranking(lambda layer: layer.param_bytes),
     )
@@ -86,13 +94,30 @@ def to_chrome(trace: Trace) -> dict[str, Any]:
     steps = [(layer, "forward", layer.forward_s) for layer in running]
     steps += [(layer, "backward", layer.backward_s) for layer in reversed(running)]
     for layer, phase, seconds in steps:
-        events.append({
-            "ph": "X", "pid": 0, "tid": 0, "name": layer.name, "cat": phase,
-            "ts": t_us, "dur": seconds * 1e6,
-            "args": {"op": layer.op, "param_bytes": layer.param_bytes,
-                     "activation_bytes": layer.activation_bytes, "flops": layer.flops},
-        })
+        events.append(
+            {
+                "ph": "X",
+                "pid": 0,
+                "tid": 0,
+                "name": layer.name,
+                "cat": phase,
+                "ts": t_us,
+                "dur": seconds * 1e6,
+                "args": {
+                    "op": layer.op,
+                    "param_bytes": layer.param_bytes,
+                    "activation_bytes": layer.activation_bytes,
+                    "flops": layer.flops,
+                },
+            }
+        )
         t_us += seconds * 1e6
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"model": trace.meta.model, "batch_size": trace.meta.batch_size,
-                          "device": trace.meta.device}}
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "model": trace.meta.model,
+            "batch_size": trace.meta.batch_size,
+            "device": trace.meta.device,
+        },
+    }

@@ -7,8 +7,7 @@ import heapq
 from traces.model import Layer, Trace, TraceMeta
 
 
-def sort_layers(meta: TraceMeta, layers: list[Layer],
-                edges: list[tuple[str, str]]) -> Trace:
+def sort_layers(meta: TraceMeta, layers: list[Layer], edges: list[tuple[str, str]]) -> Trace:
     """Order ``layers`` topologically (Kahn's algorithm; among ready layers the one listed
     first wins, so an already sorted list keeps its order) and return the trace.
 

@@ -36,8 +36,9 @@ def flag_name(field: str, command: click.Command | None = None) -> str:
     return field
 
 
-def exit_code_and_message(exc: BaseException,
-                          command: click.Command | None = None) -> tuple[int | None, str]:
+def exit_code_and_message(
+    exc: BaseException, command: click.Command | None = None
+) -> tuple[int | None, str]:
     """``(exit code, one-line message)`` for a user-facing error (settings named as
     ``command`` names them); ``(None, "")`` for a bug (which should surface with its
     traceback)."""
@@ -68,8 +69,9 @@ class BadInput(click.ClickException):
     exit_code = 2
 
 
-def as_click_error(exc: Exception,
-                   command: click.Command | None = None) -> click.ClickException | None:
+def as_click_error(
+    exc: Exception, command: click.Command | None = None
+) -> click.ClickException | None:
     """The one-line :class:`click.ClickException` for a user-facing error (with its exit
     code), or ``None`` for a bug, which should surface with its traceback."""
     if isinstance(exc, click.ClickException):

@@ -24,9 +24,12 @@ BAR_DELAY_S = 2.0
 """A progress bar appears once a run has taken this long."""
 
 
-FLAG_WORDS = (("the analytic fidelity", "--fidelity analytic"),
-              ("fewer iterations", "fewer --iterations"), ("fewer GPUs", "fewer --gpus"),
-              ("no Chrome trace", "no --trace-out"))
+FLAG_WORDS = (
+    ("the analytic fidelity", "--fidelity analytic"),
+    ("fewer iterations", "fewer --iterations"),
+    ("fewer GPUs", "fewer --gpus"),
+    ("no Chrome trace", "no --trace-out"),
+)
 """How :func:`simcore.guard.work_refusal`'s ways out read as this command's flags."""
 
 
@@ -49,10 +52,12 @@ def check_schedule(stages: int, microbatches: int, iterations: int) -> None:
 
     n = schedule_actions(stages, microbatches, iterations)
     if n > MAX_SCHEDULE_ACTIONS:
-        raise BadInput(f"this schedule is too big to lay out here: {stages:,} stages x "
-                       f"{microbatches:,} micro-batches x {iterations:,} iterations is about "
-                       f"{n:.3g} actions (at most {MAX_SCHEDULE_ACTIONS:.3g}); use fewer "
-                       f"--microbatches or --stages")
+        raise BadInput(
+            f"this schedule is too big to lay out here: {stages:,} stages x "
+            f"{microbatches:,} micro-batches x {iterations:,} iterations is about "
+            f"{n:.3g} actions (at most {MAX_SCHEDULE_ACTIONS:.3g}); use fewer "
+            f"--microbatches or --stages"
+        )
 
 
 @contextlib.contextmanager
@@ -67,8 +72,15 @@ def progress_bar(enabled: bool | None = None) -> Iterator[Callable[[float], None
         return
     from tqdm import tqdm
 
-    bar = tqdm(total=100, desc="simulating", unit="%", delay=BAR_DELAY_S, leave=False,
-               file=sys.stderr, bar_format="{desc} {bar} {percentage:3.0f}% [{elapsed}]")
+    bar = tqdm(
+        total=100,
+        desc="simulating",
+        unit="%",
+        delay=BAR_DELAY_S,
+        leave=False,
+        file=sys.stderr,
+        bar_format="{desc} {bar} {percentage:3.0f}% [{elapsed}]",
+    )
 
     def update(share: float) -> None:
         pct = int(100 * share)

@@ -35,9 +35,14 @@ def models() -> None:
     for name, entry in builtin_models().items():
         tr = load_builtin(name)
         mark = " (default)" if name == default_model() else ""
-        rows.append((name, f"{entry.description}{mark}; {len(tr.layers)} layers, "
-                           f"{tr.param_count / 1e6:.1f}M params, batch {tr.meta.batch_size}, "
-                           f"{format_time(tr.compute_s)}/iteration on {tr.meta.device}"))
+        rows.append(
+            (
+                name,
+                f"{entry.description}{mark}; {len(tr.layers)} layers, "
+                f"{tr.param_count / 1e6:.1f}M params, batch {tr.meta.batch_size}, "
+                f"{format_time(tr.compute_s)}/iteration on {tr.meta.device}",
+            )
+        )
     click.echo(table(rows, indent=0))
 
 

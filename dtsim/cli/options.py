@@ -70,8 +70,9 @@ def setting_option(f: dataclasses.Field, *, as_list: bool = False) -> Callable[.
         help_ += f". [default: {_show(f)}]"
     if as_list:
         help_ = "Comma-separated values of: " + help_[0].lower() + help_[1:]
-    return click.option(flag_of(f.name), f.name, type=typ, default=None, metavar=metavar,
-                        help=help_)
+    return click.option(
+        flag_of(f.name), f.name, type=typ, default=None, metavar=metavar, help=help_
+    )
 
 
 def run_options(f: Callable[..., Any], spec_cls: type = RunSpec) -> Callable[..., Any]:
@@ -79,26 +80,36 @@ def run_options(f: Callable[..., Any], spec_cls: type = RunSpec) -> Callable[...
     of ``spec_cls`` declared with ``flag=N``, ``--config`` and ``--set``."""
     opts = [setting_option(field) for field in flag_fields(spec_cls)]
     opts += [
-        click.option("--config", "config_file", type=click.Path(dir_okay=False),
-                     default=None, metavar="FILE",
-                     help="YAML/JSON file of settings (same keys as --set)."),
-        click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-                     help="Any other setting, e.g. warmup_iterations=2, chunk_bytes=4MiB, "
-                          "nic_per_gpu=true, scheme.algorithm=tree (repeatable)."),
+        click.option(
+            "--config",
+            "config_file",
+            type=click.Path(dir_okay=False),
+            default=None,
+            metavar="FILE",
+            help="YAML/JSON file of settings (same keys as --set).",
+        ),
+        click.option(
+            "--set",
+            "settings",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Any other setting, e.g. warmup_iterations=2, chunk_bytes=4MiB, "
+            "nic_per_gpu=true, scheme.algorithm=tree (repeatable).",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
 
 
-def spec_from_params(ctx: click.Context, params: dict[str, Any],
-                     spec_cls: type = RunSpec) -> Any:
+def spec_from_params(ctx: click.Context, params: dict[str, Any], spec_cls: type = RunSpec) -> Any:
     """The spec: defaults, then ``--config``, then flags given explicitly, then ``--set``."""
     merged: dict[str, Any] = {}
     if params.get("config_file"):
         if not os.path.exists(params["config_file"]):
-            raise click.BadParameter(f"{params['config_file']!r} does not exist",
-                                     param_hint="'--config'")
+            raise click.BadParameter(
+                f"{params['config_file']!r} does not exist", param_hint="'--config'"
+            )
         merged.update(load_config_file(params["config_file"]))
     for field in flag_fields(spec_cls):
         value = params.get(field.name)

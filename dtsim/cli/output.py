@@ -23,30 +23,55 @@ def table(rows: list[tuple[str, str]], indent: int = 2) -> str:
 def run_table(r: Any) -> str:
     """The compact summary of a :class:`~simcore.result.RunResult`."""
     util = r.per_gpu_utilization
-    comm_kinds = ", ".join(f"{k} {format_bytes(v / r.simulated_iterations)}"
-                           for k, v in sorted(r.comm_bytes_by_link_kind.items()))
+    comm_kinds = ", ".join(
+        f"{k} {format_bytes(v / r.simulated_iterations)}"
+        for k, v in sorted(r.comm_bytes_by_link_kind.items())
+    )
     fits = "fits" if r.fits_in_memory else "DOES NOT FIT"
-    head = (f"{r.scheme} | {r.model} | {r.gpus} GPU{'s' if r.gpus != 1 else ''} "
-            f"({r.gpu_model}) | {r.topology} | {r.fidelity}")
+    head = (
+        f"{r.scheme} | {r.model} | {r.gpus} GPU{'s' if r.gpus != 1 else ''} "
+        f"({r.gpu_model}) | {r.topology} | {r.fidelity}"
+    )
     rows = [
-        ("iteration time", f"{format_time(r.iteration_time_s)}  (mean of {r.iterations} after "
-                           f"{r.warmup_iterations} warm-up)"),
-        ("throughput", f"{r.throughput_samples_s:,.1f} samples/s  (batch {r.batch_size} per "
-                       f"replica, {r.global_batch_size} global)"),
-        ("speedup", f"{r.speedup:.2f}x  over 1 GPU at the same global batch "
-                    f"({format_time(r.single_gpu_time_s)})"),
-        ("GPU utilisation", f"{100 * r.gpu_utilization:.1f}%  (min {100 * min(util):.1f}%, "
-                            f"max {100 * max(util):.1f}%)"),
+        (
+            "iteration time",
+            f"{format_time(r.iteration_time_s)}  (mean of {r.iterations} after "
+            f"{r.warmup_iterations} warm-up)",
+        ),
+        (
+            "throughput",
+            f"{r.throughput_samples_s:,.1f} samples/s  (batch {r.batch_size} per "
+            f"replica, {r.global_batch_size} global)",
+        ),
+        (
+            "speedup",
+            f"{r.speedup:.2f}x  over 1 GPU at the same global batch "
+            f"({format_time(r.single_gpu_time_s)})",
+        ),
+        (
+            "GPU utilisation",
+            f"{100 * r.gpu_utilization:.1f}%  (min {100 * min(util):.1f}%, "
+            f"max {100 * max(util):.1f}%)",
+        ),
         ("bubble / idle", f"{100 * r.bubble_fraction:.1f}%"),
-        ("communication", f"{format_bytes(r.comm_bytes_per_iteration)} sent per iteration"
-                          + (f"; on links: {comm_kinds}" if comm_kinds else "")),
-        ("peak memory", f"{format_bytes(r.peak_memory_bytes)} of "
-                        f"{format_bytes(r.memory_capacity_bytes)} per GPU ({fits})"),
+        (
+            "communication",
+            f"{format_bytes(r.comm_bytes_per_iteration)} sent per iteration"
+            + (f"; on links: {comm_kinds}" if comm_kinds else ""),
+        ),
+        (
+            "peak memory",
+            f"{format_bytes(r.peak_memory_bytes)} of "
+            f"{format_bytes(r.memory_capacity_bytes)} per GPU ({fits})",
+        ),
         ("simulation", f"{r.events:,} events in {format_time(r.wall_s)}"),
     ]
     if r.trace_device != r.gpu_model or r.compute_scale != 1.0:
-        how = (f"times scaled by 1/{r.compute_scale:.3g}" if r.compute_scale != 1.0
-               else "times used as measured; --set compute_scale=X rescales them")
+        how = (
+            f"times scaled by 1/{r.compute_scale:.3g}"
+            if r.compute_scale != 1.0
+            else "times used as measured; --set compute_scale=X rescales them"
+        )
         rows.append(("compute", f"trace measured on {r.trace_device}; {how}"))
     for k, v in r.extra.items():
         if isinstance(v, int | float | str):

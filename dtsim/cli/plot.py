@@ -9,23 +9,43 @@ import click
 
 @click.command("plot")
 @click.argument("results", metavar="RESULTS", type=click.Path(dir_okay=False))
-@click.option("--kind", default="auto", show_default=True,
-              type=click.Choice(["auto", "line", "bar", "speedup", "throughput",
-                                 "utilization", "gantt"]),
-              help="A ready plot, or line/bar of --y against --x (auto: line for a numeric "
-                   "x, bars otherwise).")
+@click.option(
+    "--kind",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "line", "bar", "speedup", "throughput", "utilization", "gantt"]),
+    help="A ready plot, or line/bar of --y against --x (auto: line for a numeric "
+    "x, bars otherwise).",
+)
 @click.option("--x", "x", default=None, metavar="COLUMN", help="Column on the x axis.")
 @click.option("--y", "y", default=None, metavar="COLUMN", help="Column on the y axis.")
 @click.option("--hue", default=None, metavar="COLUMN", help="Colour by this column.")
 @click.option("--col", default=None, metavar="COLUMN", help="One panel per value of it.")
-@click.option("--where", multiple=True, metavar="COLUMN=VALUE",
-              help="Keep only these rows (repeatable); for --kind gantt: device, stream, "
-                   "kind or iteration.")
+@click.option(
+    "--where",
+    multiple=True,
+    metavar="COLUMN=VALUE",
+    help="Keep only these rows (repeatable); for --kind gantt: device, stream, kind or iteration.",
+)
 @click.option("--title", default=None, help="Figure title.")
-@click.option("-o", "--out", default=None, metavar="FIG",
-              help="Figure file (.png, .svg, .pdf). [default: RESULTS-KIND.png]")
-def plot(results: str, kind: str, x: str | None, y: str | None, hue: str | None,
-         col: str | None, where: tuple[str, ...], title: str | None, out: str | None) -> None:
+@click.option(
+    "-o",
+    "--out",
+    default=None,
+    metavar="FIG",
+    help="Figure file (.png, .svg, .pdf). [default: RESULTS-KIND.png]",
+)
+def plot(
+    results: str,
+    kind: str,
+    x: str | None,
+    y: str | None,
+    hue: str | None,
+    col: str | None,
+    where: tuple[str, ...],
+    title: str | None,
+    out: str | None,
+) -> None:
     """Plot a sweep's results (.parquet, .csv, or sim run --json output) or, with
     --kind gantt, the timeline of a sim run --trace-out file.
 

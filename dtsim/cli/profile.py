@@ -13,41 +13,112 @@ from traces.atomic import check_writable
 
 
 @click.command("profile")
-@click.option("--model", "model_name", required=True, type=click.Choice(zoo.names()),
-              metavar="NAME", help=f"Zoo model: {', '.join(zoo.names())}.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Samples in the profiled batch.")
-@click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
-              help="Where to measure (ignored with --analytic).")
-@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
-              help="Element type of parameters and activations.")
-@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
-              metavar="FILE", help="Trace file to write. [default: MODEL-DEVICE-bBATCH.json]")
-@click.option("--analytic", is_flag=True,
-              help="Do not measure: count FLOPs on the meta device and turn them into times "
-                   "(needs --device-flops).")
-@click.option("--device-flops", default=None, metavar="RATE",
-              help="Peak FLOP/s of the target device for --analytic, e.g. 15.7e12 or "
-                   "15.7TFLOPS (V100 fp32).")
-@click.option("--efficiency", type=click.FloatRange(0, 1, min_open=True),
-              default=DEFAULT_EFFICIENCY, show_default=True,
-              help="Fraction of --device-flops the layers reach (--analytic).")
-@click.option("--memory-bandwidth", default=None, metavar="RATE",
-              help="Device memory rate for --analytic, e.g. 900GB/s: a layer is never faster "
-                   "than moving its bytes. [default: ignore memory traffic]")
-@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Timed samples per layer and direction (the median is kept).")
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
-              help="Untimed calls before each timing.")
-@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
-              help="torch intra-op threads.")
+@click.option(
+    "--model",
+    "model_name",
+    required=True,
+    type=click.Choice(zoo.names()),
+    metavar="NAME",
+    help=f"Zoo model: {', '.join(zoo.names())}.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Samples in the profiled batch.",
+)
+@click.option(
+    "--device",
+    type=click.Choice(DEVICES),
+    default="cpu",
+    show_default=True,
+    help="Where to measure (ignored with --analytic).",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(DTYPES),
+    default="float32",
+    show_default=True,
+    help="Element type of parameters and activations.",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    metavar="FILE",
+    help="Trace file to write. [default: MODEL-DEVICE-bBATCH.json]",
+)
+@click.option(
+    "--analytic",
+    is_flag=True,
+    help="Do not measure: count FLOPs on the meta device and turn them into times "
+    "(needs --device-flops).",
+)
+@click.option(
+    "--device-flops",
+    default=None,
+    metavar="RATE",
+    help="Peak FLOP/s of the target device for --analytic, e.g. 15.7e12 or 15.7TFLOPS (V100 fp32).",
+)
+@click.option(
+    "--efficiency",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=DEFAULT_EFFICIENCY,
+    show_default=True,
+    help="Fraction of --device-flops the layers reach (--analytic).",
+)
+@click.option(
+    "--memory-bandwidth",
+    default=None,
+    metavar="RATE",
+    help="Device memory rate for --analytic, e.g. 900GB/s: a layer is never faster "
+    "than moving its bytes. [default: ignore memory traffic]",
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Timed samples per layer and direction (the median is kept).",
+)
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Untimed calls before each timing.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="torch intra-op threads.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the inputs.")
-@click.option("--progress/--no-progress", default=True, show_default=True,
-              help="Show a progress bar on stderr.")
-def profile(model_name: str, batch_size: int, device: str, dtype: str, out: str | None,
-            analytic: bool, device_flops: str | None, efficiency: float,
-            memory_bandwidth: str | None, repeats: int, warmup: int, threads: int, seed: int,
-            progress: bool) -> None:
+@click.option(
+    "--progress/--no-progress",
+    default=True,
+    show_default=True,
+    help="Show a progress bar on stderr.",
+)
+def profile(
+    model_name: str,
+    batch_size: int,
+    device: str,
+    dtype: str,
+    out: str | None,
+    analytic: bool,
+    device_flops: str | None,
+    efficiency: float,
+    memory_bandwidth: str | None,
+    repeats: int,
+    warmup: int,
+    threads: int,
+    seed: int,
+    progress: bool,
+) -> None:
     """Profile a model of the zoo into a layer trace (dtsim JSON).
 
     Every layer of the model's torch.fx graph is timed on its own, forward and backward
@@ -80,9 +151,19 @@ def profile(model_name: str, batch_size: int, device: str, dtype: str, out: str 
         _check_memory(model_name, batch_size, device, dtype)
     try:
         config = ProfileConfig(
-            batch_size=batch_size, device=device, dtype=dtype, warmup=warmup, repeats=repeats,
-            threads=threads, analytic=analytic, device_flops=flops_rate, efficiency=efficiency,
-            memory_bytes_per_s=mem_rate, seed=seed, progress=progress)
+            batch_size=batch_size,
+            device=device,
+            dtype=dtype,
+            warmup=warmup,
+            repeats=repeats,
+            threads=threads,
+            analytic=analytic,
+            device_flops=flops_rate,
+            efficiency=efficiency,
+            memory_bytes_per_s=mem_rate,
+            seed=seed,
+            progress=progress,
+        )
         trace = profile_model(model_name, config)
     except ProfileError as exc:
         raise BadInput(str(exc)) from None
@@ -90,14 +171,17 @@ def profile(model_name: str, batch_size: int, device: str, dtype: str, out: str 
         text = " ".join(str(exc).split())
         if not isinstance(exc, MemoryError) and "memory" not in text.lower():
             raise
-        raise BadInput(f"--batch-size: {batch_size} does not fit in {device} memory while "
-                       f"profiling {model_name} ({text[:160]}); use a smaller batch") from None
+        raise BadInput(
+            f"--batch-size: {batch_size} does not fit in {device} memory while "
+            f"profiling {model_name} ({text[:160]}); use a smaller batch"
+        ) from None
     save_trace(trace, path)
     click.echo(
         f"wrote {path}: {model_name}, {len(trace.layers)} layers, batch {batch_size} on "
         f"{trace.meta.device}; forward {format_time(trace.forward_s)} + backward "
         f"{format_time(trace.backward_s)} per batch; {trace.param_count / 1e6:.2f}M params "
-        f"({format_bytes(trace.param_bytes)}); took {time.perf_counter() - started:.1f} s")
+        f"({format_bytes(trace.param_bytes)}); took {time.perf_counter() - started:.1f} s"
+    )
 
 
 def _check_memory(model_name: str, batch_size: int, device: str, dtype: str) -> None:
@@ -111,15 +195,17 @@ def _check_memory(model_name: str, batch_size: int, device: str, dtype: str) -> 
     from simcore.units import format_bytes
 
     if device == "cuda" and not torch.cuda.is_available():
-        return          # the real run says there is no GPU
+        return  # the real run says there is no GPU
     try:
-        shape = profile_model(model_name, ProfileConfig(
-            batch_size=batch_size, dtype=dtype, analytic=True, device_flops=1e12,
-            progress=False))
+        shape = profile_model(
+            model_name,
+            ProfileConfig(
+                batch_size=batch_size, dtype=dtype, analytic=True, device_flops=1e12, progress=False
+            ),
+        )
     except ProfileError:
-        return          # the real run reports it
-    need = (2 * sum(layer.activation_bytes for layer in shape.layers)
-            + 3 * shape.param_bytes)
+        return  # the real run reports it
+    need = 2 * sum(layer.activation_bytes for layer in shape.layers) + 3 * shape.param_bytes
     if device == "cuda":
         have = torch.cuda.get_device_properties(0).total_memory
     else:
@@ -127,7 +213,9 @@ def _check_memory(model_name: str, batch_size: int, device: str, dtype: str) -> 
     if need > have:
         per_sample = max(1, need // batch_size)
         fits = max(1, have // per_sample)
-        raise BadInput(f"--batch-size: {batch_size} is too big to profile {model_name} on "
-                       f"{device}: its activations and gradients need about "
-                       f"{format_bytes(need)}, and {format_bytes(have)} can be used; use "
-                       f"--batch-size {fits} or less, or --analytic")
+        raise BadInput(
+            f"--batch-size: {batch_size} is too big to profile {model_name} on "
+            f"{device}: its activations and gradients need about "
+            f"{format_bytes(need)}, and {format_bytes(have)} can be used; use "
+            f"--batch-size {fits} or less, or --analytic"
+        )

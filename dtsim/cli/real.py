@@ -35,21 +35,54 @@ def run_options_real(f: Any) -> Any:
 @click.command("real")
 @run_options_real
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-@click.option("--trace-out", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="Write the measured timeline as a Chrome trace (same layout as sim run's).")
-@click.option("--profile-out", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="Also profile the model's layers on this machine (rank 0, before training) "
-                   "and write the layer trace (dtsim JSON) for sim run --model FILE.")
-@click.option("--keep", "keep_dir", type=click.Path(file_okay=False), default=None,
-              metavar="DIR", help="Keep the job file, rank logs and raw records in DIR.")
-@click.option("--write-job", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="Only write the job file for torchrun (python -m realrun --job FILE).")
-@click.option("--from-records", type=click.Path(dir_okay=False, exists=True), default=None,
-              metavar="FILE", help="Summarise the records.json of a run made with torchrun.")
+@click.option(
+    "--trace-out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help="Write the measured timeline as a Chrome trace (same layout as sim run's).",
+)
+@click.option(
+    "--profile-out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help="Also profile the model's layers on this machine (rank 0, before training) "
+    "and write the layer trace (dtsim JSON) for sim run --model FILE.",
+)
+@click.option(
+    "--keep",
+    "keep_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="DIR",
+    help="Keep the job file, rank logs and raw records in DIR.",
+)
+@click.option(
+    "--write-job",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help="Only write the job file for torchrun (python -m realrun --job FILE).",
+)
+@click.option(
+    "--from-records",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    metavar="FILE",
+    help="Summarise the records.json of a run made with torchrun.",
+)
 @click.pass_context
-def real(ctx: click.Context, as_json: bool, trace_out: str | None, profile_out: str | None,
-         keep_dir: str | None, write_job: str | None, from_records: str | None,
-         **params: Any) -> None:
+def real(
+    ctx: click.Context,
+    as_json: bool,
+    trace_out: str | None,
+    profile_out: str | None,
+    keep_dir: str | None,
+    write_job: str | None,
+    from_records: str | None,
+    **params: Any,
+) -> None:
     """Run a training scheme for real (one process per rank) and print what was measured.
 
     Takes the same settings as 'sim run' (--gpus is the number of data-parallel workers;
@@ -69,8 +102,9 @@ def real(ctx: click.Context, as_json: bool, trace_out: str | None, profile_out: 
     if from_records:
         with open(from_records, encoding="utf-8") as fh:
             records = json.load(fh)
-        _report(records, 0.0, records.get("cluster", "torchrun"), {}, as_json, trace_out,
-                profile_out)
+        _report(
+            records, 0.0, records.get("cluster", "torchrun"), {}, as_json, trace_out, profile_out
+        )
         return
     spec = spec_from_params(ctx, params, RealSpec)
     job = make_job(spec, profile=profile_out is not None)
@@ -78,15 +112,20 @@ def real(ctx: click.Context, as_json: bool, trace_out: str | None, profile_out: 
         from traces.atomic import write_text
 
         write_text(write_job, json.dumps(job.to_dict(), indent=1) + "\n")
-        click.echo(f"wrote {write_job}: {job.world_size} ranks; run on each node:\n"
-                   f"  torchrun --nnodes N --nproc-per-node M --rdzv-endpoint HOST:PORT "
-                   f"-m realrun --job {write_job} --out results/", err=True)
+        click.echo(
+            f"wrote {write_job}: {job.world_size} ranks; run on each node:\n"
+            f"  torchrun --nnodes N --nproc-per-node M --rdzv-endpoint HOST:PORT "
+            f"-m realrun --job {write_job} --out results/",
+            err=True,
+        )
         return
     cluster = spec.cluster
     rate = spec.bandwidth if cluster == "netns" else None
     if spec.bandwidth and cluster != "netns":
-        click.echo("note: --bandwidth shapes the links of --cluster netns; a local run is "
-                   "unshaped", err=True)
+        click.echo(
+            "note: --bandwidth shapes the links of --cluster netns; a local run is unshaped",
+            err=True,
+        )
     out_dir = keep_dir or tempfile.mkdtemp(prefix="dtsim-real-")
     try:
         records, wall, counters = _execute(job, cluster, rate, out_dir)
@@ -104,23 +143,31 @@ def make_job(spec: Any, *, profile: bool = False) -> Job:
     from simcore.schemes.gossip import is_power_of_two
 
     if spec.scheme not in REAL_SCHEMES:
-        raise BadInput(f"--scheme: {spec.scheme!r} has no real runtime yet; choose one of: "
-                       f"{', '.join(REAL_SCHEMES)}")
+        raise BadInput(
+            f"--scheme: {spec.scheme!r} has no real runtime yet; choose one of: "
+            f"{', '.join(REAL_SCHEMES)}"
+        )
     model = spec.model or "resnet18"
     if model not in zoo.names():
-        raise BadInput(f"--model: {model!r} is not a zoo model (a real run needs the model "
-                       f"itself, not a trace); choose one of: {', '.join(zoo.names())}")
+        raise BadInput(
+            f"--model: {model!r} is not a zoo model (a real run needs the model "
+            f"itself, not a trace); choose one of: {', '.join(zoo.names())}"
+        )
     scheme = get_scheme(spec.scheme)
     options = options_from_mapping(scheme.Options, spec.scheme_options, prefix="scheme.")
     opts = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
     workers = spec.gpus
     if spec.scheme == "gossip" and not is_power_of_two(workers):
         lower = 1 << (workers.bit_length() - 1)
-        raise BadInput(f"--gpus: {workers} is not allowed; gossip pairs workers on a hypercube "
-                       f"and needs a power of two, e.g. {lower} or {2 * lower}")
+        raise BadInput(
+            f"--gpus: {workers} is not allowed; gossip pairs workers on a hypercube "
+            f"and needs a power of two, e.g. {lower} or {2 * lower}"
+        )
     if spec.scheme == "dp" and opts.get("algorithm") != "ring":
-        raise BadInput(f"scheme.algorithm: {opts.get('algorithm')!r} is not allowed for a real "
-                       "run; gloo and NCCL all-reduce with a ring (ring)")
+        raise BadInput(
+            f"scheme.algorithm: {opts.get('algorithm')!r} is not allowed for a real "
+            "run; gloo and NCCL all-reduce with a ring (ring)"
+        )
     servers = 0
     dedicated = False
     if spec.scheme in PS_SCHEMES:
@@ -135,22 +182,39 @@ def make_job(spec: Any, *, profile: bool = False) -> Job:
         import torch
 
         if spec.scheme != "dp":
-            raise BadInput(f"--backend: nccl runs dp only; {spec.scheme} exchanges messages "
-                           "with tags over gloo (use --backend gloo)")
+            raise BadInput(
+                f"--backend: nccl runs dp only; {spec.scheme} exchanges messages "
+                "with tags over gloo (use --backend gloo)"
+            )
         if not torch.cuda.is_available() or torch.cuda.device_count() < workers:
             have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            raise BadInput(f"--backend: nccl needs one CUDA device per rank: {workers} "
-                           f"asked, {have} present (use --backend gloo)")
-    return Job(scheme=spec.scheme, model=model, workers=workers, options=opts,
-               servers=servers, dedicated_servers=dedicated,
-               batch_size=spec.batch_size or DEFAULT_REAL_BATCH, iterations=spec.iterations,
-               warmup_iterations=spec.warmup_iterations, seed=spec.seed,
-               optimizer=spec.optimizer, lr=spec.lr, backend=backend, timeout_s=spec.timeout_s,
-               profile=profile, fault=os.environ.get("DTSIM_REAL_FAULT", ""))
+            raise BadInput(
+                f"--backend: nccl needs one CUDA device per rank: {workers} "
+                f"asked, {have} present (use --backend gloo)"
+            )
+    return Job(
+        scheme=spec.scheme,
+        model=model,
+        workers=workers,
+        options=opts,
+        servers=servers,
+        dedicated_servers=dedicated,
+        batch_size=spec.batch_size or DEFAULT_REAL_BATCH,
+        iterations=spec.iterations,
+        warmup_iterations=spec.warmup_iterations,
+        seed=spec.seed,
+        optimizer=spec.optimizer,
+        lr=spec.lr,
+        backend=backend,
+        timeout_s=spec.timeout_s,
+        profile=profile,
+        fault=os.environ.get("DTSIM_REAL_FAULT", ""),
+    )
 
 
-def _execute(job: Job, cluster: str, rate: float | None,
-             out_dir: str) -> tuple[dict[str, Any], float, dict[str, Any]]:
+def _execute(
+    job: Job, cluster: str, rate: float | None, out_dir: str
+) -> tuple[dict[str, Any], float, dict[str, Any]]:
     """Launch ``job`` locally or on an emulated cluster; ``(records, wall_s, counters)``."""
     from realrun.launch import launch
 
@@ -165,8 +229,9 @@ def _execute(job: Job, cluster: str, rate: float | None,
             check_available()
             prefix = os.environ.get("DTSIM_NETNS_PREFIX", "dtsim")
             with terminate_as_interrupt(), EmulatedCluster(job.hosts, rate, prefix=prefix) as emu:
-                placement = Placement(emu.command, emu.hosts[0].address,
-                                      lambda h: emu.hosts[h].ifname)
+                placement = Placement(
+                    emu.command, emu.hosts[0].address, lambda h: emu.hosts[h].ifname
+                )
                 before = emu.interface_bytes()
                 records = launch(job, out_dir, placement, progress=bar)
                 after = emu.interface_bytes()
@@ -182,8 +247,13 @@ class _Bar:
     def __init__(self, job: Job) -> None:
         from tqdm import tqdm
 
-        self.bar = tqdm(total=job.total_iterations, desc=f"{job.scheme} x{job.world_size} ranks",
-                        unit="it", leave=False, disable=not sys.stderr.isatty())
+        self.bar = tqdm(
+            total=job.total_iterations,
+            desc=f"{job.scheme} x{job.world_size} ranks",
+            unit="it",
+            leave=False,
+            disable=not sys.stderr.isatty(),
+        )
 
     def __call__(self, iteration: int) -> None:
         self.bar.n = max(0, min(iteration, self.bar.total))
@@ -197,22 +267,37 @@ def _bar(job: Job) -> _Bar:
     return _Bar(job)
 
 
-def _wire_counters(before: list[dict[str, Any]], after: list[dict[str, Any]],
-                   rate: float | None) -> dict[str, Any]:
+def _wire_counters(
+    before: list[dict[str, Any]], after: list[dict[str, Any]], rate: float | None
+) -> dict[str, Any]:
     """Bytes each host's veth sent and received during the run (the kernel's counters:
     payload plus TCP/IP headers, start-up and rendezvous included)."""
     hosts = []
     for b, a in zip(before, after, strict=True):
-        hosts.append({"host": a["index"], "tx_bytes": a["tx_bytes"] - b["tx_bytes"],
-                      "rx_bytes": a["rx_bytes"] - b["rx_bytes"]})
-    return {"wire_bytes_by_host": hosts,
-            "wire_bytes_total": sum(h["tx_bytes"] for h in hosts),
-            "link_rate_bytes_per_s": rate}
+        hosts.append(
+            {
+                "host": a["index"],
+                "tx_bytes": a["tx_bytes"] - b["tx_bytes"],
+                "rx_bytes": a["rx_bytes"] - b["rx_bytes"],
+            }
+        )
+    return {
+        "wire_bytes_by_host": hosts,
+        "wire_bytes_total": sum(h["tx_bytes"] for h in hosts),
+        "link_rate_bytes_per_s": rate,
+    }
 
 
-def _report(records: dict[str, Any], wall: float, cluster: str, counters: dict[str, Any],
-            as_json: bool, trace_out: str | None, profile_out: str | None,
-            rate: float | None = None) -> None:
+def _report(
+    records: dict[str, Any],
+    wall: float,
+    cluster: str,
+    counters: dict[str, Any],
+    as_json: bool,
+    trace_out: str | None,
+    profile_out: str | None,
+    rate: float | None = None,
+) -> None:
     from realrun.metrics import spans, summarize
 
     result = summarize(records, wall_s=wall, cluster=cluster, link_counters=counters)
@@ -224,8 +309,10 @@ def _report(records: dict[str, Any], wall: float, cluster: str, counters: dict[s
     if profile_out:
         profile = records.get("profile")
         if profile is None:
-            raise BadInput("--profile-out: the records hold no profile (the run was made "
-                           "without --profile-out)")
+            raise BadInput(
+                "--profile-out: the records hold no profile (the run was made "
+                "without --profile-out)"
+            )
         write_json(profile_out, profile)
     if as_json:
         click.echo(json.dumps(result, indent=2))
@@ -240,29 +327,56 @@ def _report(records: dict[str, Any], wall: float, cluster: str, counters: dict[s
 def real_table(r: dict[str, Any], rate: float | None = None) -> str:
     """The summary of a measured run, laid out like ``sim run``'s."""
     util = r["per_gpu_utilization"] or [0.0]
-    kinds = ", ".join(f"{k} {format_bytes(v / (r['iterations'] + r['warmup_iterations']))}"
-                      for k, v in sorted(r["comm_bytes_by_link_kind"].items()))
+    kinds = ", ".join(
+        f"{k} {format_bytes(v / (r['iterations'] + r['warmup_iterations']))}"
+        for k, v in sorted(r["comm_bytes_by_link_kind"].items())
+    )
     where = r["cluster"] + (f" at {format_rate(rate)}" if rate else "")
     servers = f" + {r['servers']} servers" if r["servers"] else ""
-    head = (f"{r['scheme']} | {r['model']} | {r['gpus']} rank{'s' if r['gpus'] != 1 else ''}"
-            f"{servers} ({r['device_model']}, {r['backend']}) | {where} | measured")
+    head = (
+        f"{r['scheme']} | {r['model']} | {r['gpus']} rank{'s' if r['gpus'] != 1 else ''}"
+        f"{servers} ({r['device_model']}, {r['backend']}) | {where} | measured"
+    )
     rows = [
-        ("iteration time", f"{format_time(r['iteration_time_s'])}  (mean of {r['iterations']} "
-                           f"after {r['warmup_iterations']} warm-up)"),
-        ("throughput", f"{r['throughput_samples_s']:,.1f} samples/s  (batch {r['batch_size']} "
-                       f"per replica, {r['global_batch_size']} global)"),
-        ("speedup", f"{r['speedup']:.2f}x  over 1 rank at the same global batch, from the "
-                    f"measured compute ({format_time(r['single_gpu_time_s'])})"),
-        ("utilisation", f"{100 * r['gpu_utilization']:.1f}%  (min {100 * min(util):.1f}%, "
-                        f"max {100 * max(util):.1f}%)"),
+        (
+            "iteration time",
+            f"{format_time(r['iteration_time_s'])}  (mean of {r['iterations']} "
+            f"after {r['warmup_iterations']} warm-up)",
+        ),
+        (
+            "throughput",
+            f"{r['throughput_samples_s']:,.1f} samples/s  (batch {r['batch_size']} "
+            f"per replica, {r['global_batch_size']} global)",
+        ),
+        (
+            "speedup",
+            f"{r['speedup']:.2f}x  over 1 rank at the same global batch, from the "
+            f"measured compute ({format_time(r['single_gpu_time_s'])})",
+        ),
+        (
+            "utilisation",
+            f"{100 * r['gpu_utilization']:.1f}%  (min {100 * min(util):.1f}%, "
+            f"max {100 * max(util):.1f}%)",
+        ),
         ("bubble / idle", f"{100 * r['bubble_fraction']:.1f}%"),
-        ("communication", f"{format_bytes(r['comm_bytes_per_iteration'])} sent per iteration"
-                          + (f"; on links: {kinds}" if kinds else "")),
-        ("peak memory", f"{format_bytes(r['peak_memory_bytes'])} per rank "
-                        f"({'CUDA allocations' if r['device_type'] == 'cuda' else 'resident'})"),
+        (
+            "communication",
+            f"{format_bytes(r['comm_bytes_per_iteration'])} sent per iteration"
+            + (f"; on links: {kinds}" if kinds else ""),
+        ),
+        (
+            "peak memory",
+            f"{format_bytes(r['peak_memory_bytes'])} per rank "
+            f"({'CUDA allocations' if r['device_type'] == 'cuda' else 'resident'})",
+        ),
         ("run", f"{r['events']:,} spans in {format_time(r['wall_s'])} (start-up included)"),
     ]
     if "wire_bytes_total" in r:
-        rows.append(("on the wire", f"{format_bytes(r['wire_bytes_total'])} sent by the hosts' "
-                                    "veths (kernel counters, whole run)"))
+        rows.append(
+            (
+                "on the wire",
+                f"{format_bytes(r['wire_bytes_total'])} sent by the hosts' "
+                "veths (kernel counters, whole run)",
+            )
+        )
     return head + "\n" + table(rows)

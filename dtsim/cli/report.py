@@ -8,15 +8,32 @@ import click
 
 
 @click.command("report")
-@click.option("-o", "--out", "out_dir", default="report", show_default=True, metavar="DIR",
-              type=click.Path(file_okay=False),
-              help="Folder for report.md, figures/ and data/ (created if needed).")
-@click.option("--quick", is_flag=True,
-              help="Fewer models, bandwidths and GPU counts (a few seconds).")
-@click.option("-j", "--jobs", type=int, default=-1, show_default=True,
-              help="Local worker processes (-1: one per core; 1: in this process).")
-@click.option("--progress/--no-progress", default=None,
-              help="Show progress bars. [default: when stderr is a terminal]")
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    default="report",
+    show_default=True,
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="Folder for report.md, figures/ and data/ (created if needed).",
+)
+@click.option(
+    "--quick", is_flag=True, help="Fewer models, bandwidths and GPU counts (a few seconds)."
+)
+@click.option(
+    "-j",
+    "--jobs",
+    type=int,
+    default=-1,
+    show_default=True,
+    help="Local worker processes (-1: one per core; 1: in this process).",
+)
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Show progress bars. [default: when stderr is a terminal]",
+)
 def report(out_dir: str, quick: bool, jobs: int, progress: bool | None) -> None:
     """Run the seed papers' comparisons on the simulator and write a Markdown report.
 
@@ -37,8 +54,10 @@ def report(out_dir: str, quick: bool, jobs: int, progress: bool | None) -> None:
     from analysis.report import build_report
 
     if jobs == 0 or jobs < -1:
-        raise click.BadParameter(f"{jobs} is not allowed; use -1 (one per core) or a "
-                                 "positive number", param_hint="'--jobs'")
+        raise click.BadParameter(
+            f"{jobs} is not allowed; use -1 (one per core) or a positive number",
+            param_hint="'--jobs'",
+        )
     _check_out_dir(out_dir)
     show = sys.stderr.isatty() if progress is None else progress
     s = build_report(out_dir, quick=quick, jobs=jobs, progress=show)
@@ -60,6 +79,8 @@ def _check_out_dir(out_dir: str) -> None:
         if not os.access(out_dir, os.W_OK):
             raise PermissionError(13, "Permission denied", out_dir)
     except OSError as exc:
-        raise BadInput(f"--out: {out_dir!r} cannot be used as the report folder: "
-                       f"{exc.strerror or exc}; give a folder that can be created or "
-                       f"written") from None
+        raise BadInput(
+            f"--out: {out_dir!r} cannot be used as the report folder: "
+            f"{exc.strerror or exc}; give a folder that can be created or "
+            f"written"
+        ) from None

@@ -16,8 +16,13 @@ from traces.atomic import check_writable
 @click.command("run")
 @run_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-@click.option("--trace-out", type=click.Path(dir_okay=False, writable=True), default=None,
-              metavar="FILE", help="Write a Chrome trace (open in https://ui.perfetto.dev).")
+@click.option(
+    "--trace-out",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    metavar="FILE",
+    help="Write a Chrome trace (open in https://ui.perfetto.dev).",
+)
 @click.pass_context
 def run(ctx: click.Context, as_json: bool, trace_out: str | None, **params: Any) -> None:
     """Simulate one training configuration and print its metrics.
@@ -34,8 +39,10 @@ def run(ctx: click.Context, as_json: bool, trace_out: str | None, **params: Any)
 
     if trace_out:
         if trace_out == "-" and as_json:
-            raise BadInput("--trace-out: '-' (standard output) cannot be used with --json, "
-                           "which prints there; give a file name")
+            raise BadInput(
+                "--trace-out: '-' (standard output) cannot be used with --json, "
+                "which prints there; give a file name"
+            )
         check_writable(trace_out)
     spec = spec_from_params(ctx, params)
     config = build_config(spec, record_spans=trace_out is not None)
@@ -45,8 +52,9 @@ def run(ctx: click.Context, as_json: bool, trace_out: str | None, **params: Any)
     if trace_out:
         from simcore.chrome import to_chrome_trace
 
-        meta = {"dtsim": {k: v for k, v in result.to_dict().items()
-                          if not isinstance(v, dict | list)}}
+        meta = {
+            "dtsim": {k: v for k, v in result.to_dict().items() if not isinstance(v, dict | list)}
+        }
         write_json(trace_out, to_chrome_trace(result.spans, result.device_names, meta))
     # With the trace on standard output, the summary goes to stderr.
     to_err = trace_out == "-"
@@ -55,5 +63,6 @@ def run(ctx: click.Context, as_json: bool, trace_out: str | None, **params: Any)
     else:
         click.echo(run_table(result), err=to_err)
         if trace_out:
-            click.echo(f"  chrome trace       {trace_out}  (open in https://ui.perfetto.dev)",
-                       err=to_err)
+            click.echo(
+                f"  chrome trace       {trace_out}  (open in https://ui.perfetto.dev)", err=to_err
+            )

@@ -17,27 +17,73 @@ def pipeline_schemes() -> tuple[str, ...]:
 
 
 @click.command("schedule")
-@click.option("--scheme", type=LazyChoice(pipeline_schemes), default="pipedream",
-              show_default=True, help="Pipeline scheme.")
-@click.option("--stages", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Pipeline stages (one GPU each unless --replicas says otherwise).")
-@click.option("--replicas", default="", metavar="R1,R2,...",
-              help="GPUs per stage, e.g. 2,1,1 (overrides --stages).")
-@click.option("--microbatches", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Micro-batches per iteration.")
-@click.option("--iterations", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Iterations to lay out.")
-@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-              help="Scheme option, e.g. recompute=true (gpipe), stash=false (pipedream).")
-@click.option("--from-file", "from_file", type=click.Path(exists=True, dir_okay=False),
-              default=None, metavar="FILE",
-              help="Check a schedule written in the text form (as --actions prints it).")
+@click.option(
+    "--scheme",
+    type=LazyChoice(pipeline_schemes),
+    default="pipedream",
+    show_default=True,
+    help="Pipeline scheme.",
+)
+@click.option(
+    "--stages",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Pipeline stages (one GPU each unless --replicas says otherwise).",
+)
+@click.option(
+    "--replicas",
+    default="",
+    metavar="R1,R2,...",
+    help="GPUs per stage, e.g. 2,1,1 (overrides --stages).",
+)
+@click.option(
+    "--microbatches",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Micro-batches per iteration.",
+)
+@click.option(
+    "--iterations",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Iterations to lay out.",
+)
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Scheme option, e.g. recompute=true (gpipe), stash=false (pipedream).",
+)
+@click.option(
+    "--from-file",
+    "from_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help="Check a schedule written in the text form (as --actions prints it).",
+)
 @click.option("--actions", is_flag=True, help="Print each rank's action list too.")
-@click.option("--steps", type=click.IntRange(min=1), default=None,
-              help="Show at most this many steps of the grid.")
-def schedule(scheme: str, stages: int, replicas: str, microbatches: int, iterations: int,
-             settings: tuple[str, ...], from_file: str | None, actions: bool,
-             steps: int | None) -> None:
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Show at most this many steps of the grid.",
+)
+def schedule(
+    scheme: str,
+    stages: int,
+    replicas: str,
+    microbatches: int,
+    iterations: int,
+    settings: tuple[str, ...],
+    from_file: str | None,
+    actions: bool,
+    steps: int | None,
+) -> None:
     """Print a pipeline schedule as a rank-by-step grid, after validating it.
 
     A step is one forward (F), backward (B) or recompute (R) pass of a micro-batch;
@@ -73,8 +119,11 @@ def schedule(scheme: str, stages: int, replicas: str, microbatches: int, iterati
                 except ValueError:
                     reps = []
                 if not reps or min(reps) < 1:
-                    raise ConfigError("replicas", replicas, "expected positive integers "
-                                                              "separated by commas, e.g. 2,1,1")
+                    raise ConfigError(
+                        "replicas",
+                        replicas,
+                        "expected positive integers separated by commas, e.g. 2,1,1",
+                    )
             else:
                 reps = [1] * stages
             from dtsim.cli.guard import check_schedule
@@ -84,9 +133,11 @@ def schedule(scheme: str, stages: int, replicas: str, microbatches: int, iterati
             source = click.get_current_context().get_parameter_source("microbatches")
             fixed = cls.features.for_options(cls.Options()).microbatches
             if fixed and source == ParameterSource.COMMANDLINE:
-                raise click.BadParameter(f"{scheme} runs {fixed} micro-batch per iteration, "
-                                         "whatever is asked; leave --microbatches out",
-                                         param_hint="'--microbatches'")
+                raise click.BadParameter(
+                    f"{scheme} runs {fixed} micro-batch per iteration, "
+                    "whatever is asked; leave --microbatches out",
+                    param_hint="'--microbatches'",
+                )
             if fixed:
                 microbatches = fixed
             given = {k.removeprefix("scheme."): v for k, v in parse_set(settings).items()}
@@ -100,8 +151,7 @@ def schedule(scheme: str, stages: int, replicas: str, microbatches: int, iterati
         raise click.UsageError(f"invalid schedule: {lines[0]}") from None
     shape = "+".join(str(len(r)) for r in s.stages)
     mbs = "micro-batch" if s.microbatches == 1 else "micro-batches"
-    click.echo(f"{s.name}: {len(s.stages)} stages ({shape} GPUs), {s.microbatches} {mbs}, "
-               "valid")
+    click.echo(f"{s.name}: {len(s.stages)} stages ({shape} GPUs), {s.microbatches} {mbs}, valid")
     click.echo(s.grid(steps))
     if actions:
         click.echo("")

@@ -21,25 +21,62 @@ def _list_options(f: Any) -> Any:
 
 @click.command("sweep")
 @_list_options
-@click.option("--config", "config_file", type=click.Path(dir_okay=False, exists=True),
-              default=None, metavar="FILE",
-              help="YAML/JSON settings; a list value is swept, e.g. 'gpus: [2, 4, 8]'.")
-@click.option("--set", "settings", multiple=True, metavar="KEY=V1,V2",
-              help="Sweep any other setting, e.g. chunk_bytes=256KiB,1MiB or "
-                   "scheme.algorithm=ring,tree (repeatable).")
-@click.option("-o", "--out", default="sweep.parquet", show_default=True, metavar="FILE",
-              help="Results table (.parquet or .csv); finished points in it are skipped.")
-@click.option("-j", "--jobs", type=int, default=-1, show_default=True,
-              help="Local worker processes (-1: one per core; 1: in this process).")
-@click.option("--scheduler", default=None, metavar="tcp://HOST:PORT",
-              help="Run on this Dask distributed cluster instead of local workers.")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    metavar="FILE",
+    help="YAML/JSON settings; a list value is swept, e.g. 'gpus: [2, 4, 8]'.",
+)
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=V1,V2",
+    help="Sweep any other setting, e.g. chunk_bytes=256KiB,1MiB or "
+    "scheme.algorithm=ring,tree (repeatable).",
+)
+@click.option(
+    "-o",
+    "--out",
+    default="sweep.parquet",
+    show_default=True,
+    metavar="FILE",
+    help="Results table (.parquet or .csv); finished points in it are skipped.",
+)
+@click.option(
+    "-j",
+    "--jobs",
+    type=int,
+    default=-1,
+    show_default=True,
+    help="Local worker processes (-1: one per core; 1: in this process).",
+)
+@click.option(
+    "--scheduler",
+    default=None,
+    metavar="tcp://HOST:PORT",
+    help="Run on this Dask distributed cluster instead of local workers.",
+)
 @click.option("--retry-failed", is_flag=True, help="Run again the points that failed before.")
 @click.option("--dry-run", is_flag=True, help="List the points and exit.")
-@click.option("--progress/--no-progress", default=None,
-              help="Show a progress bar. [default: when stderr is a terminal]")
-def sweep(config_file: str | None, settings: tuple[str, ...], out: str, jobs: int,
-          scheduler: str | None, retry_failed: bool, dry_run: bool, progress: bool | None,
-          **lists: str | None) -> None:
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Show a progress bar. [default: when stderr is a terminal]",
+)
+def sweep(
+    config_file: str | None,
+    settings: tuple[str, ...],
+    out: str,
+    jobs: int,
+    scheduler: str | None,
+    retry_failed: bool,
+    dry_run: bool,
+    progress: bool | None,
+    **lists: str | None,
+) -> None:
     """Simulate every combination of the given values and append each result to a table.
 
     Every flag takes a comma-separated list, --set sweeps any other field or scheme option;
@@ -81,15 +118,20 @@ def sweep(config_file: str | None, settings: tuple[str, ...], out: str, jobs: in
         return
     show = sys.stderr.isatty() if progress is None else progress
     try:
-        s = run_sweep(plan, out, jobs=jobs, scheduler=scheduler, retry_failed=retry_failed,
-                      progress=show)
+        s = run_sweep(
+            plan, out, jobs=jobs, scheduler=scheduler, retry_failed=retry_failed, progress=show
+        )
     except KeyboardInterrupt:
-        click.echo(f"Interrupted: the finished points are in {out}; run the same command "
-                   "again to go on.", err=True)
+        click.echo(
+            f"Interrupted: the finished points are in {out}; run the same command again to go on.",
+            err=True,
+        )
         raise
-    click.echo(f"{s.points} points into {s.out}: {s.computed} computed"
-               f"{f' ({s.failed} failed)' if s.failed else ''}, {s.skipped} already there; "
-               f"{s.rows} rows in the file; {s.wall_s:.1f} s")
+    click.echo(
+        f"{s.points} points into {s.out}: {s.computed} computed"
+        f"{f' ({s.failed} failed)' if s.failed else ''}, {s.skipped} already there; "
+        f"{s.rows} rows in the file; {s.wall_s:.1f} s"
+    )
     for values, error in s.errors[:10]:
         click.echo(f"  failed: {_show(values)}: {error}")
     if len(s.errors) > 10:
@@ -98,10 +140,12 @@ def sweep(config_file: str | None, settings: tuple[str, ...], out: str, jobs: in
         now = f"{s.failed} of {s.computed} computed now" if s.computed else ""
         before = f"{s.failed_before} from an earlier run" if s.failed_before else ""
         n = s.failed + s.failed_before
-        err = click.ClickException(f"{n} of {s.points} point{'s' if s.points != 1 else ''} "
-                                   f"failed ({'; '.join(x for x in (now, before) if x)}); "
-                                   f"their errors are in the 'error' column of {s.out}; "
-                                   f"fix them and rerun with --retry-failed")
+        err = click.ClickException(
+            f"{n} of {s.points} point{'s' if s.points != 1 else ''} "
+            f"failed ({'; '.join(x for x in (now, before) if x)}); "
+            f"their errors are in the 'error' column of {s.out}; "
+            f"fix them and rerun with --retry-failed"
+        )
         err.exit_code = 1
         raise err
 

@@ -16,13 +16,22 @@ TO_FORMATS = ("dtsim", "chrome")
 
 def _source_options(f: Any) -> Any:
     """Options saying how to read a trace whose file does not say everything."""
-    f = click.option("--batch-size", type=click.IntRange(min=1), default=None,
-                     help="Batch size, for files that do not record it (PipeDream graph.txt "
-                          "of non-image models, Kineto traces without dtsim metadata).")(f)
-    f = click.option("--from", "from_fmt", type=click.Choice(FROM_FORMATS), default="auto",
-                     show_default=True,
-                     help="Input format; auto: .json is dtsim or Kineto (by content), "
-                          "anything else PipeDream graph.txt.")(f)
+    f = click.option(
+        "--batch-size",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Batch size, for files that do not record it (PipeDream graph.txt "
+        "of non-image models, Kineto traces without dtsim metadata).",
+    )(f)
+    f = click.option(
+        "--from",
+        "from_fmt",
+        type=click.Choice(FROM_FORMATS),
+        default="auto",
+        show_default=True,
+        help="Input format; auto: .json is dtsim or Kineto (by content), "
+        "anything else PipeDream graph.txt.",
+    )(f)
     return f
 
 
@@ -47,8 +56,13 @@ def trace() -> None:
 @trace.command("show")
 @click.argument("source", metavar="FILE|NAME")
 @_source_options
-@click.option("--top", type=click.IntRange(min=1), default=5, show_default=True,
-              help="How many of the biggest layers to list.")
+@click.option(
+    "--top",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="How many of the biggest layers to list.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def show(source: str, from_fmt: str, batch_size: int | None, top: int, as_json: bool) -> None:
     """Summarise a trace: metadata, layer count, totals of forward and backward time,
@@ -65,8 +79,9 @@ def show(source: str, from_fmt: str, batch_size: int | None, top: int, as_json: 
     tr = _load(source, from_fmt, batch_size)
     s = summarize(tr, top)
     if as_json:
-        click.echo(json.dumps({"meta": dataclasses.asdict(tr.meta), **dataclasses.asdict(s)},
-                              indent=2))
+        click.echo(
+            json.dumps({"meta": dataclasses.asdict(tr.meta), **dataclasses.asdict(s)}, indent=2)
+        )
         return
     click.echo(_format_summary(tr, s))
 
@@ -78,30 +93,49 @@ def _format_summary(tr: Any, s: Any) -> str:
     m = tr.meta
     head = f"{m.model}: batch {m.batch_size}, {m.dtype}, on {m.device}"
     rows = [
-        ("format", m.source_format + (f", {m.framework}" if m.framework else "")
-         + (f", {m.date}" if m.date else "")),
+        (
+            "format",
+            m.source_format
+            + (f", {m.framework}" if m.framework else "")
+            + (f", {m.date}" if m.date else ""),
+        ),
         ("layers", f"{s.layers} (+{s.inputs} input), {s.edges} edges, {s.joins} joins"),
         ("forward", format_time(s.forward_s)),
         ("backward", format_time(s.backward_s)),
-        ("forward+backward", f"{format_time(s.forward_s + s.backward_s)} per batch "
-                             f"({m.batch_size / max(s.forward_s + s.backward_s, 1e-12):,.1f} "
-                             "samples/s)"),
+        (
+            "forward+backward",
+            f"{format_time(s.forward_s + s.backward_s)} per batch "
+            f"({m.batch_size / max(s.forward_s + s.backward_s, 1e-12):,.1f} "
+            "samples/s)",
+        ),
         ("parameters", f"{s.param_count:,} ({format_bytes(s.param_bytes)})"),
         ("activations", f"{format_bytes(s.activation_bytes)} (sum of layer outputs)"),
-        ("FLOPs", "unknown" if s.flops is None else
-         f"{s.flops / 1e9:,.2f} GFLOP forward per batch"),
+        (
+            "FLOPs",
+            "unknown" if s.flops is None else f"{s.flops / 1e9:,.2f} GFLOP forward per batch",
+        ),
     ]
     out = [head, table(rows)]
     if m.provenance:
-        out.append(textwrap.fill(m.provenance, width=96, initial_indent="  provenance: ",
-                                 subsequent_indent="    "))
+        out.append(
+            textwrap.fill(
+                m.provenance, width=96, initial_indent="  provenance: ", subsequent_indent="    "
+            )
+        )
 
     def ranking(title: str, items: Any, fmt: Any) -> None:
         if not items:
             return
         out.append(f"  biggest by {title}:")
-        out.append(table([(i.name, f"{fmt(i.value):>10}  {100 * i.fraction:5.1f}%  {i.op[:48]}")
-                          for i in items], indent=4))
+        out.append(
+            table(
+                [
+                    (i.name, f"{fmt(i.value):>10}  {100 * i.fraction:5.1f}%  {i.op[:48]}")
+                    for i in items
+                ],
+                indent=4,
+            )
+        )
 
     ranking("time (forward+backward)", s.by_time, format_time)
     ranking("parameters", s.by_params, format_bytes)
@@ -112,14 +146,26 @@ def _format_summary(tr: Any, s: Any) -> str:
 @click.argument("source", metavar="IN")
 @click.argument("dest", metavar="OUT", type=click.Path(dir_okay=False, writable=True))
 @_source_options
-@click.option("--to", "to_fmt", type=click.Choice(TO_FORMATS), default="dtsim",
-              show_default=True,
-              help="Output format: dtsim JSON, or a Chrome trace of one training step "
-                   "(open in https://ui.perfetto.dev).")
-@click.option("--model", "model_name", default=None,
-              help="Model name to record. [default: the input's]")
-def convert(source: str, dest: str, from_fmt: str, batch_size: int | None, to_fmt: str,
-            model_name: str | None) -> None:
+@click.option(
+    "--to",
+    "to_fmt",
+    type=click.Choice(TO_FORMATS),
+    default="dtsim",
+    show_default=True,
+    help="Output format: dtsim JSON, or a Chrome trace of one training step "
+    "(open in https://ui.perfetto.dev).",
+)
+@click.option(
+    "--model", "model_name", default=None, help="Model name to record. [default: the input's]"
+)
+def convert(
+    source: str,
+    dest: str,
+    from_fmt: str,
+    batch_size: int | None,
+    to_fmt: str,
+    model_name: str | None,
+) -> None:
     """Convert a trace (file or built-in name) to dtsim JSON or a Chrome trace.
 
     \b
@@ -143,5 +189,7 @@ def convert(source: str, dest: str, from_fmt: str, batch_size: int | None, to_fm
         write_json(dest, to_chrome(tr))
     else:
         save_trace(tr, dest)
-    click.echo(f"wrote {dest}: {tr.meta.model} ({tr.meta.source_format} -> {to_fmt}), "
-               f"{len(tr.layers)} layers, batch {tr.meta.batch_size}")
+    click.echo(
+        f"wrote {dest}: {tr.meta.model} ({tr.meta.source_format} -> {to_fmt}), "
+        f"{len(tr.layers)} layers, batch {tr.meta.batch_size}"
+    )

@@ -7,8 +7,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-RUNTIMES = {"dp": "DPRuntime", "ps": "PSRuntime", "p3": "P3Runtime",
-            "gossip": "GossipRuntime"}
+RUNTIMES = {"dp": "DPRuntime", "ps": "PSRuntime", "p3": "P3Runtime", "gossip": "GossipRuntime"}
 """Scheme name -> class in ``realrun.schemes.<name>``."""
 
 

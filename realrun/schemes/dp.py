@@ -33,11 +33,16 @@ class DPRuntime(WorkerLoop):
         opts = self.job.options
         algorithm = opts.get("algorithm", "ring")
         if algorithm != "ring":
-            raise ValueError(f"scheme.algorithm={algorithm}: gloo and NCCL all-reduce "
-                             "with a ring here; only ring runs for real")
+            raise ValueError(
+                f"scheme.algorithm={algorithm}: gloo and NCCL all-reduce "
+                "with a ring here; only ring runs for real"
+            )
         layer_bytes = [pb for _n, pb, _k in self.setup.trace_layers]
-        self.layout = ddp_bucket_layout(layer_bytes, int(opts.get("bucket_bytes", 25 << 20)),
-                                        int(opts.get("first_bucket_bytes", 1 << 20)))
+        self.layout = ddp_bucket_layout(
+            layer_bytes,
+            int(opts.get("bucket_bytes", 25 << 20)),
+            int(opts.get("first_bucket_bytes", 1 << 20)),
+        )
         self.bucket_bytes = [sum(layer_bytes[i] for i in b) for b in self.layout]
         self.overlap = bool(opts.get("overlap", True))
         self.p = self.job.workers
@@ -46,9 +51,10 @@ class DPRuntime(WorkerLoop):
         if self.p > 1:
             caps = [b / 2**20 for b in self.bucket_bytes] or [25.0]
             self.model = DistributedDataParallel(
-                self.setup.model, bucket_cap_mb_list=caps,
-                device_ids=[self.setup.device.index] if self.setup.device.type == "cuda"
-                else None)
+                self.setup.model,
+                bucket_cap_mb_list=caps,
+                device_ids=[self.setup.device.index] if self.setup.device.type == "cuda" else None,
+            )
             self.model.register_comm_hook(None, self._hook)
         ctx.extra["buckets_planned_bytes"] = self.bucket_bytes
 
@@ -67,10 +73,10 @@ class DPRuntime(WorkerLoop):
         rank = self.ctx.rank
 
         def done(f: torch.futures.Future[Any]) -> torch.Tensor:
-            self.rec.span(COMM, "allreduce", f"bucket{index}", start, self.rec.now(), it,
-                          nbytes=nbytes)
-            self.rec.count_sent((rank + 1) % self.p, it, self._ring_bytes(nbytes),
-                                "allreduce")
+            self.rec.span(
+                COMM, "allreduce", f"bucket{index}", start, self.rec.now(), it, nbytes=nbytes
+            )
+            self.rec.count_sent((rank + 1) % self.p, it, self._ring_bytes(nbytes), "allreduce")
             out = f.value()[0]
             return out.div_(self.p)
 
@@ -98,20 +104,24 @@ class DPRuntime(WorkerLoop):
         by_layer = {layer.index: layer for layer in self.setup.layers}
         for k, bucket in enumerate(self.layout):
             params = [p for i in bucket if i in by_layer for p in by_layer[i].params]
-            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
-                              .reshape(-1) for p in params])
+            flat = torch.cat(
+                [
+                    (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                    for p in params
+                ]
+            )
             nbytes = flat.numel() * flat.element_size()
             start = self.rec.now()
             dist.all_reduce(flat)
-            self.rec.span(COMM, "allreduce", f"bucket{k}", start, self.rec.now(), it,
-                          nbytes=nbytes)
-            self.rec.count_sent((self.ctx.rank + 1) % self.p, it, self._ring_bytes(nbytes),
-                                "allreduce")
+            self.rec.span(COMM, "allreduce", f"bucket{k}", start, self.rec.now(), it, nbytes=nbytes)
+            self.rec.count_sent(
+                (self.ctx.rank + 1) % self.p, it, self._ring_bytes(nbytes), "allreduce"
+            )
             if it >= self.job.warmup_iterations:
                 self.seen_buckets[k] = nbytes
             flat.div_(self.p)
             off = 0
             for p in params:
                 n = p.numel()
-                p.grad = flat[off:off + n].view_as(p).clone()
+                p.grad = flat[off : off + n].view_as(p).clone()
                 off += n

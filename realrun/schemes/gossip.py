@@ -51,8 +51,9 @@ class GossipRuntime(WorkerLoop):
         self.rotation = str(opts.get("rotation", "singer"))
         self.shuffle = bool(opts.get("shuffle", True)) and self.p > 1
         self.layers = {layer.index: layer for layer in self.setup.layers}
-        self.optimizers = {i: make_optimizer(self.job, layer.params)
-                           for i, layer in self.layers.items()}
+        self.optimizers = {
+            i: make_optimizer(self.job, layer.params) for i, layer in self.layers.items()
+        }
         self.own: dict[tuple[int, int], torch.Tensor] = {}
         self.theirs: dict[tuple[int, int], torch.Tensor] = {}
         self.batches: dict[tuple[int, int], torch.Tensor] = {}
@@ -62,8 +63,16 @@ class GossipRuntime(WorkerLoop):
         self.left: dict[int, int] = {}
         self.label_bytes = 0
         peers = [r for r in range(self.p) if r != ctx.rank]
-        self.msg = Messenger(ctx.rank, self.job.world_size, peers, self.rec, ctx.group,
-                             self.on_message, self.buffer_for, self.label)
+        self.msg = Messenger(
+            ctx.rank,
+            self.job.world_size,
+            peers,
+            self.rec,
+            ctx.group,
+            self.on_message,
+            self.buffer_for,
+            self.label,
+        )
 
     def partners_of(self, it: int) -> tuple[int, int]:
         """``(send_to, recv_from)`` of this rank in iteration ``it``."""
@@ -145,8 +154,15 @@ class GossipRuntime(WorkerLoop):
         self.optimizers[layer.index].step()
         for p in layer.params:  # this iteration's backward accumulates from zero
             p.grad = None
-        self.rec.span(COMPUTE, UPDATE, f"update L{layer.index}", start, self.rec.now(),
-                      self.iteration, layer.index)
+        self.rec.span(
+            COMPUTE,
+            UPDATE,
+            f"update L{layer.index}",
+            start,
+            self.rec.now(),
+            self.iteration,
+            layer.index,
+        )
 
     def finish(self) -> None:
         last = self.job.total_iterations - 1

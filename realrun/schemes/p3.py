@@ -23,8 +23,12 @@ class P3Runtime(PSRuntime):
 
     def make_shards(self, layer_bytes: list[tuple[int, int]]) -> list[Shard]:
         opts = self.job.options
-        return p3_slices(layer_bytes, self.S, int(opts.get("slice_params", 50_000)) * DTYPE_BYTES,
-                         str(opts.get("round_robin", "global")))
+        return p3_slices(
+            layer_bytes,
+            self.S,
+            int(opts.get("slice_params", 50_000)) * DTYPE_BYTES,
+            str(opts.get("round_robin", "global")),
+        )
 
     def priority(self, k: int) -> float:
         return self.shards[k].shard.priority

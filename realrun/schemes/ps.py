@@ -69,8 +69,11 @@ class PSRuntime(WorkerLoop):
         super().__init__(ctx)
         self.W = self.job.workers
         self.S = self.job.servers
-        layer_bytes = [(i, pb) for i, (_n, pb, kind) in enumerate(self.setup.trace_layers)
-                       if pb > 0 and kind != "input"]
+        layer_bytes = [
+            (i, pb)
+            for i, (_n, pb, kind) in enumerate(self.setup.trace_layers)
+            if pb > 0 and kind != "input"
+        ]
         shards = self.make_shards(layer_bytes)
         offsets: dict[int, int] = {}
         self.shards: list[RealShard] = []
@@ -81,8 +84,9 @@ class PSRuntime(WorkerLoop):
         self.by_layer: dict[int, list[int]] = {}
         for k, rs in enumerate(self.shards):
             self.by_layer.setdefault(rs.shard.layer, []).append(k)
-        ctx.extra["placement"] = [[rs.shard.layer, rs.shard.server, rs.shard.nbytes]
-                                  for rs in self.shards]
+        ctx.extra["placement"] = [
+            [rs.shard.layer, rs.shard.server, rs.shard.nbytes] for rs in self.shards
+        ]
         self.slots = Slots()
         self.lock = threading.Lock()
         if ctx.is_worker:
@@ -93,14 +97,23 @@ class PSRuntime(WorkerLoop):
         else:
             peers = list(range(self.W))
             self._server_state()
-        self.msg = Messenger(ctx.rank, self.job.world_size, peers, self.rec, ctx.group,
-                             self.on_message, self.buffer_for, self.label)
+        self.msg = Messenger(
+            ctx.rank,
+            self.job.world_size,
+            peers,
+            self.rec,
+            ctx.group,
+            self.on_message,
+            self.buffer_for,
+            self.label,
+        )
 
     # ---- layout (p3 overrides) -------------------------------------------------------
     def make_shards(self, layer_bytes: list[tuple[int, int]]) -> list[Shard]:
         """The shards of the ``(layer, param_bytes)`` arrays over the servers."""
-        return mxnet_shards(layer_bytes, self.S,
-                            int(self.job.options.get("big_array_bytes", 4_000_000)))
+        return mxnet_shards(
+            layer_bytes, self.S, int(self.job.options.get("big_array_bytes", 4_000_000))
+        )
 
     def priority(self, k: int) -> float:
         """Send-queue priority of shard ``k``'s messages (``ps``: FIFO)."""
@@ -141,8 +154,14 @@ class PSRuntime(WorkerLoop):
         it = self.iteration
         for k in ks:
             rs = self.shards[k]
-            self.msg.send(self.server_rank(k), PUSH, k, it,
-                          flat[rs.offset:rs.offset + rs.numel], self.priority(k))
+            self.msg.send(
+                self.server_rank(k),
+                PUSH,
+                k,
+                it,
+                flat[rs.offset : rs.offset + rs.numel],
+                self.priority(k),
+            )
 
     def before_layer(self, layer: Any) -> None:
         it = self.iteration
@@ -198,7 +217,7 @@ class PSRuntime(WorkerLoop):
             li = rs.shard.layer
             if li not in flats:
                 flats[li] = layers[li].flat_values().to("cpu", torch.float32)
-            p = nn.Parameter(flats[li][rs.offset:rs.offset + rs.numel].clone())
+            p = nn.Parameter(flats[li][rs.offset : rs.offset + rs.numel].clone())
             self.params[k] = p
             self.opts[k] = make_optimizer(self.job, [p])
         self.pushes: dict[tuple[int, int], dict[int, torch.Tensor]] = {}
@@ -252,16 +271,30 @@ class PSRuntime(WorkerLoop):
         total = got[0].clone()
         for w in range(1, self.W):
             total += got[w]
-        self.rec.span(COMPUTE, "aggregate", f"aggregate L{self.shards[k].shard.layer}",
-                      start, self.rec.now(), it, self.shards[k].shard.layer,
-                      nbytes=total.numel() * 4 * self.W)
+        self.rec.span(
+            COMPUTE,
+            "aggregate",
+            f"aggregate L{self.shards[k].shard.layer}",
+            start,
+            self.rec.now(),
+            it,
+            self.shards[k].shard.layer,
+            nbytes=total.numel() * 4 * self.W,
+        )
         start = self.rec.now()
         p = self.params[k]
         p.grad = total.div_(self.W)
         self.opts[k].step()
         values = p.detach().clone()
-        self.rec.span(COMPUTE, UPDATE, f"update L{self.shards[k].shard.layer}", start,
-                      self.rec.now(), it, self.shards[k].shard.layer)
+        self.rec.span(
+            COMPUTE,
+            UPDATE,
+            f"update L{self.shards[k].shard.layer}",
+            start,
+            self.rec.now(),
+            it,
+            self.shards[k].shard.layer,
+        )
         with self.lock:
             self.updated[(k, it)] = values
             waiting = self.pending_pulls.pop((k, it), [])

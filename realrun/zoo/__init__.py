@@ -55,39 +55,81 @@ _IMAGE_224 = (InputSpec((3, 224, 224)),)
 _IMAGE_299 = (InputSpec((3, 299, 299)),)
 
 
-def _entry(name: str, module: str, constructor: str, inputs: tuple[InputSpec, ...],
-           description: str) -> tuple[str, ZooModel]:
+def _entry(
+    name: str, module: str, constructor: str, inputs: tuple[InputSpec, ...], description: str
+) -> tuple[str, ZooModel]:
     return name, ZooModel(name, module, constructor, inputs, description)
 
 
-REGISTRY: dict[str, ZooModel] = dict([
-    _entry("alexnet", "classic", "alexnet", _IMAGE_224, "AlexNet (torchvision layout)"),
-    _entry("vgg16", "classic", "vgg16", _IMAGE_224, "VGG-16, configuration D"),
-    _entry("vgg19", "classic", "vgg19", _IMAGE_224, "VGG-19, configuration E"),
-    _entry("squeezenet1_0", "classic", "squeezenet1_0", _IMAGE_224, "SqueezeNet 1.0"),
-    _entry("resnet18", "resnet", "resnet18", _IMAGE_224, "ResNet-18 (basic blocks)"),
-    _entry("resnet50", "resnet", "resnet50", _IMAGE_224, "ResNet-50 (bottleneck v1.5)"),
-    _entry("resnet101", "resnet", "resnet101", _IMAGE_224, "ResNet-101 (bottleneck v1.5)"),
-    _entry("resnet152", "resnet", "resnet152", _IMAGE_224, "ResNet-152 (bottleneck v1.5)"),
-    _entry("googlenet", "inception", "googlenet", _IMAGE_224,
-           "GoogLeNet (Inception v1, without auxiliary classifiers)"),
-    _entry("inception_v3", "inception", "inception_v3", _IMAGE_299,
-           "Inception-v3 with its auxiliary classifier, 299x299 input"),
-    _entry("densenet121", "densenet", "densenet121", _IMAGE_224, "DenseNet-121 (k=32)"),
-    _entry("transformer", "transformer", "transformer", (InputSpec((128,), "int64", 30522),),
-           "Transformer encoder classifier, BERT-base shape (12x768), 128 tokens"),
-    _entry("residual_lstm", "recurrent", "residual_lstm", (InputSpec((35,), "int64", 10000),),
-           "4-layer residual LSTM language model (1024 units, 10k words, 35 steps)"),
-    _entry("seq2seq", "recurrent", "seq2seq",
-           (InputSpec((30,), "int64", 8000), InputSpec((30,), "int64", 8000)),
-           "Sockeye-like RNN translation model with dot attention (256 units, 8k words)"),
-    _entry("snn", "mlp", "snn", (InputSpec((784,)),),
-           "Self-normalising MLP: 8 SELU layers of 2048 units with alpha dropout"),
-    _entry("mlp_small", "small", "mlp_small", (InputSpec((64,)),),
-           "Small MLP for quick real runs: 64-256-256-10"),
-    _entry("cnn_small", "small", "cnn_small", (InputSpec((1, 16, 16)),),
-           "Small CNN for quick real runs: two 3x3 convolutions on 1x16x16, 10 classes"),
-])
+REGISTRY: dict[str, ZooModel] = dict(
+    [
+        _entry("alexnet", "classic", "alexnet", _IMAGE_224, "AlexNet (torchvision layout)"),
+        _entry("vgg16", "classic", "vgg16", _IMAGE_224, "VGG-16, configuration D"),
+        _entry("vgg19", "classic", "vgg19", _IMAGE_224, "VGG-19, configuration E"),
+        _entry("squeezenet1_0", "classic", "squeezenet1_0", _IMAGE_224, "SqueezeNet 1.0"),
+        _entry("resnet18", "resnet", "resnet18", _IMAGE_224, "ResNet-18 (basic blocks)"),
+        _entry("resnet50", "resnet", "resnet50", _IMAGE_224, "ResNet-50 (bottleneck v1.5)"),
+        _entry("resnet101", "resnet", "resnet101", _IMAGE_224, "ResNet-101 (bottleneck v1.5)"),
+        _entry("resnet152", "resnet", "resnet152", _IMAGE_224, "ResNet-152 (bottleneck v1.5)"),
+        _entry(
+            "googlenet",
+            "inception",
+            "googlenet",
+            _IMAGE_224,
+            "GoogLeNet (Inception v1, without auxiliary classifiers)",
+        ),
+        _entry(
+            "inception_v3",
+            "inception",
+            "inception_v3",
+            _IMAGE_299,
+            "Inception-v3 with its auxiliary classifier, 299x299 input",
+        ),
+        _entry("densenet121", "densenet", "densenet121", _IMAGE_224, "DenseNet-121 (k=32)"),
+        _entry(
+            "transformer",
+            "transformer",
+            "transformer",
+            (InputSpec((128,), "int64", 30522),),
+            "Transformer encoder classifier, BERT-base shape (12x768), 128 tokens",
+        ),
+        _entry(
+            "residual_lstm",
+            "recurrent",
+            "residual_lstm",
+            (InputSpec((35,), "int64", 10000),),
+            "4-layer residual LSTM language model (1024 units, 10k words, 35 steps)",
+        ),
+        _entry(
+            "seq2seq",
+            "recurrent",
+            "seq2seq",
+            (InputSpec((30,), "int64", 8000), InputSpec((30,), "int64", 8000)),
+            "Sockeye-like RNN translation model with dot attention (256 units, 8k words)",
+        ),
+        _entry(
+            "snn",
+            "mlp",
+            "snn",
+            (InputSpec((784,)),),
+            "Self-normalising MLP: 8 SELU layers of 2048 units with alpha dropout",
+        ),
+        _entry(
+            "mlp_small",
+            "small",
+            "mlp_small",
+            (InputSpec((64,)),),
+            "Small MLP for quick real runs: 64-256-256-10",
+        ),
+        _entry(
+            "cnn_small",
+            "small",
+            "cnn_small",
+            (InputSpec((1, 16, 16)),),
+            "Small CNN for quick real runs: two 3x3 convolutions on 1x16x16, 10 classes",
+        ),
+    ]
+)
 """All zoo models by name."""
 
 
@@ -101,8 +143,9 @@ def get(name: str) -> ZooModel:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise KeyError(f"unknown zoo model {name!r}; choose one of: {', '.join(REGISTRY)}") \
-            from None
+        raise KeyError(
+            f"unknown zoo model {name!r}; choose one of: {', '.join(REGISTRY)}"
+        ) from None
 
 
 def build(name: str) -> Any:
@@ -113,8 +156,9 @@ def build(name: str) -> Any:
     return getattr(module, entry.constructor)()
 
 
-def example_inputs(name: str, batch_size: int, device: Any = "cpu",
-                   seed: int = 0) -> tuple[Any, ...]:
+def example_inputs(
+    name: str, batch_size: int, device: Any = "cpu", seed: int = 0
+) -> tuple[Any, ...]:
     """A batch of ``batch_size`` random inputs for zoo model ``name`` on ``device``
     (reproducible for a given ``seed``; the meta device gets shapes only)."""
     import torch

@@ -16,19 +16,28 @@ class AlexNet(nn.Module):
     def __init__(self, num_classes: int = 1000, dropout: float = 0.5) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 64, kernel_size=11, stride=4, padding=2), nn.ReLU(),
+            nn.Conv2d(3, 64, kernel_size=11, stride=4, padding=2),
+            nn.ReLU(),
             nn.MaxPool2d(kernel_size=3, stride=2),
-            nn.Conv2d(64, 192, kernel_size=5, padding=2), nn.ReLU(),
+            nn.Conv2d(64, 192, kernel_size=5, padding=2),
+            nn.ReLU(),
             nn.MaxPool2d(kernel_size=3, stride=2),
-            nn.Conv2d(192, 384, kernel_size=3, padding=1), nn.ReLU(),
-            nn.Conv2d(384, 256, kernel_size=3, padding=1), nn.ReLU(),
-            nn.Conv2d(256, 256, kernel_size=3, padding=1), nn.ReLU(),
+            nn.Conv2d(192, 384, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(384, 256, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(256, 256, kernel_size=3, padding=1),
+            nn.ReLU(),
             nn.MaxPool2d(kernel_size=3, stride=2),
         )
         self.avgpool = nn.AdaptiveAvgPool2d((6, 6))
         self.classifier = nn.Sequential(
-            nn.Dropout(dropout), nn.Linear(256 * 6 * 6, 4096), nn.ReLU(),
-            nn.Dropout(dropout), nn.Linear(4096, 4096), nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(256 * 6 * 6, 4096),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(4096, 4096),
+            nn.ReLU(),
             nn.Linear(4096, num_classes),
         )
 
@@ -39,10 +48,30 @@ class AlexNet(nn.Module):
 
 
 VGG_CONFIGS: dict[str, list[int | str]] = {
-    "D": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
-          512, 512, 512, "M"],
-    "E": [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
-          512, 512, 512, 512, "M"],
+    "D": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"],
+    "E": [
+        64,
+        64,
+        "M",
+        128,
+        128,
+        "M",
+        256,
+        256,
+        256,
+        256,
+        "M",
+        512,
+        512,
+        512,
+        512,
+        "M",
+        512,
+        512,
+        512,
+        512,
+        "M",
+    ],
 }
 """VGG configurations (Simonyan and Zisserman, table 1): channels of each 3x3 convolution,
 ``"M"`` for a 2x2 max-pool."""
@@ -65,8 +94,12 @@ class VGG(nn.Module):
         self.features = nn.Sequential(*layers)
         self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
         self.classifier = nn.Sequential(
-            nn.Linear(512 * 7 * 7, 4096), nn.ReLU(), nn.Dropout(dropout),
-            nn.Linear(4096, 4096), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(512 * 7 * 7, 4096),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(4096, 4096),
+            nn.ReLU(),
+            nn.Dropout(dropout),
             nn.Linear(4096, num_classes),
         )
 
@@ -91,8 +124,13 @@ class Fire(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Squeeze, expand along two branches, join them along channels."""
         s = self.squeeze_activation(self.squeeze(x))
-        return torch.cat([self.expand1x1_activation(self.expand1x1(s)),
-                          self.expand3x3_activation(self.expand3x3(s))], 1)
+        return torch.cat(
+            [
+                self.expand1x1_activation(self.expand1x1(s)),
+                self.expand3x3_activation(self.expand3x3(s)),
+            ],
+            1,
+        )
 
 
 class SqueezeNet(nn.Module):
@@ -101,17 +139,24 @@ class SqueezeNet(nn.Module):
     def __init__(self, num_classes: int = 1000, dropout: float = 0.5) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 96, kernel_size=7, stride=2), nn.ReLU(),
+            nn.Conv2d(3, 96, kernel_size=7, stride=2),
+            nn.ReLU(),
             nn.MaxPool2d(kernel_size=3, stride=2, ceil_mode=True),
-            Fire(96, 16, 64, 64), Fire(128, 16, 64, 64), Fire(128, 32, 128, 128),
+            Fire(96, 16, 64, 64),
+            Fire(128, 16, 64, 64),
+            Fire(128, 32, 128, 128),
             nn.MaxPool2d(kernel_size=3, stride=2, ceil_mode=True),
-            Fire(256, 32, 128, 128), Fire(256, 48, 192, 192), Fire(384, 48, 192, 192),
+            Fire(256, 32, 128, 128),
+            Fire(256, 48, 192, 192),
+            Fire(384, 48, 192, 192),
             Fire(384, 64, 256, 256),
             nn.MaxPool2d(kernel_size=3, stride=2, ceil_mode=True),
             Fire(512, 64, 256, 256),
         )
         self.classifier = nn.Sequential(
-            nn.Dropout(dropout), nn.Conv2d(512, num_classes, kernel_size=1), nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Conv2d(512, num_classes, kernel_size=1),
+            nn.ReLU(),
             nn.AdaptiveAvgPool2d((1, 1)),
         )
 

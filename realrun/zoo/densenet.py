@@ -35,8 +35,9 @@ class DenseBlock(nn.Module):
 
     def __init__(self, n: int, in_ch: int, growth: int, bn_size: int) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(DenseLayer(in_ch + i * growth, growth, bn_size)
-                                    for i in range(n))
+        self.layers = nn.ModuleList(
+            DenseLayer(in_ch + i * growth, growth, bn_size) for i in range(n)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """All feature maps of the block, concatenated."""
@@ -64,12 +65,19 @@ class Transition(nn.Module):
 class DenseNet(nn.Module):
     """Stem, dense blocks separated by transitions, final norm, pooling and classifier."""
 
-    def __init__(self, growth: int = 32, blocks: tuple[int, ...] = (6, 12, 24, 16),
-                 init_features: int = 64, bn_size: int = 4, num_classes: int = 1000) -> None:
+    def __init__(
+        self,
+        growth: int = 32,
+        blocks: tuple[int, ...] = (6, 12, 24, 16),
+        init_features: int = 64,
+        bn_size: int = 4,
+        num_classes: int = 1000,
+    ) -> None:
         super().__init__()
         stem: list[nn.Module] = [
             nn.Conv2d(3, init_features, kernel_size=7, stride=2, padding=3, bias=False),
-            nn.BatchNorm2d(init_features), nn.ReLU(),
+            nn.BatchNorm2d(init_features),
+            nn.ReLU(),
             nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
         ]
         body: list[nn.Module] = []

@@ -16,11 +16,18 @@ from torch import nn
 class ConvBN(nn.Module):
     """Convolution without bias, batch norm (eps 0.001) and ReLU."""
 
-    def __init__(self, in_ch: int, out_ch: int, kernel_size: int | tuple[int, int],
-                 stride: int = 1, padding: int | tuple[int, int] = 0) -> None:
+    def __init__(
+        self,
+        in_ch: int,
+        out_ch: int,
+        kernel_size: int | tuple[int, int],
+        stride: int = 1,
+        padding: int | tuple[int, int] = 0,
+    ) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(in_ch, out_ch, kernel_size, stride=stride, padding=padding,
-                              bias=False)
+        self.conv = nn.Conv2d(
+            in_ch, out_ch, kernel_size, stride=stride, padding=padding, bias=False
+        )
         self.bn = nn.BatchNorm2d(out_ch, eps=0.001)
         self.relu = nn.ReLU()
 
@@ -31,25 +38,36 @@ class ConvBN(nn.Module):
 
 # ---- GoogLeNet ---------------------------------------------------------------------------
 
+
 class InceptionV1(nn.Module):
     """GoogLeNet's block: 1x1, 1x1->3x3, 1x1->"5x5" (a 3x3, as in torchvision), and
     pool->1x1 branches joined along channels."""
 
-    def __init__(self, in_ch: int, ch1x1: int, ch3x3red: int, ch3x3: int, ch5x5red: int,
-                 ch5x5: int, pool_proj: int) -> None:
+    def __init__(
+        self,
+        in_ch: int,
+        ch1x1: int,
+        ch3x3red: int,
+        ch3x3: int,
+        ch5x5red: int,
+        ch5x5: int,
+        pool_proj: int,
+    ) -> None:
         super().__init__()
         self.branch1 = ConvBN(in_ch, ch1x1, 1)
-        self.branch2 = nn.Sequential(ConvBN(in_ch, ch3x3red, 1),
-                                     ConvBN(ch3x3red, ch3x3, 3, padding=1))
-        self.branch3 = nn.Sequential(ConvBN(in_ch, ch5x5red, 1),
-                                     ConvBN(ch5x5red, ch5x5, 3, padding=1))
-        self.branch4 = nn.Sequential(nn.MaxPool2d(3, stride=1, padding=1, ceil_mode=True),
-                                     ConvBN(in_ch, pool_proj, 1))
+        self.branch2 = nn.Sequential(
+            ConvBN(in_ch, ch3x3red, 1), ConvBN(ch3x3red, ch3x3, 3, padding=1)
+        )
+        self.branch3 = nn.Sequential(
+            ConvBN(in_ch, ch5x5red, 1), ConvBN(ch5x5red, ch5x5, 3, padding=1)
+        )
+        self.branch4 = nn.Sequential(
+            nn.MaxPool2d(3, stride=1, padding=1, ceil_mode=True), ConvBN(in_ch, pool_proj, 1)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The four branches, concatenated."""
-        return torch.cat([self.branch1(x), self.branch2(x), self.branch3(x),
-                          self.branch4(x)], 1)
+        return torch.cat([self.branch1(x), self.branch2(x), self.branch3(x), self.branch4(x)], 1)
 
 
 class GoogLeNet(nn.Module):
@@ -89,6 +107,7 @@ class GoogLeNet(nn.Module):
 
 
 # ---- Inception-v3 ------------------------------------------------------------------------
+
 
 class InceptionA(nn.Module):
     """35x35 block: 1x1, 5x5, double 3x3 and pooled branches."""
@@ -218,8 +237,9 @@ class InceptionAux(nn.Module):
 class InceptionV3(nn.Module):
     """Inception-v3 (Szegedy et al. 2016) for 299x299 inputs."""
 
-    def __init__(self, num_classes: int = 1000, aux_logits: bool = True,
-                 dropout: float = 0.5) -> None:
+    def __init__(
+        self, num_classes: int = 1000, aux_logits: bool = True, dropout: float = 0.5
+    ) -> None:
         super().__init__()
         self.Conv2d_1a_3x3 = ConvBN(3, 32, 3, stride=2)
         self.Conv2d_2a_3x3 = ConvBN(32, 32, 3)

@@ -17,8 +17,14 @@ from torch import nn
 class SNN(nn.Module):
     """Linear-SELU-AlphaDropout blocks followed by a linear classifier."""
 
-    def __init__(self, in_features: int = 784, hidden: int = 2048, depth: int = 8,
-                 num_classes: int = 10, dropout: float = 0.05) -> None:
+    def __init__(
+        self,
+        in_features: int = 784,
+        hidden: int = 2048,
+        depth: int = 8,
+        num_classes: int = 10,
+        dropout: float = 0.05,
+    ) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         width = in_features

@@ -25,12 +25,12 @@ from torch import nn
 class ResidualLSTM(nn.Module):
     """Word ids ``(batch, steps)`` -> next-word logits ``(batch, steps, vocab)``."""
 
-    def __init__(self, vocab: int = 10000, width: int = 1024, depth: int = 4,
-                 dropout: float = 0.2) -> None:
+    def __init__(
+        self, vocab: int = 10000, width: int = 1024, depth: int = 4, dropout: float = 0.2
+    ) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab, width)
-        self.lstms = nn.ModuleList(nn.LSTM(width, width, batch_first=True)
-                                   for _ in range(depth))
+        self.lstms = nn.ModuleList(nn.LSTM(width, width, batch_first=True) for _ in range(depth))
         self.dropout = nn.Dropout(dropout)
         self.decoder = nn.Linear(width, vocab)
 
@@ -47,8 +47,9 @@ class Seq2Seq(nn.Module):
     """Source ids ``(batch, S)`` and target ids ``(batch, T)`` -> logits
     ``(batch, T, target vocab)``."""
 
-    def __init__(self, src_vocab: int = 8000, tgt_vocab: int = 8000, width: int = 256,
-                 dropout: float = 0.1) -> None:
+    def __init__(
+        self, src_vocab: int = 8000, tgt_vocab: int = 8000, width: int = 256, dropout: float = 0.1
+    ) -> None:
         super().__init__()
         self.src_embedding = nn.Embedding(src_vocab, width)
         self.tgt_embedding = nn.Embedding(tgt_vocab, width)

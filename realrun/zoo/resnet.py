@@ -23,8 +23,9 @@ class BasicBlock(nn.Module):
 
     expansion = 1
 
-    def __init__(self, in_ch: int, planes: int, stride: int = 1,
-                 downsample: nn.Module | None = None) -> None:
+    def __init__(
+        self, in_ch: int, planes: int, stride: int = 1, downsample: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.conv1 = _conv3x3(in_ch, planes, stride)
         self.bn1 = nn.BatchNorm2d(planes)
@@ -46,8 +47,9 @@ class Bottleneck(nn.Module):
 
     expansion = 4
 
-    def __init__(self, in_ch: int, planes: int, stride: int = 1,
-                 downsample: nn.Module | None = None) -> None:
+    def __init__(
+        self, in_ch: int, planes: int, stride: int = 1, downsample: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.conv1 = _conv1x1(in_ch, planes)
         self.bn1 = nn.BatchNorm2d(planes)
@@ -72,8 +74,9 @@ class Bottleneck(nn.Module):
 class ResNet(nn.Module):
     """Stem (7x7 convolution, max-pool), four stages of blocks, average pool, classifier."""
 
-    def __init__(self, block: type[BasicBlock] | type[Bottleneck], depths: list[int],
-                 num_classes: int = 1000) -> None:
+    def __init__(
+        self, block: type[BasicBlock] | type[Bottleneck], depths: list[int], num_classes: int = 1000
+    ) -> None:
         super().__init__()
         self.in_ch = 64
         self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
@@ -87,13 +90,13 @@ class ResNet(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.fc = nn.Linear(512 * block.expansion, num_classes)
 
-    def _stage(self, block: type[BasicBlock] | type[Bottleneck], planes: int, blocks: int,
-               stride: int) -> nn.Sequential:
+    def _stage(
+        self, block: type[BasicBlock] | type[Bottleneck], planes: int, blocks: int, stride: int
+    ) -> nn.Sequential:
         out_ch = planes * block.expansion
         downsample = None
         if stride != 1 or self.in_ch != out_ch:
-            downsample = nn.Sequential(_conv1x1(self.in_ch, out_ch, stride),
-                                       nn.BatchNorm2d(out_ch))
+            downsample = nn.Sequential(_conv1x1(self.in_ch, out_ch, stride), nn.BatchNorm2d(out_ch))
         layers = [block(self.in_ch, planes, stride, downsample)]
         self.in_ch = out_ch
         layers += [block(self.in_ch, planes) for _ in range(1, blocks)]

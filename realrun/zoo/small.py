@@ -19,8 +19,9 @@ from torch import nn
 class SmallMLP(nn.Module):
     """Linear-ReLU blocks and a linear classifier."""
 
-    def __init__(self, in_features: int = 64, hidden: int = 256, depth: int = 2,
-                 num_classes: int = 10) -> None:
+    def __init__(
+        self, in_features: int = 64, hidden: int = 256, depth: int = 2, num_classes: int = 10
+    ) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         width = in_features
@@ -41,8 +42,12 @@ class SmallCNN(nn.Module):
     def __init__(self, channels: int = 1, num_classes: int = 10) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(channels, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(channels, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         self.classifier = nn.Linear(32 * 4 * 4, num_classes)
 

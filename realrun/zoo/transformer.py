@@ -16,9 +16,17 @@ from torch import nn
 class TransformerClassifier(nn.Module):
     """Token ids ``(batch, tokens)`` -> class logits ``(batch, classes)``."""
 
-    def __init__(self, vocab: int = 30522, max_positions: int = 512, width: int = 768,
-                 depth: int = 12, heads: int = 12, ff: int = 3072, num_classes: int = 2,
-                 dropout: float = 0.1) -> None:
+    def __init__(
+        self,
+        vocab: int = 30522,
+        max_positions: int = 512,
+        width: int = 768,
+        depth: int = 12,
+        heads: int = 12,
+        ff: int = 3072,
+        num_classes: int = 2,
+        dropout: float = 0.1,
+    ) -> None:
         super().__init__()
         self.word_embeddings = nn.Embedding(vocab, width)
         self.position_embeddings = nn.Embedding(max_positions, width)
@@ -26,9 +34,17 @@ class TransformerClassifier(nn.Module):
         self.embed_norm = nn.LayerNorm(width, eps=1e-12)
         self.embed_dropout = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(width, heads, ff, dropout=dropout, activation="gelu",
-                                       batch_first=True, layer_norm_eps=1e-12)
-            for _ in range(depth))
+            nn.TransformerEncoderLayer(
+                width,
+                heads,
+                ff,
+                dropout=dropout,
+                activation="gelu",
+                batch_first=True,
+                layer_norm_eps=1e-12,
+            )
+            for _ in range(depth)
+        )
         self.pooler = nn.Linear(width, width)
         self.pooler_activation = nn.Tanh()
         self.classifier_dropout = nn.Dropout(dropout)
@@ -38,8 +54,11 @@ class TransformerClassifier(nn.Module):
         """Class logits for a batch of token id sequences (all of segment type 0)."""
         positions = torch.arange(ids.shape[1], device=ids.device)
         segments = torch.zeros_like(ids)
-        x = (self.word_embeddings(ids) + self.position_embeddings(positions)
-             + self.token_type_embeddings(segments))
+        x = (
+            self.word_embeddings(ids)
+            + self.position_embeddings(positions)
+            + self.token_type_embeddings(segments)
+        )
         x = self.embed_dropout(self.embed_norm(x))
         for layer in self.layers:
             x = layer(x)

@@ -125,26 +125,47 @@ class Partition:
         """The ``sim partition --json`` object."""
         names = self.layer_names
         return {
-            "model": self.model, "method": self.method, "gpus": self.gpus,
-            "straight": self.straight, "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+            "model": self.model,
+            "method": self.method,
+            "gpus": self.gpus,
+            "straight": self.straight,
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
             "activation_term": self.activation_term,
-            "stages": [{"layers": [names[i] if names else i for i in s.layers],
-                        "replicas": s.replicas, "compute_s": s.compute_s,
-                        "time_s": s.time_s, "param_bytes": s.param_bytes,
-                        "out_bytes": s.out_bytes} for s in self.stages],
+            "stages": [
+                {
+                    "layers": [names[i] if names else i for i in s.layers],
+                    "replicas": s.replicas,
+                    "compute_s": s.compute_s,
+                    "time_s": s.time_s,
+                    "param_bytes": s.param_bytes,
+                    "out_bytes": s.out_bytes,
+                }
+                for s in self.stages
+            ],
             "replicas": list(self.replicas),
-            "bottleneck_s": self.bottleneck_s, "single_gpu_s": self.single_gpu_s,
+            "bottleneck_s": self.bottleneck_s,
+            "single_gpu_s": self.single_gpu_s,
             "data_parallel_s": self.data_parallel_s,
-            "speedup_vs_1gpu": self.speedup_vs_1gpu, "speedup_vs_dp": self.speedup_vs_dp,
-            "states": self.states, "exact": self.exact, "wall_s": self.wall_s,
+            "speedup_vs_1gpu": self.speedup_vs_1gpu,
+            "speedup_vs_dp": self.speedup_vs_dp,
+            "states": self.states,
+            "exact": self.exact,
+            "wall_s": self.wall_s,
         }
 
 
-def partition(trace: Trace, gpus: int, bandwidth_bytes_per_s: float, *,
-              method: str = "antichain", straight: bool = False,
-              activation_term: bool = False, memory_limit_bytes: float | None = None,
-              optimizer_copies: int = 1,
-              max_states: int = DEFAULT_MAX_STATES) -> Partition:
+def partition(
+    trace: Trace,
+    gpus: int,
+    bandwidth_bytes_per_s: float,
+    *,
+    method: str = "antichain",
+    straight: bool = False,
+    activation_term: bool = False,
+    memory_limit_bytes: float | None = None,
+    optimizer_copies: int = 1,
+    max_states: int = DEFAULT_MAX_STATES,
+) -> Partition:
     """Partition ``trace`` over exactly ``gpus`` GPUs (see module docs).
 
     ``bandwidth_bytes_per_s`` prices weight synchronisation among replicas and, with
@@ -160,8 +181,14 @@ def partition(trace: Trace, gpus: int, bandwidth_bytes_per_s: float, *,
     if not bandwidth_bytes_per_s > 0:
         raise PartitionError(f"bandwidth must be positive, got {bandwidth_bytes_per_s}")
     g = prepare(trace)
-    cm = CostModel(gpus, bandwidth_bytes_per_s, straight or method != "antichain",
-                   activation_term, memory_limit_bytes, optimizer_copies)
+    cm = CostModel(
+        gpus,
+        bandwidth_bytes_per_s,
+        straight or method != "antichain",
+        activation_term,
+        memory_limit_bytes,
+        optimizer_copies,
+    )
     states = 0
     exact = True
     pairs = 0
@@ -186,11 +213,20 @@ def partition(trace: Trace, gpus: int, bandwidth_bytes_per_s: float, *,
     total_p = g.total_param_bytes
     dp = replica_work_s(g.total_compute_s, total_p, gpus, bandwidth_bytes_per_s) / gpus
     return Partition(
-        method=method, gpus=gpus, straight=cm.straight,
-        bandwidth_bytes_per_s=bandwidth_bytes_per_s, stages=stages,
-        bottleneck_s=max(s.time_s for s in stages), single_gpu_s=g.total_compute_s,
-        data_parallel_s=dp, states=states, exact=exact, activation_term=activation_term,
-        pairs=pairs, wall_s=time.perf_counter() - t0, model=trace.meta.model,
+        method=method,
+        gpus=gpus,
+        straight=cm.straight,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        stages=stages,
+        bottleneck_s=max(s.time_s for s in stages),
+        single_gpu_s=g.total_compute_s,
+        data_parallel_s=dp,
+        states=states,
+        exact=exact,
+        activation_term=activation_term,
+        pairs=pairs,
+        wall_s=time.perf_counter() - t0,
+        model=trace.meta.model,
         layer_names=tuple(layer.name for layer in trace.layers),
     )
 
@@ -231,8 +267,9 @@ def balanced_cuts(weights: list[float], parts: int) -> list[int]:
     return cuts
 
 
-def build_stages(g: PartitionGraph, groups: list[list[int]], replicas: list[int],
-                 cm: CostModel) -> tuple[Stage, ...]:
+def build_stages(
+    g: PartitionGraph, groups: list[list[int]], replicas: list[int], cm: CostModel
+) -> tuple[Stage, ...]:
     """Stages from node groups: input layers go to the first stage, dropped
     unused-output sinks to their producer's, and each stage is timed."""
     trace = g.trace
@@ -253,13 +290,23 @@ def build_stages(g: PartitionGraph, groups: list[list[int]], replicas: list[int]
         acts = sum(x.activation_bytes for x in layers if x.kind != "input")
         out_b = g.boundary_bytes(seen) if k < len(groups) - 1 else 0
         comp = sum(g.compute_s[v] for v in grp)
-        t = cm.stage_time(comp, float(sum(g.param_bytes[v] for v in grp)), replicas[k],
-                          prev_out, out_b)
-        out.append(Stage(tuple(sorted(mem)), replicas[k], fwd + bwd, fwd, bwd, params, acts,
-                         out_b, t))
+        t = cm.stage_time(
+            comp, float(sum(g.param_bytes[v] for v in grp)), replicas[k], prev_out, out_b
+        )
+        out.append(
+            Stage(tuple(sorted(mem)), replicas[k], fwd + bwd, fwd, bwd, params, acts, out_b, t)
+        )
         prev_out = out_b
     return tuple(out)
 
 
-__all__ = ["METHODS", "CostModel", "Partition", "PartitionError", "PartitionGraph", "Stage",
-           "partition", "prepare"]
+__all__ = [
+    "METHODS",
+    "CostModel",
+    "Partition",
+    "PartitionError",
+    "PartitionGraph",
+    "Stage",
+    "partition",
+    "prepare",
+]

@@ -161,8 +161,11 @@ class _Builder:
         mask = 0
         for v in nodes:
             mask |= 1 << v
-        return [i for i, v in enumerate(nodes)
-                if ((self.anc[v] | self.desc[v] | (1 << v)) & mask) == mask]
+        return [
+            i
+            for i, v in enumerate(nodes)
+            if ((self.anc[v] | self.desc[v] | (1 << v)) & mask) == mask
+        ]
 
     # ---- counting (to refuse hopeless graphs before allocating anything) ------------------
     def count(self, nodes: list[int], budget: int) -> int:
@@ -209,9 +212,9 @@ class _Builder:
     def pieces(nodes: list[int], cuts: list[int]) -> list[list[int]]:
         """The part before the first cut node, then the part after each cut node."""
         bounds = [*cuts, len(nodes)]
-        out = [nodes[:cuts[0]]]
+        out = [nodes[: cuts[0]]]
         for a, b in itertools.pairwise(bounds):
-            out.append(nodes[a + 1:b])
+            out.append(nodes[a + 1 : b])
         return out
 
     # ---- enumeration ------------------------------------------------------------------
@@ -227,7 +230,7 @@ class _Builder:
         for v in nodes:
             if not need[v]:
                 first |= 1 << v
-        order, ready = [0], [first]          # ready: minimal nodes not yet included
+        order, ready = [0], [first]  # ready: minimal nodes not yet included
         seen = {0}
         i = 0
         while i < len(order):
@@ -273,8 +276,12 @@ class _Builder:
             masks = self.generic(nodes, self.max_states)
             sums = [self.sums(m) for m in masks]
             bits = np.stack([self.to_words(m) for m in masks])
-            return (np.array([s[0] for s in sums]), np.array([s[1] for s in sums]), bits,
-                    self.explicit(nodes, masks))
+            return (
+                np.array([s[0] for s in sums]),
+                np.array([s[1] for s in sums]),
+                bits,
+                self.explicit(nodes, masks),
+            )
         parts_c, parts_p, parts_b, parts_t = [], [], [], []
         base = 0
         for k, seg in enumerate(self.pieces(nodes, cuts)):
@@ -288,8 +295,12 @@ class _Builder:
             parts_t.append(t)
             for v in seg:
                 base |= 1 << v
-        return (np.concatenate(parts_c), np.concatenate(parts_p), np.concatenate(parts_b),
-                Ordinal(parts_t))
+        return (
+            np.concatenate(parts_c),
+            np.concatenate(parts_p),
+            np.concatenate(parts_b),
+            Ordinal(parts_t),
+        )
 
     def explicit(self, nodes: list[int], masks: list[int]) -> Explicit:
         """The order among down-sets ``masks`` of the sub-DAG on ``nodes``: the lower
@@ -316,8 +327,8 @@ class _Builder:
         a move adds a node with a direct predecessor in the state plus its ancestors."""
         g = self.g
         succ_mask = [sum(1 << s for s in g.succ[v]) for v in range(g.n)]
-        order = [1]                      # {first source}
-        reach = [succ_mask[0]]           # nodes with a direct predecessor in the state
+        order = [1]  # {first source}
+        reach = [succ_mask[0]]  # nodes with a direct predecessor in the state
         seen = {1}
         i = 0
         while i < len(order):
@@ -351,9 +362,10 @@ def antichain_states(g: PartitionGraph, max_states: int = DEFAULT_MAX_STATES) ->
     everything = list(range(g.n))
     too_many = PartitionError(
         f"too many antichain states to search exactly (more than {max_states:,}, or more "
-        f"than {GENERIC_MAX_STATES:,} in a part without cut nodes or independent branches)")
+        f"than {GENERIC_MAX_STATES:,} in a part without cut nodes or independent branches)"
+    )
     if len(g.sources()) == 1:
-        if b.count(everything, max_states + 1) - 1 > max_states:   # minus the empty set
+        if b.count(everything, max_states + 1) - 1 > max_states:  # minus the empty set
             raise too_many
         c, p, bits, order = b.ideals(everything)
         c, p, bits = c[1:], p[1:], bits[1:]

@@ -74,8 +74,9 @@ class PartitionGraph:
     def boundary_bytes(self, inside: set[int] | frozenset[int]) -> int:
         """Activation bytes that leave the node set ``inside`` (outputs of its nodes that a
         node outside consumes): what crosses a stage boundary after it."""
-        return sum(self.activation_bytes[v] for v in inside
-                   if any(s not in inside for s in self.succ[v]))
+        return sum(
+            self.activation_bytes[v] for v in inside if any(s not in inside for s in self.succ[v])
+        )
 
 
 def prepare(trace: Trace) -> PartitionGraph:
@@ -104,10 +105,13 @@ def prepare(trace: Trace) -> PartitionGraph:
         for s in ss:
             pred_l[s].append(v)
     return PartitionGraph(
-        trace=trace, layer=tuple(keep),
+        trace=trace,
+        layer=tuple(keep),
         compute_s=tuple(layers[t].forward_s + layers[t].backward_s for t in keep),
         param_bytes=tuple(layers[t].param_bytes for t in keep),
         activation_bytes=tuple(layers[t].activation_bytes for t in keep),
-        succ=succ, pred=tuple(tuple(p) for p in pred_l), inputs=inputs,
+        succ=succ,
+        pred=tuple(tuple(p) for p in pred_l),
+        inputs=inputs,
         detached=tuple((t, pos[p]) for t, p in detached),
     )

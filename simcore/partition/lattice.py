@@ -112,21 +112,23 @@ class Ordinal(Lattice):
             s = _sl(a.ndim, axis, slice(o, o + p.size))
             if _live(a[s]):
                 out[s] = p.down(a[s], axis)
-        tops = np.take(out, self.last, axis=axis)          # a part's top holds its maximum
+        tops = np.take(out, self.last, axis=axis)  # a part's top holds its maximum
         ex = np.full_like(tops, NEG)
-        ex[_sl(a.ndim, axis, slice(1, None))] = np.maximum.accumulate(
-            tops, axis=axis)[_sl(a.ndim, axis, slice(None, -1))]
+        ex[_sl(a.ndim, axis, slice(1, None))] = np.maximum.accumulate(tops, axis=axis)[
+            _sl(a.ndim, axis, slice(None, -1))
+        ]
         return np.maximum(out, np.take(ex, self.part_of, axis=axis))
 
     def lower(self, a: np.ndarray, axis: int) -> np.ndarray:
         out = np.full_like(a, NEG)
-        if len(self.parts) > 1:     # a part's bottom lies just above the previous top
+        if len(self.parts) > 1:  # a part's bottom lies just above the previous top
             out[_sl(a.ndim, axis, self.first[1:])] = np.take(a, self.last[:-1], axis=axis)
         for o, p in self.inner:
             part = a[_sl(a.ndim, axis, slice(o, o + p.size))]
             if _live(part):
-                out[_sl(a.ndim, axis, slice(o + 1, o + p.size))] = p.lower(
-                    part, axis)[_sl(a.ndim, axis, slice(1, None))]
+                out[_sl(a.ndim, axis, slice(o + 1, o + p.size))] = p.lower(part, axis)[
+                    _sl(a.ndim, axis, slice(1, None))
+                ]
         return out
 
     def mirror(self) -> Lattice:
@@ -143,11 +145,11 @@ class Product(Lattice):
 
     def _split(self, a: np.ndarray, axis: int) -> np.ndarray:
         a = np.ascontiguousarray(a)
-        return a.reshape(a.shape[:axis] + self.shape + a.shape[axis + 1:])
+        return a.reshape(a.shape[:axis] + self.shape + a.shape[axis + 1 :])
 
     def _join(self, a: np.ndarray, axis: int) -> np.ndarray:
         d = len(self.shape)
-        return a.reshape((*a.shape[:axis], self.size, *a.shape[axis + d:]))
+        return a.reshape((*a.shape[:axis], self.size, *a.shape[axis + d :]))
 
     def down(self, a: np.ndarray, axis: int) -> np.ndarray:
         x = self._split(a, axis)
@@ -181,7 +183,7 @@ class Explicit(Lattice):
         width = max((len(c) for c in lower), default=0)
         self.pad = np.full((self.size, max(width, 1)), -1, dtype=np.int64)
         for i, c in enumerate(lower):
-            self.pad[i, :len(c)] = c
+            self.pad[i, : len(c)] = c
         depth = [0] * self.size
         for i, cs in enumerate(lower):
             depth[i] = 1 + max((depth[c] for c in cs), default=-1)

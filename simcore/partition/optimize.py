@@ -62,8 +62,9 @@ _CHUNK = 1 << 21
 """Pairs evaluated per numpy block."""
 
 
-def replica_work_s(compute_s: Any, param_bytes: Any, replicas: Any,
-                   bandwidth_bytes_per_s: float) -> Any:
+def replica_work_s(
+    compute_s: Any, param_bytes: Any, replicas: Any, bandwidth_bytes_per_s: float
+) -> Any:
     """The work of a stage per batch on ``replicas`` GPUs before it is shared among them:
     its compute plus the all-reduce of its weights between the replicas,
     ``C + 4(r-1)P/(rB)`` (numbers or numpy arrays). The stage takes this over ``r`` per
@@ -93,8 +94,14 @@ class CostModel:
     memory_limit_bytes: float | None = None
     optimizer_copies: int = 1
 
-    def stage_time(self, compute_s: float, param_bytes: float, replicas: int,
-                   act_in_bytes: float = 0.0, act_out_bytes: float = 0.0) -> float:
+    def stage_time(
+        self,
+        compute_s: float,
+        param_bytes: float,
+        replicas: int,
+        act_in_bytes: float = 0.0,
+        act_out_bytes: float = 0.0,
+    ) -> float:
         """Seconds per batch of a stage (see module docs)."""
         r, b = replicas, self.bandwidth_bytes_per_s
         t = replica_work_s(compute_s, param_bytes, r, b) / r
@@ -107,14 +114,16 @@ class CostModel:
         the end over its replicas, rounded up (PipeDream's rule)."""
         return -(-gpus_from_here // replicas)
 
-    def stage_memory(self, param_bytes: Any, activation_bytes: Any, replicas: int,
-                     gpus_from_here: int) -> Any:
+    def stage_memory(
+        self, param_bytes: Any, activation_bytes: Any, replicas: int, gpus_from_here: int
+    ) -> Any:
         """Bytes on each GPU of a stage: weights, gradients, optimizer state, and for
         each batch in flight its activations and (all but the newest) a stashed weight
         version (numbers or numpy arrays)."""
         f = self.in_flight(gpus_from_here, replicas)
-        return (param_bytes * (2 + self.optimizer_copies) + f * activation_bytes
-                + (f - 1) * param_bytes)
+        return (
+            param_bytes * (2 + self.optimizer_copies) + f * activation_bytes + (f - 1) * param_bytes
+        )
 
 
 @dataclass(frozen=True)
@@ -216,8 +225,9 @@ class _Search:
             t = np.where(mem <= cm.memory_limit_bytes, t, np.inf)
         return t
 
-    def extend(self, K: np.ndarray, aK: np.ndarray, J: np.ndarray, r: int,
-               up: int) -> tuple[np.ndarray, np.ndarray]:
+    def extend(
+        self, K: np.ndarray, aK: np.ndarray, J: np.ndarray, r: int, up: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """For each state of ``J``: the best ``max(A(k, up), T(k, j, r))`` over ``k`` in
         ``K`` strictly inside it, and that ``k``."""
         cm, st = self.cm, self.st
@@ -233,8 +243,9 @@ class _Search:
             heldK, heldJ = self.held(K), self.held(J)
         self.pairs += len(K) * len(J)
         if self.pairs > PAIR_BUDGET:
-            raise PartitionError("the search would evaluate more than "
-                                 f"{PAIR_BUDGET:,} pairs of antichain states")
+            raise PartitionError(
+                f"the search would evaluate more than {PAIR_BUDGET:,} pairs of antichain states"
+            )
         out_v = np.full(len(J), np.inf)
         out_k = np.full(len(J), -1, dtype=np.int64)
         step = max(1, _CHUNK // max(1, len(K)))
@@ -250,8 +261,12 @@ class _Search:
                 t = np.maximum(t, outJ[None, sl])
             v = np.maximum(aK[:, None], t)
             if cm.memory_limit_bytes is not None:
-                mem = cm.stage_memory(self.P[J][None, sl] - self.P[K][:, None],
-                                      heldJ[None, sl] - heldK[:, None], r, self.N - up)
+                mem = cm.stage_memory(
+                    self.P[J][None, sl] - self.P[K][:, None],
+                    heldJ[None, sl] - heldK[:, None],
+                    r,
+                    self.N - up,
+                )
                 inside &= mem <= cm.memory_limit_bytes
             v = np.where(inside, v, np.inf)
             k = np.argmin(v, axis=0)
@@ -290,10 +305,15 @@ def solve(g: PartitionGraph, st: States, cm: CostModel) -> Solution:
 
 
 def _infeasible(cm: CostModel) -> PartitionError:
-    return PartitionError(f"no pipeline of exactly {cm.gpus} GPU{'s' if cm.gpus != 1 else ''} "
-                          "exists" + (" within the memory limit"
-                                      if cm.memory_limit_bytes is not None else
-                                      " (fewer layers than stages?)"))
+    return PartitionError(
+        f"no pipeline of exactly {cm.gpus} GPU{'s' if cm.gpus != 1 else ''} "
+        "exists"
+        + (
+            " within the memory limit"
+            if cm.memory_limit_bytes is not None
+            else " (fewer layers than stages?)"
+        )
+    )
 
 
 def _windowed(search: _Search) -> tuple[float, dict[tuple[int, int], tuple[int, int]]]:
@@ -309,7 +329,7 @@ def _windowed(search: _Search) -> tuple[float, dict[tuple[int, int], tuple[int, 
         if value <= bound * (1 + 1e-12):
             return value, choice
         if math.isfinite(value):
-            bound = value               # a pipeline that fast exists: one more exact pass
+            bound = value  # a pipeline that fast exists: one more exact pass
             continue
         if bound >= everything or all(len(w) >= st.count - 1 for w in windows[1:-1]):
             raise _infeasible(cm)
@@ -350,8 +370,11 @@ def _narrowed(search: _Search) -> tuple[float, dict[tuple[int, int], tuple[int, 
 def _pairs(windows: list[np.ndarray], cm: CostModel) -> int:
     """Pairs of states the DP over ``windows`` evaluates."""
     n = cm.gpus
-    return sum(len(windows[u - r]) * len(windows[u]) for u in range(2, n + 1)
-               for r in range(1, 2 if cm.straight else u))
+    return sum(
+        len(windows[u - r]) * len(windows[u])
+        for u in range(2, n + 1)
+        for r in range(1, 2 if cm.straight else u)
+    )
 
 
 class _Feasibility:
@@ -380,8 +403,7 @@ class _Feasibility:
         if cm.activation_term:
             self.act = np.concatenate(([0.0], boundary_of(search.g, st.bits)))
             self.act[self.final] = 0.0
-        self.rs = {u: [1] if cm.straight else list(range(1, u + 1))
-                   for u in range(1, cm.gpus + 1)}
+        self.rs = {u: [1] if cm.straight else list(range(1, u + 1)) for u in range(1, cm.gpus + 1)}
 
     def _act_ok(self, r: int, T: float) -> np.ndarray | bool:
         if self.act is None:
@@ -400,20 +422,23 @@ class _Feasibility:
     def forward(self, T: float) -> list[np.ndarray]:
         """``F[u]``: positions that end a prefix on exactly ``u`` GPUs with every stage
         no slower than ``T``."""
-        return self._pass(T, 0, +1.0, self.order.strictly_below,
-                          lambda u: self.window(u, T))
+        return self._pass(T, 0, +1.0, self.order.strictly_below, lambda u: self.window(u, T))
 
     def backward(self, T: float, F: list[np.ndarray]) -> list[np.ndarray]:
         """``G[v]``: positions that ``F[N - v]`` holds and from which the rest of the
         model fits on exactly ``v`` GPUs with every stage no slower than ``T`` (a state
         of such a pipeline ends a feasible prefix too, so nothing is lost by keeping only
         those, and the tree passes get sparse inputs)."""
-        return self._pass(T, self.final, -1.0, self.order.strictly_above,
-                          lambda v: F[self.N - v])
+        return self._pass(T, self.final, -1.0, self.order.strictly_above, lambda v: F[self.N - v])
 
-    def _pass(self, T: float, start: int, sign: float,
-              extreme: Callable[[np.ndarray], np.ndarray],
-              keep: Callable[[int], np.ndarray]) -> list[np.ndarray]:
+    def _pass(
+        self,
+        T: float,
+        start: int,
+        sign: float,
+        extreme: Callable[[np.ndarray], np.ndarray],
+        keep: Callable[[int], np.ndarray],
+    ) -> list[np.ndarray]:
         """The feasibility pass of :meth:`forward` (``sign`` +1: prefixes grow from the
         empty set, maxima over the states below) and its mirror image :meth:`backward`
         (``sign`` -1: suffixes grow from the final state, maxima of ``-X`` over the
@@ -427,8 +452,9 @@ class _Feasibility:
             rs = [r for r in self.rs[u] if out[u - r].any()]
             if not rs:
                 continue
-            rows = np.stack([np.where(out[u - r] & self._act_ok(r, T), sign * self.X[r],
-                                      -np.inf) for r in rs])
+            rows = np.stack(
+                [np.where(out[u - r] & self._act_ok(r, T), sign * self.X[r], -np.inf) for r in rs]
+            )
             best = extreme(rows)
             ok = np.zeros(S, dtype=bool)
             for i, r in enumerate(rs):
@@ -451,8 +477,9 @@ class _Feasibility:
 
 def _members(g: PartitionGraph, bits: np.ndarray) -> np.ndarray:
     """``(nodes, states)`` membership matrix of bitset rows."""
-    member = np.unpackbits(np.ascontiguousarray(bits).view(np.uint8), axis=1,
-                           bitorder="little")[:, :g.n]
+    member = np.unpackbits(np.ascontiguousarray(bits).view(np.uint8), axis=1, bitorder="little")[
+        :, : g.n
+    ]
     return np.ascontiguousarray(member.T.astype(bool))
 
 

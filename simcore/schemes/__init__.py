@@ -26,8 +26,11 @@ ORDER = ("dp", "ps", "p3", "gossip", "mp", "gpipe", "pipedream", "spectrain")
 @cache
 def scheme_names() -> tuple[str, ...]:
     """The names of all schemes, in display order, without importing their modules."""
-    found = {mod.name for mod in pkgutil.iter_modules(__path__)
-             if not mod.name.startswith("_") and mod.name not in _NOT_SCHEMES}
+    found = {
+        mod.name
+        for mod in pkgutil.iter_modules(__path__)
+        if not mod.name.startswith("_") and mod.name not in _NOT_SCHEMES
+    }
     return tuple([n for n in ORDER if n in found] + sorted(found - set(ORDER)))
 
 
@@ -39,11 +42,16 @@ def get_scheme(name: str) -> type[Scheme]:
         raise ConfigError("scheme", name, f"choose one of: {', '.join(names)}")
     module = importlib.import_module(f"{__name__}.{name}")
     for obj in vars(module).values():
-        if (isinstance(obj, type) and issubclass(obj, Scheme) and obj is not Scheme
-                and obj.name == name):
+        if (
+            isinstance(obj, type)
+            and issubclass(obj, Scheme)
+            and obj is not Scheme
+            and obj.name == name
+        ):
             return obj
-    raise ConfigError("scheme", name, f"module simcore.schemes.{name} defines no Scheme "
-                                      f"subclass named {name!r}")
+    raise ConfigError(
+        "scheme", name, f"module simcore.schemes.{name} defines no Scheme subclass named {name!r}"
+    )
 
 
 def registry() -> dict[str, type[Scheme]]:

@@ -32,27 +32,35 @@ class LayerOps:
     def __init__(self, trace: Trace) -> None:
         run = [i for i, layer in enumerate(trace.layers) if layer.kind != "input"]
         self.fwd = [(trace.layers[i].forward_s, trace.layers[i].name, i) for i in run]
-        self.bwd = [(trace.layers[i].backward_s, trace.layers[i].name, i)
-                    for i in reversed(run)]
+        self.bwd = [(trace.layers[i].backward_s, trace.layers[i].name, i) for i in reversed(run)]
         self._cache: dict[tuple[str, int], list[tuple[int, list[Op]]]] = {}
 
-    def forward_runs(self, it: int, wait_before: Callable[[int], bool]) -> list[
-            tuple[int, list[Op]]]:
+    def forward_runs(
+        self, it: int, wait_before: Callable[[int], bool]
+    ) -> list[tuple[int, list[Op]]]:
         """Forward of iteration ``it`` as ``(layer, ops)`` runs, a new run starting at
         every layer for which ``wait_before(layer)`` holds (``layer`` is that layer, or
         -1 for a first run that needs no wait). Cached per iteration: pass the same
         predicate every time."""
         return self._runs("f", it, self.fwd, FORWARD, wait_before, before=True)
 
-    def backward_runs(self, it: int, ready_after: Callable[[int], bool]) -> list[
-            tuple[int, list[Op]]]:
+    def backward_runs(
+        self, it: int, ready_after: Callable[[int], bool]
+    ) -> list[tuple[int, list[Op]]]:
         """Backward of iteration ``it`` as ``(layer, ops)`` runs, each ending with a layer
         for which ``ready_after(layer)`` holds (``layer`` is that layer, or -1 for a last
         run that ends with none). Cached per iteration."""
         return self._runs("b", it, self.bwd, BACKWARD, ready_after, before=False)
 
-    def _runs(self, key: str, it: int, layers: list[tuple[float, str, int]], kind: str,
-              cut: Callable[[int], bool], before: bool) -> list[tuple[int, list[Op]]]:
+    def _runs(
+        self,
+        key: str,
+        it: int,
+        layers: list[tuple[float, str, int]],
+        kind: str,
+        cut: Callable[[int], bool],
+        before: bool,
+    ) -> list[tuple[int, list[Op]]]:
         hit = self._cache.get((key, it))
         if hit is not None:
             return hit

@@ -66,22 +66,33 @@ PREDICT_PASSES = 3
 class PipelineOptions:
     """Options every pipeline scheme has."""
 
-    partition: str = option("antichain", "how layers are split into stages: PipeDream's "
-                                         "antichain optimizer or equal layers / params / "
-                                         "compute", choices=METHODS)
-    activations: bool = option(True, "let the partitioner count activation transfers "
-                                     "between stages (PipeDream's hierarchical optimizer "
-                                     "does not)")
+    partition: str = option(
+        "antichain",
+        "how layers are split into stages: PipeDream's "
+        "antichain optimizer or equal layers / params / "
+        "compute",
+        choices=METHODS,
+    )
+    activations: bool = option(
+        True,
+        "let the partitioner count activation transfers "
+        "between stages (PipeDream's hierarchical optimizer "
+        "does not)",
+    )
 
 
 @dataclass(frozen=True)
 class MicrobatchOptions(PipelineOptions):
     """Options of the micro-batched pipeline schemes."""
 
-    microbatches: int = option(0, "micro-batches per iteration (0: automatic; gpipe: 4 per "
-                                  "stage, pipedream/spectrain: one per GPU rounded up to "
-                                  "whole rounds of every stage's replicas; at most the batch "
-                                  "size)", minimum=0)
+    microbatches: int = option(
+        0,
+        "micro-batches per iteration (0: automatic; gpipe: 4 per "
+        "stage, pipedream/spectrain: one per GPU rounded up to "
+        "whole rounds of every stage's replicas; at most the batch "
+        "size)",
+        minimum=0,
+    )
 
 
 @dataclass(frozen=True)
@@ -120,8 +131,9 @@ class PipelineFeatures:
     def for_options(self, options: Any) -> PipelineFeatures:
         """These features with the values of ``options``' fields of the same names."""
         names = {f.name for f in dataclasses.fields(self)}
-        given = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
-                 if f.name in names}
+        given = {
+            f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.name in names
+        }
         return dataclasses.replace(self, **given) if given else self
 
 
@@ -174,14 +186,20 @@ class PipelineScheme(Scheme):
         n = topology.num_gpus
         features = cls.features.for_options(options)
         if features.straight and n > layers:
-            raise ConfigError("gpus", n, f"at most {layers}: model {trace.meta.model!r} has "
-                                         f"{layers} layers to split into stages")
+            raise ConfigError(
+                "gpus",
+                n,
+                f"at most {layers}: model {trace.meta.model!r} has "
+                f"{layers} layers to split into stages",
+            )
         m = features.microbatches
         batch = config.effective_batch_size
         if m > batch:
-            raise ConfigError("scheme.microbatches", m, f"at most the batch size ({batch}): "
-                                                        "a micro-batch holds at least one "
-                                                        "sample")
+            raise ConfigError(
+                "scheme.microbatches",
+                m,
+                f"at most the batch size ({batch}): a micro-batch holds at least one sample",
+            )
 
     def make_partition(self) -> Partition:
         """The stages for this run: the chosen method over all GPUs, with the
@@ -194,9 +212,15 @@ class PipelineScheme(Scheme):
             bw = topo.gpu_spec.memory_bandwidth_bytes_per_s
         straight = self.feat.straight
         try:
-            return partition(ctx.trace, n, bw, method=self.options.partition,
-                             straight=straight, activation_term=self.options.activations,
-                             optimizer_copies=ctx.optimizer_state_bytes(1))
+            return partition(
+                ctx.trace,
+                n,
+                bw,
+                method=self.options.partition,
+                straight=straight,
+                activation_term=self.options.activations,
+                optimizer_copies=ctx.optimizer_state_bytes(1),
+            )
         except PartitionError as exc:
             raise ConfigError("scheme.partition", self.options.partition, str(exc)) from None
 
@@ -212,19 +236,23 @@ class PipelineScheme(Scheme):
             # Whole rounds: a multiple of every stage's replica count, within the batch.
             lcm = math.lcm(*part.replicas)
             if batch < lcm:
-                raise ConfigError("batch_size", batch,
-                                  f"the partition replicates stages {list(part.replicas)} "
-                                  f"times, which needs at least {lcm} micro-batches of one "
-                                  "sample; use a larger --batch-size or --set "
-                                  "scheme.straight=true")
+                raise ConfigError(
+                    "batch_size",
+                    batch,
+                    f"the partition replicates stages {list(part.replicas)} "
+                    f"times, which needs at least {lcm} micro-batches of one "
+                    "sample; use a larger --batch-size or --set "
+                    "scheme.straight=true",
+                )
             m = -(-feat.microbatches_per_gpu * part.gpus // lcm) * lcm
             return min(m, batch // lcm * lcm)
         m = feat.microbatches_per_stage * len(part.stages)
         return max(1, min(m, batch))
 
     @classmethod
-    def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,
-                      iterations: int, options: Any) -> Schedule:
+    def make_schedule(
+        cls, stages: tuple[tuple[int, ...], ...], microbatches: int, iterations: int, options: Any
+    ) -> Schedule:
         """The schedule of ``iterations`` iterations with these ``options`` (overridden by
         each scheme; ``sim schedule`` calls it too)."""
         raise ScheduleError(f"scheme {cls.name!r} defines no schedule")
@@ -244,25 +272,28 @@ class PipelineScheme(Scheme):
         stages = stages_from_replicas(self.part.replicas)
         for k, ranks in enumerate(stages):
             if mbs % len(ranks):
-                raise ConfigError("scheme.microbatches", mbs,
-                                  f"stage {k} has {len(ranks)} replicas: the micro-batches "
-                                  "per iteration must be a multiple of that")
+                raise ConfigError(
+                    "scheme.microbatches",
+                    mbs,
+                    f"stage {k} has {len(ranks)} replicas: the micro-batches "
+                    "per iteration must be a multiple of that",
+                )
         depth = ctx.num_ranks
         self.lead = 0 if feat.flush else -(-2 * (depth - 1) // mbs)
         try:
             tail = 0 if feat.flush else -(-(depth - 1) // mbs)
-            self.schedule = self.make_schedule(stages, mbs,
-                                               self.lead + ctx.iterations + tail, opts)
+            self.schedule = self.make_schedule(stages, mbs, self.lead + ctx.iterations + tail, opts)
             ctx.simulated_iterations = self.lead + ctx.iterations + tail
         except ScheduleError as exc:
             raise ConfigError("scheme.microbatches", mbs, str(exc)) from None
-        self.plans = [self._plan(k, st, ranks) for k, (st, ranks) in
-                      enumerate(zip(self.part.stages, stages))]
+        self.plans = [
+            self._plan(k, st, ranks) for k, (st, ranks) in enumerate(zip(self.part.stages, stages))
+        ]
         self.stage_of = self.schedule.stage_of()
         self.mail: dict[tuple[int, str, int], Event] = {}
         self.joined: dict[tuple[int, int], list[Any]] = {}
         self.version = [0] * len(self.plans)
-        self.used: list[dict[int, int]] = [{} for _ in ctx.gpus]      # mb -> version
+        self.used: list[dict[int, int]] = [{} for _ in ctx.gpus]  # mb -> version
         self.stashed = [0] * ctx.num_ranks
         self.stash_peak = [0] * ctx.num_ranks
         opt_copies = ctx.optimizer_state_bytes(1)
@@ -283,10 +314,12 @@ class PipelineScheme(Scheme):
         return StagePlan(
             ranks=ranks,
             fwd=[(trace.layers[i].forward_s / m, trace.layers[i].name, i) for i in run],
-            bwd=[(trace.layers[i].backward_s / m, trace.layers[i].name, i)
-                 for i in reversed(run)],
-            param_bytes=stage.param_bytes, act_bytes=stage.activation_bytes / m,
-            in_bytes=prev / m, out_bytes=stage.out_bytes / m)
+            bwd=[(trace.layers[i].backward_s / m, trace.layers[i].name, i) for i in reversed(run)],
+            param_bytes=stage.param_bytes,
+            act_bytes=stage.activation_bytes / m,
+            in_bytes=prev / m,
+            out_bytes=stage.out_bytes / m,
+        )
 
     # ---- execution ---------------------------------------------------------------------
     def _rank(self, r: int) -> Any:
@@ -303,8 +336,9 @@ class PipelineScheme(Scheme):
             if it == ctx.iterations - 1:
                 return
         update_s = ctx.update_s(plan.param_bytes)
-        predict_s = (PREDICT_PASSES * plan.param_bytes
-                     / ctx.topology.gpu_spec.memory_bandwidth_bytes_per_s)
+        predict_s = (
+            PREDICT_PASSES * plan.param_bytes / ctx.topology.gpu_spec.memory_bandwidth_bytes_per_s
+        )
         dev = ctx.topology.gpus
         lead = self.lead
         for i, a in enumerate(acts):
@@ -312,15 +346,17 @@ class PipelineScheme(Scheme):
             it = mb // sched.per_iteration - lead
             if kind == sch.FORWARD:
                 self._on_forward(r, s, mb)
-                mem.alloc("activations", plan.act_bytes + (plan.in_bytes if self.feat.recompute
-                                                            else 0))
+                mem.alloc(
+                    "activations", plan.act_bytes + (plan.in_bytes if self.feat.recompute else 0)
+                )
                 yield self._pass(gpu, plan.fwd, FORWARD, it, mb)
                 if self.feat.recompute:
                     mem.free("activations", plan.act_bytes)
             elif kind == sch.BACKWARD:
                 yield self._pass(gpu, plan.bwd, BACKWARD, it, mb)
-                mem.free("activations", plan.act_bytes + (plan.in_bytes if self.feat.recompute
-                                                           else 0))
+                mem.free(
+                    "activations", plan.act_bytes + (plan.in_bytes if self.feat.recompute else 0)
+                )
                 self._on_backward(r, mb)
             elif kind == sch.RECOMPUTE:
                 mem.alloc("activations", plan.act_bytes)
@@ -332,10 +368,17 @@ class PipelineScheme(Scheme):
                 yield gpu.compute(predict_s, PREDICT, f"predict stage {s}", it, -1, mb)
             elif kind in sch.SEND_KINDS:
                 act = kind == sch.SEND_ACT
-                ctx.net.send(dev[r], dev[a.peer], round(plan.out_bytes if act else plan.in_bytes),
-                             self._arrived, tag=f"{'act' if act else 'grad'} mb{mb}",
-                             rank_src=r, rank_dst=a.peer, iteration=it,
-                             payload=(a.peer, sch.RECV_ACT if act else sch.RECV_GRAD, mb))
+                ctx.net.send(
+                    dev[r],
+                    dev[a.peer],
+                    round(plan.out_bytes if act else plan.in_bytes),
+                    self._arrived,
+                    tag=f"{'act' if act else 'grad'} mb{mb}",
+                    rank_src=r,
+                    rank_dst=a.peer,
+                    iteration=it,
+                    payload=(a.peer, sch.RECV_ACT if act else sch.RECV_GRAD, mb),
+                )
             elif kind in sch.RECV_KINDS:
                 yield self._box((r, kind, mb))
             elif kind == sch.ALLREDUCE:
@@ -346,8 +389,9 @@ class PipelineScheme(Scheme):
                 if done == ctx.iterations - 1:
                     return
 
-    def _pass(self, gpu: Any, layers: list[tuple[float, str, int]], kind: str, it: int,
-              mb: int) -> Any:
+    def _pass(
+        self, gpu: Any, layers: list[tuple[float, str, int]], kind: str, it: int, mb: int
+    ) -> Any:
         """Queue a pass, layer by layer, as one run (one event; one span per layer when
         spans are recorded, and with compute jitter one factor per layer either way);
         returns the event of its end (what the rank yields)."""
@@ -389,9 +433,14 @@ class PipelineScheme(Scheme):
         plan = self.plans[s]
         if entry[0] == len(plan.ranks):
             done = entry[1]
-            self.ctx.coll.allreduce(plan.ranks, plan.param_bytes, ALLREDUCE_ALGORITHMS[0],
-                                    lambda _t: done.succeed(), tag=f"stage{s} grads",
-                                    iteration=it)
+            self.ctx.coll.allreduce(
+                plan.ranks,
+                plan.param_bytes,
+                ALLREDUCE_ALGORITHMS[0],
+                lambda _t: done.succeed(),
+                tag=f"stage{s} grads",
+                iteration=it,
+            )
         return entry[1]
 
     # ---- weight versions (stashing) ----------------------------------------------------
@@ -434,11 +483,13 @@ class PipelineScheme(Scheme):
             "stages": len(part.stages),
             "microbatches": self.microbatches_per_iteration,
             "stage_replicas": list(part.replicas),
-            "stage_layers": [[names[st.layers[0]], names[st.layers[-1]], len(st.layers)]
-                             for st in part.stages],
+            "stage_layers": [
+                [names[st.layers[0]], names[st.layers[-1]], len(st.layers)] for st in part.stages
+            ],
             "stage_time_s": [_g9(p.forward_s + p.backward_s) for p in self.plans],
-            "bottleneck_stage_s": _g9(max((p.forward_s + p.backward_s) / len(p.ranks)
-                                          for p in self.plans)),
+            "bottleneck_stage_s": _g9(
+                max((p.forward_s + p.backward_s) / len(p.ranks) for p in self.plans)
+            ),
             "stash_peak_bytes": list(self.stash_peak),
         }
 

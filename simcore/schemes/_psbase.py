@@ -100,12 +100,19 @@ class Shard:
 class ServerOptions:
     """Options every parameter-server scheme has."""
 
-    placement: str = option("colocated", "where servers run: on the workers' hosts or on "
-                                         "dedicated hosts on the fabric", choices=PLACEMENTS)
-    servers: int = option(0, "number of servers (0: one per machine when colocated, one per "
-                             "worker when dedicated)", minimum=0)
-    server_bandwidth: float = option(20e9, "memory bandwidth at which a server adds pushes "
-                                           "and applies updates", unit="rate")
+    placement: str = option(
+        "colocated",
+        "where servers run: on the workers' hosts or on dedicated hosts on the fabric",
+        choices=PLACEMENTS,
+    )
+    servers: int = option(
+        0,
+        "number of servers (0: one per machine when colocated, one per worker when dedicated)",
+        minimum=0,
+    )
+    server_bandwidth: float = option(
+        20e9, "memory bandwidth at which a server adds pushes and applies updates", unit="rate"
+    )
 
 
 def server_count(options: Any, topology: Topology) -> int:
@@ -163,9 +170,10 @@ def mean_field_plan(config: SimConfig, options: Any, topology: Topology) -> Mean
     if any(b != list(range(i * per_box, (i + 1) * per_box)) for i, b in enumerate(boxes)):
         return "it needs every machine full, ranks numbered machine by machine"
     devs = topology.devices
-    if len(topology.hosts) != nboxes or any(devs[h].box != devs[topology.gpus[b[0]]].box
-                                            for h, b in zip(topology.hosts, boxes,
-                                                            strict=True)):
+    if len(topology.hosts) != nboxes or any(
+        devs[h].box != devs[topology.gpus[b[0]]].box
+        for h, b in zip(topology.hosts, boxes, strict=True)
+    ):
         return "it needs one host per machine"
     if any(devs[link.src].box < 0 and devs[link.dst].box < 0 for link in topology.links):
         return "it needs the machines on one switch"
@@ -212,8 +220,11 @@ class ParameterServerScheme(Scheme):
     @classmethod
     def check(cls, config: SimConfig, options: Any, topology: Topology) -> None:
         if options.placement == "colocated" and not topology.hosts:
-            raise ConfigError("scheme.placement", "colocated",
-                              f"topology {topology.name!r} has no host CPUs; use dedicated")
+            raise ConfigError(
+                "scheme.placement",
+                "colocated",
+                f"topology {topology.name!r} has no host CPUs; use dedicated",
+            )
         use_mean_field(config, options, topology)
 
     @abstractmethod
@@ -246,8 +257,7 @@ class ParameterServerScheme(Scheme):
             self._plan_mean_field(self.mean_field, topo)
         if not self.server_twin:
             self.server_twin = list(range(len(self.server_dev)))
-        self.server_name = [f"{topo.devices[d].name}/ps{s}" for s, d in
-                            enumerate(self.server_dev)]
+        self.server_name = [f"{topo.devices[d].name}/ps{s}" for s, d in enumerate(self.server_dev)]
         self.server_busy = [0.0] * len(self.server_dev)
         # Server s's pushes of shard k per iteration: expected[k][s].
         self.expected: list[dict[int, int]] = []
@@ -262,7 +272,7 @@ class ParameterServerScheme(Scheme):
         self.follower_ops = LayerOps(trace)
         # Per pushing worker: the last iteration whose values have come back, per layer.
         self.avail = [dict.fromkeys(self.layer_shards, -1) for _ in range(self.p)]
-        self.left: dict[tuple[int, int, int], int] = {}      # (rank, it, layer) -> parts
+        self.left: dict[tuple[int, int, int], int] = {}  # (rank, it, layer) -> parts
         self.layers_left = [[len(self.layer_shards)] * n_it for _ in range(self.p)]
         self.bwd_done = [[False] * n_it for _ in range(self.p)]
         self.waiting: dict[tuple[int, int], list[tuple[int, Event]]] = {}
@@ -304,8 +314,12 @@ class ParameterServerScheme(Scheme):
         for sh in self.shards:
             local = round(sh.nbytes / h)
             remote = sh.nbytes - local
-            self.parts.append(tuple(tuple((s, nb) for s, nb in ((c, local), (1 - c, remote))
-                                          if nb > 0) for c in (0, 1)))
+            self.parts.append(
+                tuple(
+                    tuple((s, nb) for s, nb in ((c, local), (1 - c, remote)) if nb > 0)
+                    for c in (0, 1)
+                )
+            )
         self.share = [sh.nbytes / h for sh in self.shards]
         self.ctx.traffic_scale = h / 2
 
@@ -340,13 +354,16 @@ class ParameterServerScheme(Scheme):
         mult: dict[tuple[int, int, int], float] = {}
         for layer, shs in by_layer.items():
             on = {sh.server: sh.nbytes for sh in shs}
-            if len(shs) == h and len(on) == h:      # split over every server: balanced
+            if len(shs) == h and len(on) == h:  # split over every server: balanced
                 total = sum(on.values())
                 k = len(shards)
                 shards.append(Shard(layer, 0, total, shs[0].priority))
-                parts.append(tuple(tuple((sv, nb) for sv, nb in ((c, on[c]),
-                                                                  (1 - c, total - on[c]))
-                                         if nb > 0) for c in (0, 1)))
+                parts.append(
+                    tuple(
+                        tuple((sv, nb) for sv, nb in ((c, on[c]), (1 - c, total - on[c])) if nb > 0)
+                        for c in (0, 1)
+                    )
+                )
                 share.append(total / h)
                 continue
             for sh in shs:
@@ -362,8 +379,9 @@ class ParameterServerScheme(Scheme):
         # Real payload per iteration over what the simulated messages carry.
         control = 0 if self.fused else 2 * self.control_bytes
         real = self.p * sum(2 * sh.nbytes + control for sh in self.shards)
-        simulated = sum(g * (2 * nb + control) for plist in parts for cparts in plist
-                        for _s, nb in cparts)
+        simulated = sum(
+            g * (2 * nb + control) for plist in parts for cparts in plist for _s, nb in cparts
+        )
         self.shards, self.parts, self.share = shards, parts, share
         self.group_mult = mult
         self._routes: dict[tuple[int, int, int, bool], tuple[Any, tuple[float, ...]]] = {}
@@ -371,8 +389,9 @@ class ParameterServerScheme(Scheme):
         self._twin_link = dict(mf.twins)
         self.ctx.traffic_scale = real / simulated if simulated else 1.0
 
-    def _grouped_route(self, src: int, dst: int, s: int, w: float,
-                       to_server: bool) -> tuple[Any, tuple[float, ...]]:
+    def _grouped_route(
+        self, src: int, dst: int, s: int, w: float, to_server: bool
+    ) -> tuple[Any, tuple[float, ...]]:
         """Hops and per-hop weights of a grouped message between a simulated worker's
         GPU and server ``s``: ``w`` on the server machine's links (``machines / 2`` on
         the last one into or out of a server not simulated in full, whose links are
@@ -397,7 +416,8 @@ class ParameterServerScheme(Scheme):
                 sh = self._shadows.get(link.index)
                 if sh is None:
                     sh = self._shadows[link.index] = ShadowLink(
-                        link, net.state[self._twin_link[link.index]])
+                        link, net.state[self._twin_link[link.index]]
+                    )
                 hops.append(sh)
                 weights.append(h / 2 if host in (link.src, link.dst) else (h - 1) / 2)
             else:
@@ -406,8 +426,18 @@ class ParameterServerScheme(Scheme):
         hit = self._routes[key] = (tuple(hops), tuple(weights))
         return hit
 
-    def _send(self, src: int, dst: int, nbytes: int, then: Any, k: int, s: int, r: int,
-              to_server: bool, **kw: Any) -> None:
+    def _send(
+        self,
+        src: int,
+        dst: int,
+        nbytes: int,
+        then: Any,
+        k: int,
+        s: int,
+        r: int,
+        to_server: bool,
+        **kw: Any,
+    ) -> None:
         """Send between rank ``r``'s GPU and server ``s`` for shard ``k``: a plain message,
         or a grouped one in the placed mean field."""
         gm = self.group_mult
@@ -466,13 +496,32 @@ class ParameterServerScheme(Scheme):
             for s, nb in self.parts[k][c]:
                 n += 1
                 if self.group_mult is None:
-                    net.send(src, self.server_dev[s], nb, self._push_arrived,
-                             priority=sh.priority, tag=f"push L{layer}", rank_src=r,
-                             iteration=it, payload=(k, s, r, it))
+                    net.send(
+                        src,
+                        self.server_dev[s],
+                        nb,
+                        self._push_arrived,
+                        priority=sh.priority,
+                        tag=f"push L{layer}",
+                        rank_src=r,
+                        iteration=it,
+                        payload=(k, s, r, it),
+                    )
                     continue
-                self._send(src, self.server_dev[s], nb, self._push_arrived, k, s, r, True,
-                           tag=f"push L{layer}", rank_src=r, iteration=it,
-                           payload=(k, s, r, it))
+                self._send(
+                    src,
+                    self.server_dev[s],
+                    nb,
+                    self._push_arrived,
+                    k,
+                    s,
+                    r,
+                    True,
+                    tag=f"push L{layer}",
+                    rank_src=r,
+                    iteration=it,
+                    payload=(k, s, r, it),
+                )
         self.left[(r, it, layer)] = n
 
     def _value_arrived(self, msg: Message) -> None:
@@ -514,12 +563,10 @@ class ParameterServerScheme(Scheme):
         end = start + seconds
         self.server_busy[s] = end
         if self.ctx.config.record_spans:
-            self.ctx.compute_log.append((self.server_name[s], kind, kind, start, end, it, -1,
-                                         -1))
+            self.ctx.compute_log.append((self.server_name[s], kind, kind, start, end, it, -1, -1))
         return end
 
-    def _server_work(self, s: int, seconds: float, kind: str, it: int, then: Any,
-                     arg: Any) -> None:
+    def _server_work(self, s: int, seconds: float, kind: str, it: int, then: Any, arg: Any) -> None:
         env = self.ctx.env
         ev = env.timeout(self._server_time(s, seconds, kind, it) - env.now, arg)
         ev.callbacks.append(then)
@@ -545,9 +592,20 @@ class ParameterServerScheme(Scheme):
 
     def _added(self, ev: Any) -> None:
         k, s, r, it, nb = ev._value
-        self._send(self.server_dev[s], self.ctx.topology.gpus[r], self.control_bytes,
-                   self._acked, k, s, r, False, tag="ack", rank_dst=r, iteration=it,
-                   payload=(k, s, r, it, nb))
+        self._send(
+            self.server_dev[s],
+            self.ctx.topology.gpus[r],
+            self.control_bytes,
+            self._acked,
+            k,
+            s,
+            r,
+            False,
+            tag="ack",
+            rank_dst=r,
+            iteration=it,
+            payload=(k, s, r, it, nb),
+        )
         key = (k, s, it)
         self.added[key] = self.added.get(key, 0) + 1
         if self.added[key] == self.expected[k][s]:
@@ -578,9 +636,20 @@ class ParameterServerScheme(Scheme):
 
     def _acked(self, msg: Message) -> None:
         k, s, r, it, _nb = msg.payload
-        self._send(self.ctx.topology.gpus[r], self.server_dev[s], self.control_bytes,
-                   self._pull_arrived, k, s, r, True, tag="pull request", rank_src=r,
-                   iteration=it, payload=msg.payload)
+        self._send(
+            self.ctx.topology.gpus[r],
+            self.server_dev[s],
+            self.control_bytes,
+            self._pull_arrived,
+            k,
+            s,
+            r,
+            True,
+            tag="pull request",
+            rank_src=r,
+            iteration=it,
+            payload=msg.payload,
+        )
 
     def _pull_arrived(self, msg: Message) -> None:
         k, s, r, it, nb = msg.payload
@@ -591,9 +660,20 @@ class ParameterServerScheme(Scheme):
 
     def _send_value(self, k: int, s: int, r: int, it: int, nbytes: int) -> None:
         sh = self.shards[k]
-        self._send(self.server_dev[s], self.ctx.topology.gpus[r], nbytes, self._value_arrived,
-                   k, s, r, False, tag=f"pull L{sh.layer}", rank_dst=r, iteration=it,
-                   payload=(k, s, r, it))
+        self._send(
+            self.server_dev[s],
+            self.ctx.topology.gpus[r],
+            nbytes,
+            self._value_arrived,
+            k,
+            s,
+            r,
+            False,
+            tag=f"pull L{sh.layer}",
+            rank_dst=r,
+            iteration=it,
+            payload=(k, s, r, it),
+        )
 
     def extra_metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {"servers": self.S, "shards": self.real_shards}

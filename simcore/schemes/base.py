@@ -43,9 +43,19 @@ class SimContext:
             the run needs no randomness.
     """
 
-    def __init__(self, env: Environment, config: SimConfig, options: Any, trace: Trace,
-                 topology: Topology, net: Network, coll: Collectives, gpus: list[Gpu],
-                 compute_log: list[tuple[Any, ...]], rng: Any) -> None:
+    def __init__(
+        self,
+        env: Environment,
+        config: SimConfig,
+        options: Any,
+        trace: Trace,
+        topology: Topology,
+        net: Network,
+        coll: Collectives,
+        gpus: list[Gpu],
+        compute_log: list[tuple[Any, ...]],
+        rng: Any,
+    ) -> None:
         self.env, self.config, self.options, self.trace = env, config, options, trace
         self.topology, self.net, self.coll, self.gpus = topology, net, coll, gpus
         self.compute_log, self.rng = compute_log, rng
@@ -87,8 +97,9 @@ class SimContext:
     def update_s(self, param_bytes: int) -> float:
         """Seconds for an optimizer step over ``param_bytes`` of weights on one GPU
         (memory-bound: weight-sized passes over DRAM, see ``OPTIMIZERS``)."""
-        return (self.update_passes * param_bytes
-                / self.topology.gpu_spec.memory_bandwidth_bytes_per_s)
+        return (
+            self.update_passes * param_bytes / self.topology.gpu_spec.memory_bandwidth_bytes_per_s
+        )
 
 
 class Scheme(ABC):

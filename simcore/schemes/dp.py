@@ -33,23 +33,30 @@ class DPOptions:
     """Options of ``dp``."""
 
     algorithm: str = option("ring", "all-reduce algorithm", choices=ALLREDUCE_ALGORITHMS)
-    bucket_bytes: int = option(25 * 2**20, "gradient bucket size (DDP's bucket_cap_mb)",
-                               unit="bytes", minimum=1)
-    first_bucket_bytes: int = option(2**20, "size of the first (last layers') bucket",
-                                     unit="bytes", minimum=1)
-    overlap: bool = option(True, "start a bucket's all-reduce as soon as its gradients are "
-                                 "ready (false: after the whole backward)")
+    bucket_bytes: int = option(
+        25 * 2**20, "gradient bucket size (DDP's bucket_cap_mb)", unit="bytes", minimum=1
+    )
+    first_bucket_bytes: int = option(
+        2**20, "size of the first (last layers') bucket", unit="bytes", minimum=1
+    )
+    overlap: bool = option(
+        True,
+        "start a bucket's all-reduce as soon as its gradients are "
+        "ready (false: after the whole backward)",
+    )
 
 
 def ddp_buckets(trace: Trace, bucket_bytes: int, first_bucket_bytes: int) -> list[list[int]]:
     """Layer indices per bucket, as DDP assigns them (:func:`ddp_bucket_layout` of the
     trace's layer parameter bytes)."""
-    return ddp_bucket_layout([layer.param_bytes for layer in trace.layers], bucket_bytes,
-                             first_bucket_bytes)
+    return ddp_bucket_layout(
+        [layer.param_bytes for layer in trace.layers], bucket_bytes, first_bucket_bytes
+    )
 
 
-def ddp_bucket_layout(param_bytes: Sequence[int], bucket_bytes: int,
-                      first_bucket_bytes: int) -> list[list[int]]:
+def ddp_bucket_layout(
+    param_bytes: Sequence[int], bucket_bytes: int, first_bucket_bytes: int
+) -> list[list[int]]:
     """Layer indices per bucket, as DDP assigns them: walking the layers with parameters
     (``param_bytes[i] > 0``) from last to first, a bucket is closed once it holds at least
     its cap (the first bucket's cap is ``first_bucket_bytes``). The real runtime hands
@@ -91,8 +98,9 @@ class DataParallel(Scheme):
         # Buckets whose last gradient comes from a layer that does not run (or all, when
         # not overlapping) become ready when backward ends.
         ran = {i for _d, _n, i in self.ops.fwd}
-        self.at_end = [k for k, b in enumerate(self.buckets)
-                       if not opts.overlap or min(b) not in ran]
+        self.at_end = [
+            k for k, b in enumerate(self.buckets) if not opts.overlap or min(b) not in ran
+        ]
         p = ctx.num_ranks
         n_it = ctx.iterations
         nb = len(self.buckets)
@@ -173,5 +181,11 @@ class DataParallel(Scheme):
             else:
                 self._launch(it)
 
-        self.ctx.coll.allreduce(self.ranks, self.bucket_bytes[b], self.options.algorithm, done,
-                                tag=f"bucket{b}", iteration=it)
+        self.ctx.coll.allreduce(
+            self.ranks,
+            self.bucket_bytes[b],
+            self.options.algorithm,
+            done,
+            tag=f"bucket{b}",
+            iteration=it,
+        )

@@ -68,20 +68,33 @@ AVERAGE_PASSES = 3
 class GossipOptions:
     """Options of ``gossip``."""
 
-    schedule: str = option("hypercube", "partner schedule: exchange with rank XOR 2^h, or send "
-                                        "to r-2^h and receive from r+2^h", choices=SCHEDULES)
-    rotation: str = option("singer", "how virtual ranks rotate after each cycle of log2(p) "
-                                     "steps (shift: the reference code's)", choices=ROTATIONS)
-    shuffle: bool = option(True, "send the input batch to the partner during forward "
-                                 "(GossipGraD's asynchronous sample shuffle)")
-    mean_field: str = option("auto", "analytic fidelity: simulate two machines and mirror "
-                                     "them onto the rest where the cluster and the partners "
-                                     "are symmetric (exact); auto: from 4 machines, on: "
-                                     "wherever it applies, off: every worker",
-                             choices=("auto", "on", "off"))
+    schedule: str = option(
+        "hypercube",
+        "partner schedule: exchange with rank XOR 2^h, or send to r-2^h and receive from r+2^h",
+        choices=SCHEDULES,
+    )
+    rotation: str = option(
+        "singer",
+        "how virtual ranks rotate after each cycle of log2(p) steps (shift: the reference code's)",
+        choices=ROTATIONS,
+    )
+    shuffle: bool = option(
+        True,
+        "send the input batch to the partner during forward "
+        "(GossipGraD's asynchronous sample shuffle)",
+    )
+    mean_field: str = option(
+        "auto",
+        "analytic fidelity: simulate two machines and mirror "
+        "them onto the rest where the cluster and the partners "
+        "are symmetric (exact); auto: from 4 machines, on: "
+        "wherever it applies, off: every worker",
+        choices=("auto", "on", "off"),
+    )
 
 
 # ---- partner schedules -----------------------------------------------------------------
+
 
 def is_power_of_two(n: int) -> bool:
     """Whether ``n`` is 1, 2, 4, 8, ..."""
@@ -137,7 +150,8 @@ def primitive_polynomial(bits: int) -> int:
     factors = _prime_factors(order)
     for poly in range((1 << bits) | 1, 1 << (bits + 1), 2):
         if _gf2_xpow(order, poly, bits) == 1 and all(
-                _gf2_xpow(order // q, poly, bits) != 1 for q in factors):
+            _gf2_xpow(order // q, poly, bits) != 1 for q in factors
+        ):
             return poly
     raise ValueError(f"no primitive polynomial of degree {bits}")  # cannot happen
 
@@ -156,8 +170,9 @@ def virtual_ranks(p: int, cycle: int, rotation: str = "singer") -> list[int]:
     return [_gf2_mulmod(r, factor, poly, bits) for r in range(p)]
 
 
-def partners(p: int, step: int, schedule: str = "hypercube",
-             rotation: str = "singer") -> tuple[list[int], list[int]]:
+def partners(
+    p: int, step: int, schedule: str = "hypercube", rotation: str = "singer"
+) -> tuple[list[int], list[int]]:
     """``(send_to, recv_from)``: for every rank, whom it sends to and receives from in
     iteration ``step`` (``p`` a power of two; one worker has no partner: itself)."""
     if not is_power_of_two(p):
@@ -180,12 +195,15 @@ def partners(p: int, step: int, schedule: str = "hypercube",
 
 # ---- the scheme --------------------------------------------------------------------------
 
+
 class Gossip(Scheme):
     """GossipGraD (see module docs)."""
 
     name = "gossip"
-    summary = ("GossipGraD: per-layer gradient exchange with one rotating partner per "
-               "iteration (hypercube or dissemination), asynchronous")
+    summary = (
+        "GossipGraD: per-layer gradient exchange with one rotating partner per "
+        "iteration (hypercube or dissemination), asynchronous"
+    )
     Options = GossipOptions
 
     @classmethod
@@ -193,8 +211,12 @@ class Gossip(Scheme):
         p = topology.num_gpus
         if not is_power_of_two(p):
             lower = 1 << (p.bit_length() - 1)
-            raise ConfigError("gpus", p, f"gossip pairs workers on a hypercube and needs a "
-                                         f"power of two, e.g. {lower} or {2 * lower}")
+            raise ConfigError(
+                "gpus",
+                p,
+                f"gossip pairs workers on a hypercube and needs a "
+                f"power of two, e.g. {lower} or {2 * lower}",
+            )
         if options.mean_field == "on":
             plan = mirror_plan(config, options, topology)
             if isinstance(plan, str):
@@ -208,17 +230,21 @@ class Gossip(Scheme):
         self.mirror = None
         if opts.mean_field != "off":
             plan = mirror_plan(ctx.config, opts, ctx.topology)
-            if not isinstance(plan, str) and (opts.mean_field == "on"
-                                              or plan[1] >= MIRROR_MIN_MACHINES):
+            if not isinstance(plan, str) and (
+                opts.mean_field == "on" or plan[1] >= MIRROR_MIN_MACHINES
+            ):
                 self.mirror = plan
         simulated = p if self.mirror is None else 2 * self.mirror[0]
         self.simulated = simulated
         self.ops = LayerOps(trace)
         self.grads = [i for _d, _n, i in self.ops.fwd if trace.layers[i].param_bytes > 0]
         self.slot = {layer: k for k, layer in enumerate(self.grads)}
-        self.shuffle_bytes = (sum(layer.activation_bytes for layer in trace.layers
-                                  if layer.kind == "input") if opts.shuffle and p > 1 else 0)
-        self.shuffle_slot = len(self.grads)   # the slot of the shuffled batch
+        self.shuffle_bytes = (
+            sum(layer.activation_bytes for layer in trace.layers if layer.kind == "input")
+            if opts.shuffle and p > 1
+            else 0
+        )
+        self.shuffle_slot = len(self.grads)  # the slot of the shuffled batch
         passes = OPTIMIZERS[ctx.config.optimizer][1] + (AVERAGE_PASSES if p > 1 else 0)
         bw = ctx.topology.gpu_spec.memory_bandwidth_bytes_per_s
         self.update_s = {i: passes * trace.layers[i].param_bytes / bw for i in self.grads}
@@ -230,8 +256,7 @@ class Gossip(Scheme):
         # who waits for which slot; when backward ended.
         self.arrival: dict[tuple[int, int], list[float]] = {}
         expected = len(self.grads) if p > 1 else 0
-        self.left = {(r, it): expected for r in range(simulated)
-                     for it in range(ctx.iterations)}
+        self.left = {(r, it): expected for r in range(simulated) for it in range(ctx.iterations)}
         self.waiting: dict[tuple[int, int, int], Event] = {}
         self.bwd_end: dict[tuple[int, int], float] = {}
         pb = trace.param_bytes
@@ -256,8 +281,13 @@ class Gossip(Scheme):
             hit = partners(self.p, it, opts.schedule, opts.rotation)
             if self.mirror is not None:
                 g = self.mirror[0]
-                hit = tuple([q if q // g == r // g else (1 - r // g) * g + q % g
-                             for r, q in enumerate(side[:2 * g])] for side in hit)
+                hit = tuple(
+                    [
+                        q if q // g == r // g else (1 - r // g) * g + q % g
+                        for r, q in enumerate(side[: 2 * g])
+                    ]
+                    for side in hit
+                )
             self._partners[it] = hit
         return hit
 
@@ -314,9 +344,14 @@ class Gossip(Scheme):
         ops = self._updates.setdefault(it, {})
         op = ops.get(layer)
         if op is None:
-            op = ops[layer] = (self.update_s[layer], UPDATE,
-                               f"average+update {self.ctx.trace.layers[layer].name}", it,
-                               layer, -1)
+            op = ops[layer] = (
+                self.update_s[layer],
+                UPDATE,
+                f"average+update {self.ctx.trace.layers[layer].name}",
+                it,
+                layer,
+                -1,
+            )
         return op
 
     def _wait_for(self, r: int, it: int, slot: int, gpu: Gpu) -> Any:
@@ -345,8 +380,17 @@ class Gossip(Scheme):
             msg = self.post(src_dev, dst_dev, nbytes, tag, r, dst, it)
             self._deliver(dst, it, slot, msg.end_s)
         else:
-            ctx.net.send(src_dev, dst_dev, nbytes, self._arrived, tag=tag, rank_src=r,
-                         rank_dst=dst, iteration=it, payload=(dst, it, slot))
+            ctx.net.send(
+                src_dev,
+                dst_dev,
+                nbytes,
+                self._arrived,
+                tag=tag,
+                rank_src=r,
+                rank_dst=dst,
+                iteration=it,
+                payload=(dst, it, slot),
+            )
 
     def _arrived(self, msg: Message) -> None:
         dst, it, slot = msg.payload
@@ -375,18 +419,25 @@ class Gossip(Scheme):
         if bwd is None or self.left[(r, it)] > 0:
             return
         arr = self.arrival.get((r, it))
-        end = max([bwd] + (arr[:self.shuffle_slot] if arr else []))
+        end = max([bwd] + (arr[: self.shuffle_slot] if arr else []))
         ctx = self.ctx
         ctx.iteration_end[it][r] = end
         if it == ctx.iterations - 1 and end > ctx.env.now:
             ctx.env.timeout(end - ctx.env.now)  # let the clock reach the last arrival
 
     def extra_metrics(self) -> dict[str, Any]:
-        per_iteration = (sum(self.ctx.trace.layers[i].param_bytes for i in self.grads)
-                         + self.shuffle_bytes if self.p > 1 else 0)
-        return {"schedule": self.options.schedule, "rotation": self.options.rotation,
-                "exchange_bytes": per_iteration, "mean_field": self.mirror is not None,
-                "simulated_workers": self.simulated}
+        per_iteration = (
+            sum(self.ctx.trace.layers[i].param_bytes for i in self.grads) + self.shuffle_bytes
+            if self.p > 1
+            else 0
+        )
+        return {
+            "schedule": self.options.schedule,
+            "rotation": self.options.rotation,
+            "exchange_bytes": per_iteration,
+            "mean_field": self.mirror is not None,
+            "simulated_workers": self.simulated,
+        }
 
 
 MIRROR_MIN_MACHINES = 4
@@ -407,8 +458,9 @@ def xor_masks(p: int, iterations: int, schedule: str, rotation: str) -> list[int
     return masks
 
 
-def mirror_plan(config: SimConfig, options: Any,
-                topology: Topology) -> tuple[int, int, list[tuple[int, int]]] | str:
+def mirror_plan(
+    config: SimConfig, options: Any, topology: Topology
+) -> tuple[int, int, list[tuple[int, int]]] | str:
     """``(GPUs per machine, machines, twin links)`` if the mean field applies, else why
     not. It is exact where every iteration pairs rank ``r`` with ``r XOR m`` (the
     hypercube with the ``singer`` rotation, a linear map over GF(2), or none), the

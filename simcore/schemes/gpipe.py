@@ -24,8 +24,10 @@ from simcore.schemes._pipeline import MicrobatchOptions, PipelineFeatures, Pipel
 class GPipeOptions(MicrobatchOptions):
     """Options of ``gpipe``."""
 
-    recompute: bool = option(False, "re-materialisation: keep only stage inputs, recompute "
-                                    "the forward before each backward")
+    recompute: bool = option(
+        False,
+        "re-materialisation: keep only stage inputs, recompute the forward before each backward",
+    )
 
 
 class GPipe(PipelineScheme):
@@ -37,6 +39,7 @@ class GPipe(PipelineScheme):
     features = PipelineFeatures(microbatches_per_stage=4)
 
     @classmethod
-    def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,
-                      iterations: int, options: Any) -> Schedule:
+    def make_schedule(
+        cls, stages: tuple[tuple[int, ...], ...], microbatches: int, iterations: int, options: Any
+    ) -> Schedule:
         return gpipe(stages, microbatches, iterations, recompute=options.recompute)

@@ -24,6 +24,7 @@ class ModelParallel(PipelineScheme):
     features = PipelineFeatures(microbatches=1)
 
     @classmethod
-    def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,
-                      iterations: int, options: Any) -> Schedule:
+    def make_schedule(
+        cls, stages: tuple[tuple[int, ...], ...], microbatches: int, iterations: int, options: Any
+    ) -> Schedule:
         return gpipe(stages, 1, iterations, name="mp")

@@ -40,20 +40,29 @@ ROUND_ROBIN = ("global", "per-key")
 class P3Options(ServerOptions):
     """Options of ``p3``."""
 
-    slice_params: int = option(50_000, "parameters per slice (the paper: 50,000; the "
-                                       "reference code: 40,000)", minimum=1)
-    round_robin: str = option("global", "slice placement: one round-robin counter over all "
-                                        "slices (reference code) or restarted per array",
-                              choices=ROUND_ROBIN)
-    mean_field: str = option("auto", "analytic fidelity: simulate two machines whose "
-                                     "servers keep an equal share of every slice and mirror "
-                                     "them onto the rest; auto: from 5 identical machines, "
-                                     "on: wherever the cluster allows, off: every worker "
-                                     "and server", choices=MEAN_FIELD)
+    slice_params: int = option(
+        50_000, "parameters per slice (the paper: 50,000; the reference code: 40,000)", minimum=1
+    )
+    round_robin: str = option(
+        "global",
+        "slice placement: one round-robin counter over all "
+        "slices (reference code) or restarted per array",
+        choices=ROUND_ROBIN,
+    )
+    mean_field: str = option(
+        "auto",
+        "analytic fidelity: simulate two machines whose "
+        "servers keep an equal share of every slice and mirror "
+        "them onto the rest; auto: from 5 identical machines, "
+        "on: wherever the cluster allows, off: every worker "
+        "and server",
+        choices=MEAN_FIELD,
+    )
 
 
-def p3_slices(layer_bytes: list[tuple[int, int]], servers: int, slice_bytes: int,
-              round_robin: str = "global") -> list[Shard]:
+def p3_slices(
+    layer_bytes: list[tuple[int, int]], servers: int, slice_bytes: int, round_robin: str = "global"
+) -> list[Shard]:
     """The slices of ``(layer, param_bytes)`` arrays, given in forward order: each array is
     cut into pieces of ``slice_bytes`` (the last one shorter), dealt to ``servers`` servers
     round-robin (``global`` or ``per-key``, see module docs), with the layer's index as
@@ -75,19 +84,24 @@ class P3(ParameterServerScheme):
     """Priority-based parameter propagation (see module docs)."""
 
     name = "p3"
-    summary = ("parameter servers with sliced, priority-ordered (first layer first) "
-               "fused push-pull (P3)")
+    summary = (
+        "parameter servers with sliced, priority-ordered (first layer first) fused push-pull (P3)"
+    )
     Options = P3Options
     fused = True
     priority_network = True
 
     def make_shards(self, num_servers: int) -> list[Shard]:
         trace = self.ctx.trace
-        layers = [(i, layer.param_bytes) for i, layer in enumerate(trace.layers)
-                  if layer.param_bytes > 0 and layer.kind != "input"]
+        layers = [
+            (i, layer.param_bytes)
+            for i, layer in enumerate(trace.layers)
+            if layer.param_bytes > 0 and layer.kind != "input"
+        ]
         opts: P3Options = self.options
-        return p3_slices(layers, num_servers, opts.slice_params * trace.dtype_bytes,
-                         opts.round_robin)
+        return p3_slices(
+            layers, num_servers, opts.slice_params * trace.dtype_bytes, opts.round_robin
+        )
 
     def extra_metrics(self) -> dict[str, object]:
         out = super().extra_metrics()

@@ -29,10 +29,8 @@ from simcore.schemes._pipeline import MicrobatchOptions, PipelineFeatures, Pipel
 class PipeDreamOptions(MicrobatchOptions):
     """Options of ``pipedream``."""
 
-    stash: bool = option(True, "weight stashing (false: vanilla pipelining with stale "
-                               "weights)")
-    straight: bool = option(False, "one GPU per stage (false: the optimizer may replicate "
-                                   "stages)")
+    stash: bool = option(True, "weight stashing (false: vanilla pipelining with stale weights)")
+    straight: bool = option(False, "one GPU per stage (false: the optimizer may replicate stages)")
 
 
 class PipeDream(PipelineScheme):
@@ -41,10 +39,10 @@ class PipeDream(PipelineScheme):
     name = "pipedream"
     summary = "asynchronous 1F1B pipeline with weight stashing and replicated stages"
     Options = PipeDreamOptions
-    features = PipelineFeatures(straight=False, stash=True, flush=False,
-                                microbatches_per_gpu=1)
+    features = PipelineFeatures(straight=False, stash=True, flush=False, microbatches_per_gpu=1)
 
     @classmethod
-    def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,
-                      iterations: int, options: Any) -> Schedule:
+    def make_schedule(
+        cls, stages: tuple[tuple[int, ...], ...], microbatches: int, iterations: int, options: Any
+    ) -> Schedule:
         return one_f_one_b(stages, microbatches, iterations, stash=options.stash)

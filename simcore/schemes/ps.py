@@ -20,18 +20,25 @@ from simcore.schemes._psbase import MEAN_FIELD, ParameterServerScheme, ServerOpt
 class PSOptions(ServerOptions):
     """Options of ``ps``."""
 
-    big_array_bytes: int = option(4_000_000, "arrays at least this big are split over all "
-                                             "servers (MXNet: 1e6 elements)", unit="bytes",
-                                  minimum=1)
-    mean_field: str = option("auto", "analytic fidelity: simulate two machines and mirror "
-                                     "them onto the rest, every server keeping its real "
-                                     "shards; auto: from 5 identical machines, on: wherever "
-                                     "the cluster allows, off: every worker and server",
-                             choices=MEAN_FIELD)
+    big_array_bytes: int = option(
+        4_000_000,
+        "arrays at least this big are split over all servers (MXNet: 1e6 elements)",
+        unit="bytes",
+        minimum=1,
+    )
+    mean_field: str = option(
+        "auto",
+        "analytic fidelity: simulate two machines and mirror "
+        "them onto the rest, every server keeping its real "
+        "shards; auto: from 5 identical machines, on: wherever "
+        "the cluster allows, off: every worker and server",
+        choices=MEAN_FIELD,
+    )
 
 
-def mxnet_shards(layer_bytes: list[tuple[int, int]], servers: int,
-                 big_array_bytes: int, element_bytes: int = 4) -> list[Shard]:
+def mxnet_shards(
+    layer_bytes: list[tuple[int, int]], servers: int, big_array_bytes: int, element_bytes: int = 4
+) -> list[Shard]:
     """Shards of ``(layer, param_bytes)`` arrays under MXNet's placement rule; a split array
     is cut into whole elements of ``element_bytes`` (the first servers get one more
     element when they do not divide evenly)."""
@@ -39,7 +46,7 @@ def mxnet_shards(layer_bytes: list[tuple[int, int]], servers: int,
     for key, (layer, nbytes) in enumerate(layer_bytes):
         if nbytes >= big_array_bytes and servers > 1:
             q, rem = divmod(nbytes // element_bytes, servers)
-            odd = nbytes % element_bytes   # bytes that make no whole element stay on server 0
+            odd = nbytes % element_bytes  # bytes that make no whole element stay on server 0
             for s in range(servers):
                 size = (q + (1 if s < rem else 0)) * element_bytes + (odd if s == 0 else 0)
                 shards.append(Shard(layer, s, size))
@@ -58,7 +65,11 @@ class ParameterServer(ParameterServerScheme):
     keeps_placement = True
 
     def make_shards(self, num_servers: int) -> list[Shard]:
-        layers = [(i, layer.param_bytes) for i, layer in enumerate(self.ctx.trace.layers)
-                  if layer.param_bytes > 0 and layer.kind != "input"]
-        return mxnet_shards(layers, num_servers, self.options.big_array_bytes,
-                            self.ctx.trace.dtype_bytes)
+        layers = [
+            (i, layer.param_bytes)
+            for i, layer in enumerate(self.ctx.trace.layers)
+            if layer.param_bytes > 0 and layer.kind != "input"
+        ]
+        return mxnet_shards(
+            layers, num_servers, self.options.big_array_bytes, self.ctx.trace.dtype_bytes
+        )

@@ -28,7 +28,9 @@ class SpecTrain(PipelineScheme):
     features = PipelineFeatures(predict=True, flush=False, microbatches_per_gpu=1)
 
     @classmethod
-    def make_schedule(cls, stages: tuple[tuple[int, ...], ...], microbatches: int,
-                      iterations: int, options: Any) -> Schedule:
-        return one_f_one_b(stages, microbatches, iterations, stash=False, predict=True,
-                           name="spectrain")
+    def make_schedule(
+        cls, stages: tuple[tuple[int, ...], ...], microbatches: int, iterations: int, options: Any
+    ) -> Schedule:
+        return one_f_one_b(
+            stages, microbatches, iterations, stash=False, predict=True, name="spectrain"
+        )
