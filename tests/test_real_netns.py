@@ -126,7 +126,7 @@ def test_sim_real_netns_end_to_end(prefix: str) -> None:
 
 
 @needs_netns
-def test_sigterm_mid_run_leaves_nothing(prefix: str) -> None:
+def test_sigterm_mid_run_leaves_nothing(prefix: str, tmp_path: Path) -> None:
     env = dict(os.environ, DTSIM_NETNS_PREFIX=prefix)
     proc = subprocess.Popen(
         [
@@ -144,6 +144,8 @@ def test_sigterm_mid_run_leaves_nothing(prefix: str) -> None:
             "100Mbps",
             "--iterations",
             "100000",
+            "--keep",
+            str(tmp_path / "run"),
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -160,7 +162,7 @@ def test_sigterm_mid_run_leaves_nothing(prefix: str) -> None:
     assert proc.returncode != 0
     assert list_ours(prefix) == []
     assert "Traceback" not in err
-    left = subprocess.run(["pgrep", "-f", "realrun --job"], capture_output=True, text=True)
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert left.stdout.strip() == "", "rank processes outlived sim real"
 
 
