@@ -27,6 +27,7 @@ demo: $(SIM_STAMP)
 
 test: $(TEST_STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
 
 bench: $(SIM_STAMP)

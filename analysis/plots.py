@@ -385,7 +385,11 @@ def read_chrome_trace(path: str) -> dict[str, Any]:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except (OSError, ValueError) as exc:
-        raise ConfigError("TRACE", path, f"is not a JSON Chrome trace ({exc})") from None
+        from traces.errors import unreadable
+
+        raise ConfigError(
+            "TRACE", path, f"is not a JSON Chrome trace ({' '.join(unreadable(exc).split())[:200]})"
+        ) from None
     if isinstance(data, list):
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
@@ -520,8 +524,11 @@ def plot_results(
     if kind == "gantt":
         return gantt_plot(read_chrome_trace(path), where=where, title=title)
     if path.lower().endswith(".json"):
-        with open(path, encoding="utf-8") as fh:
-            head = fh.read(4096)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                head = fh.read(4096)
+        except OSError:
+            head = ""
         if '"traceEvents"' in head:
             raise ConfigError("kind", kind, f"{path} is a Chrome trace: plot it with --kind gantt")
     df = read_table(path)

@@ -317,8 +317,8 @@ def run_partitioner(model: str, gpus: int) -> dict[str, Any]:
     """Partition ``model`` over ``gpus`` GPUs with the antichain partitioner
     (:func:`simcore.partition.partition`, replicated stages allowed, 10 Gbps) and summarise
     the balance: stages, replicas, bottleneck, max/mean stage compute, its run time."""
+    from analysis.resolve import resolve_trace
     from simcore.partition import partition
-    from simcore.resolve import resolve_trace
 
     result = partition(resolve_trace(model), gpus, PARTITION_BANDWIDTH_BYTES_PER_S)
     compute = [s.compute_s for s in result.stages]

@@ -115,6 +115,8 @@ class SweepSummary:
     out: str
     wall_s: float
     errors: tuple[tuple[Mapping[str, Any], str], ...] = ()
+    failed_before: int = 0
+    """Points of the plan that had failed in an earlier run and were not run again."""
 
 
 # ---- planning ---------------------------------------------------------------------------
@@ -143,7 +145,7 @@ def _normalise(key: str) -> str:
 
 def _check_named(name: str, value: Any) -> None:
     """Check a value that names a model or a topology preset (the spec checks the rest)."""
-    from simcore.resolve import load_preset, resolve_trace
+    from analysis.resolve import load_preset, resolve_trace
 
     if name == "model":
         resolve_trace(value)
@@ -269,14 +271,20 @@ def run_point(pid: str, values: Mapping[str, Any], spec: Mapping[str, Any]) -> d
     """Simulate one point in this process and return its row (see module docs). Never
     raises for a failing simulation: the row then has ``status`` ``error`` and the
     error in one line."""
+    from analysis.resolve import build_config
     from simcore.engine import simulate
-    from simcore.resolve import build_config
 
     row: dict[str, Any] = {"point_id": pid, "status": "ok"}
     run_spec = None
     try:
+        from simcore.guard import machine_memory, work_refusal
+
         run_spec = apply_settings(RunSpec(), spec)
-        result = simulate(build_config(run_spec, record_spans=False))
+        config = build_config(run_spec, record_spans=False)
+        too_big = work_refusal(config, machine_memory())
+        if too_big:  # a point too big for this machine fails at once
+            raise ValueError(too_big)
+        result = simulate(config)
         row.update(flatten_result(result.to_dict()))
         error = ""
     except Exception as exc:
@@ -468,6 +476,14 @@ def run_sweep(
                 bar.close()
             store.save()
         rows = len(store.rows)
+        again = {p.point_id for p in todo}
+        before = sum(
+            1
+            for p in plan.points
+            if p.point_id not in again
+            and p.point_id in done
+            and done[p.point_id].get("status") != "ok"
+        )
     return SweepSummary(
         points=len(plan.points),
         skipped=len(plan.points) - len(todo),
@@ -477,6 +493,7 @@ def run_sweep(
         out=out,
         wall_s=time.perf_counter() - t0,
         errors=tuple(failed),
+        failed_before=before,
     )
 
 

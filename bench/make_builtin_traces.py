@@ -118,7 +118,7 @@ def _table_device(name: str) -> str:
     the simulator can rescale the trace to other GPUs; else the name itself."""
     import yaml
 
-    with open(os.path.join(ROOT, "dtsim", "presets", "gpus.yaml"), encoding="utf-8") as fh:
+    with open(os.path.join(ROOT, "simcore", "presets", "gpus.yaml"), encoding="utf-8") as fh:
         keys = yaml.safe_load(fh)
     return next((k for k in keys if k in name), name)
 

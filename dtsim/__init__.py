@@ -2,7 +2,7 @@
 
 This package is the edge of the tool: :mod:`dtsim.cli`, the ``sim`` command. Nothing
 imports it. What a person asks for (:mod:`simcore.spec`) and how names become simulator
-objects (:mod:`simcore.resolve`) live below it, re-exported as :mod:`dtsim.spec` and
+objects (:mod:`analysis.resolve`) live below it, re-exported as :mod:`dtsim.spec` and
 :mod:`dtsim.resolve`. The simulator itself is :mod:`simcore`; traces are :mod:`traces`;
 see docs/architecture.md.
 """

@@ -1,7 +1,8 @@
-"""Re-exports :mod:`simcore.resolve`, where names of models and presets are resolved (the
-sweeps and the real runs need it too, and they may not import the command line)."""
+"""Re-exports :mod:`analysis.resolve`, where names of models and presets become simulator
+objects (the sweeps need it too, and they may not import the command line; the simulator
+core reads no files, so it lives above it)."""
 
-from simcore.resolve import (
+from analysis.resolve import (
     build_config,
     device_scale,
     gpu_peak_flops,

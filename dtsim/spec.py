@@ -1,6 +1,7 @@
 """Re-exports :mod:`simcore.spec`, where the run settings are declared (the sweeps and the
 real runs need them too, and they may not import the command line)."""
 
+from analysis.resolve import load_config_file
 from simcore.spec import (
     DEFAULT_GPUS,
     DEFAULT_TOPOLOGY,
@@ -9,7 +10,6 @@ from simcore.spec import (
     RunSpec,
     apply_settings,
     flag_fields,
-    load_config_file,
     parse_set,
 )
 

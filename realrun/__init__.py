@@ -1,6 +1,15 @@
-"""Real runs with torch: the model zoo, the layer profiler and trace recording.
+"""Real runs with torch: the model zoo, the layer profiler, trace recording, and the real
+runtimes of the training schemes.
+
+* :mod:`realrun.zoo`, :mod:`realrun.graph`, :mod:`realrun.profiler`, :mod:`realrun.kineto`:
+  models, their layer graphs, and traces measured from them;
+* :mod:`realrun.job`, :mod:`realrun.spec`: what a real run does (no torch);
+* :mod:`realrun.launch`: starts one process per rank, watches them, names a rank that dies
+  or hangs (no torch); :mod:`realrun.netns`: the emulated cluster (no torch);
+* :mod:`realrun.worker` (``python -m realrun``), :mod:`realrun.runtime` and
+  :mod:`realrun.schemes`: one rank's work;
+* :mod:`realrun.metrics`: the measured result from the ranks' records (no torch).
 
 Importing this package does not import torch; the modules that need it import it
-themselves (``realrun.profiler``, ``realrun.graph``, ``realrun.kineto``, the zoo's model
-modules), so the command line can list models and parse flags without loading torch.
+themselves, so the command line can list models and parse flags without loading torch.
 """

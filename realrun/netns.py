@@ -16,10 +16,10 @@ therefore limited to the rate independently, like a full-duplex NIC on a non-blo
 
 What the rate means: tbf counts Ethernet frames (IP packet plus the 14-byte Ethernet header),
 so TCP goodput is below the configured rate; with full-size segments it is about 1448/1514
-(~95.6 %) of it, less when tbf's bursts cause losses (see ``/work/shared/design/REALRUN.md``,
-"Shaping a link"). Measure a shaped link with :func:`measure_goodput` before trusting its
-rate. ``netem`` is not available on the target kernel, so no delay is added: the round trip
-is tens of microseconds plus queueing.
+(~95.6 %) of it, less when tbf's bursts cause losses (docs/emulated_cluster.md). Measure
+a shaped link with :func:`measure_goodput` before trusting its rate. ``netem`` is not
+available on the target kernel, so no delay is added: the round trip is tens of
+microseconds plus queueing.
 
 Names: everything carries the caller's prefix (default ``dtsim``) and the creating process's
 pid and start time, e.g. ``dtsim-4242-1234567-a1b2-h0`` (host 0) and ``...-sw`` (switch), so

@@ -172,7 +172,7 @@ class SimConfig(RunSettings):
         options: the scheme's options dataclass instance; ``None`` means its defaults.
         compute_scale: throughput of the target GPU relative to the trace's device
             (2.0 halves every compute time); a person's spec may leave it to
-            :func:`simcore.resolve.build_config`, which derives it from peak FLOP/s.
+            :func:`analysis.resolve.build_config`, which derives it from peak FLOP/s.
         record_spans: keep span records (needed for Chrome traces; metrics do not need
             them).
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from simpy import Environment
+from simpy.core import EmptySchedule
 
 from simcore import metrics
 from simcore.clock import scheduled_events
@@ -37,10 +39,12 @@ def resolve_topology(config: SimConfig, dedicated_servers: int) -> Topology:
     return build_topology(topo)
 
 
-def simulate(config: SimConfig) -> RunResult:
+def simulate(config: SimConfig, progress: Callable[[float], None] | None = None) -> RunResult:
     """Run one simulation and compute its metrics.
 
     Deterministic: the same config (seed included) gives the same result, bit for bit.
+    ``progress``, if given, is called now and then with the share of iterations done
+    (0 to 1): the hook a caller draws a progress bar with.
     Raises ``ConfigError`` for configurations the scheme rejects and
     :class:`SimulationError` if the scheme stalls.
     """
@@ -82,7 +86,9 @@ def simulate(config: SimConfig) -> RunResult:
     ctx = SimContext(env, config, options, trace, topology, net, coll, gpus, compute_log, rng)
     scheme = cls(ctx)
     scheme.start()
-    _run_without_gc(env)
+    _run_without_gc(
+        env, None if progress is None else lambda: progress(_share_done(ctx.iteration_end))
+    )
     events = scheduled_events(env)
     scheme.finish()
 
@@ -96,14 +102,35 @@ def simulate(config: SimConfig) -> RunResult:
     return _result(config, cls.name, scheme, ctx, topology, trace, events, wall0)
 
 
-def _run_without_gc(env: Environment) -> None:
+PROGRESS_EVERY = 50_000
+"""Scheduler events between two progress reports."""
+
+
+def _share_done(iteration_end: list[list[float]]) -> float:
+    """Share of iterations that the first and the last rank have finished."""
+    done = sum(1 for row in iteration_end if row[0] >= 0 and row[-1] >= 0)
+    return done / len(iteration_end) if iteration_end else 1.0
+
+
+def _run_without_gc(env: Environment, report: Callable[[], None] | None = None) -> None:
     """Run to the end with Python's cyclic garbage collector paused: a large simulation
     keeps millions of records alive, and every full collection would walk them all (the
-    run makes almost no reference cycles; reference counting frees the rest)."""
+    run makes almost no reference cycles; reference counting frees the rest). With
+    ``report``, call it every :data:`PROGRESS_EVERY` events."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        env.run()
+        if report is None:
+            env.run()
+        else:
+            step = env.step
+            try:
+                while True:
+                    for _ in range(PROGRESS_EVERY):
+                        step()
+                    report()
+            except EmptySchedule:
+                report()
     finally:
         if enabled:
             gc.enable()

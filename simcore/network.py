@@ -74,6 +74,20 @@ class LinkState:
         self.seq = 0
 
 
+class ShadowLink(LinkState):
+    """A private copy of a link direction for a mean-field model: traffic of one
+    represented device (a server not simulated in full) queues on it without delaying the
+    link's own traffic, and it waits for what its *twin* (the same link of the machine
+    that is simulated in full and mirrored onto this one) has reserved: the background
+    traffic the represented machine shares with its twin."""
+
+    __slots__ = ("twin",)
+
+    def __init__(self, link: Link, twin: LinkState) -> None:
+        super().__init__(link)
+        self.twin = twin
+
+
 class Message:
     """A transfer of ``nbytes`` from device ``src`` to device ``dst``.
 
@@ -485,6 +499,85 @@ class AnalyticNetwork(Network):
         now = self.env.now
         ev = Timeout(self.env, self._reserve(msg, now) - now, msg)
         ev.callbacks.append(self._arrive)
+
+    # ---- grouped messages (mean-field models) ------------------------------------------
+    def send_grouped(
+        self,
+        src: int,
+        dst: int,
+        nbytes: int,
+        hops: tuple[LinkState, ...],
+        weights: tuple[float, ...],
+        on_arrival: Callable[[Message], None],
+        tag: str = "",
+        rank_src: int = -1,
+        rank_dst: int = -1,
+        iteration: int = -1,
+        payload: Any = None,
+    ) -> Message:
+        """Send a *group* of identical messages sent at once: ``weights[i]`` of them cross
+        hop ``i`` (of ``hops``, which may include :class:`ShadowLink` copies of links), so
+        hop ``i`` carries ``nbytes * weights[i]`` bytes. ``on_arrival`` runs when the last
+        of the group has arrived (the group is served back to back in FIFO order, as
+        identical messages sent at the same moment would be). A model that simulates one
+        representative of many identical flows uses it."""
+        msg = Message(
+            self._next_id,
+            src,
+            dst,
+            nbytes,
+            hops,
+            on_arrival,
+            0.0,
+            tag,
+            rank_src,
+            rank_dst,
+            iteration,
+            (payload, weights),
+        )
+        self._next_id += 1
+        self._record(msg)
+        now = self.env.now
+        end = self._reserve_grouped(msg, now, weights) if hops and nbytes > 0 else now
+        if not hops or nbytes <= 0:
+            msg.start_s = now
+        ev = Timeout(self.env, end - now, msg)
+        ev.callbacks.append(self._arrive_grouped)
+        return msg
+
+    def _reserve_grouped(self, msg: Message, start: float, weights: tuple[float, ...]) -> float:
+        """:meth:`_reserve` with ``weights[i]`` messages on hop ``i``; a shadow link also
+        waits for what its twin has reserved (its background traffic)."""
+        nbytes = msg.nbytes
+        head = start
+        tail = 0.0
+        first = True
+        for st, w in zip(msg.hops, weights, strict=True):
+            free = st.free_at
+            if type(st) is ShadowLink and st.twin.free_at > free:
+                free = st.twin.free_at
+            if free > head:
+                head = free
+            if first:
+                msg.start_s = head
+                first = False
+            nb = nbytes * w
+            leave = head + nb * st.service
+            if leave < tail:
+                leave = tail
+            st.free_at = leave
+            st.sent_bytes += round(nb)
+            head += st.latency
+            tail = leave + st.latency
+        return tail
+
+    def _arrive_grouped(self, ev: Any) -> None:
+        msg: Message = ev.value
+        payload, weights = msg.payload
+        msg.payload = payload
+        for st, w in zip(msg.hops, weights, strict=True):
+            st.recv_bytes += round(msg.nbytes * w)
+        self._complete(msg)
 
     def _arrive(self, ev: Any) -> None:
         msg: Message = ev.value

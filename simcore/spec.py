@@ -7,7 +7,7 @@ declaration of the run settings: its fields (with those it shares with
 ``sim run`` flags and their help, the keys of ``--config`` files and ``--set``, the axes of
 sweeps and the settings of the real runs. Values are converted to their types once, when a
 spec is made (:func:`simcore.settings.convert`), whatever they were typed in.
-:func:`simcore.resolve.build_config` turns a spec into the simulator's
+:func:`analysis.resolve.build_config` turns a spec into the simulator's
 :class:`~simcore.config.SimConfig`, reading traces and presets.
 
 Values come from, in increasing precedence: the defaults here, a config file
@@ -23,8 +23,6 @@ it a ``sim run`` flag. A setting only the real runs read belongs to a subclass o
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -168,27 +166,3 @@ def parse_set(
             raise ConfigError(flag, item, f"expected KEY=VALUE, e.g. --{flag} {example}")
         out[key.strip()] = value.strip()
     return out
-
-
-def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a YAML or JSON config file into a mapping of settings (``ConfigError`` if it
-    cannot be read or is not a mapping)."""
-    p = os.fspath(path)
-    try:
-        with open(p, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise ConfigError("config", p, f"cannot be read ({exc.strerror or exc})") from None
-    try:
-        if p.endswith(".json"):
-            data = json.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text)
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError("config", p, f"is not valid YAML/JSON ({first})") from None
-    if not isinstance(data, Mapping):
-        raise ConfigError("config", p, "must contain a mapping of settings (key: value)")
-    return dict(data)

@@ -358,6 +358,20 @@ class TopologySpec:
 
 
 def build_topology(spec: TopologySpec) -> Topology:
+    """Build a cluster from a preset (see :func:`_build_topology`); anything malformed in
+    it is a :class:`TopologyError` naming the preset."""
+    try:
+        return _build_topology(spec)
+    except TopologyError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        name = spec.preset.get("name", "custom") if isinstance(spec.preset, Mapping) else "?"
+        raise TopologyError(
+            f"preset {str(name)!r} is malformed: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _build_topology(spec: TopologySpec) -> Topology:
     """Build a cluster from a preset.
 
     A preset is a mapping with keys ``name``, ``summary``, ``gpu`` (model, memory,
@@ -379,11 +393,11 @@ def build_topology(spec: TopologySpec) -> Topology:
         gpu = _gpu_spec(p.get("gpu", {}))
         box = p["box"]
         per_box = int(box["gpus"])
-        net = p.get("network", {})
+        net = p.get("network") or {}
         net_kind = str(net.get("kind", "ib"))
         net_bw = spec.bandwidth_bytes_per_s or parse_rate(net.get("bandwidth", "100Gbps"))
         net_lat = parse_time(net.get("latency", "1us"))
-        nic_link = net.get("nic_link", {"kind": "pcie", "bandwidth": "12GB/s", "latency": "1us"})
+        nic_link = net.get("nic_link") or {"kind": "pcie", "bandwidth": "12GB/s", "latency": "1us"}
         nic_kind = str(nic_link.get("kind", "pcie"))
         nic_bw = parse_rate(nic_link.get("bandwidth", "12GB/s"))
         nic_lat = parse_time(nic_link.get("latency", "1us"))
@@ -392,7 +406,8 @@ def build_topology(spec: TopologySpec) -> Topology:
         host_name = str(box.get("host", ""))
         nic_attach = str(box.get("nic_attach", host_name))
         ring_local = list(box.get("ring_order", range(per_box)))
-    except (KeyError, TypeError, ValueError, UnitError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, UnitError) as exc:
+        # AttributeError: a section that is not a mapping (``network: 3``).
         raise TopologyError(f"preset {name!r} is malformed: {exc}") from None
     if per_box < 1:
         raise TopologyError(f"preset {name!r}: box.gpus must be at least 1")

@@ -35,7 +35,7 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(Ki|Mi|Gi|Ti|k|
 _TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ns|us|µs|ms|s|)\s*$")
 _TIME_SCALE = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.0}
 
-RATE_EXAMPLES = "a rate such as 10Gbps, 100Gb/s, 25GB/s or 12.5e9 (bytes/s)"
+RATE_EXAMPLES = "a rate with its unit, such as 10Gbps, 100Gb/s, 25GB/s or 12.5e9B/s"
 SIZE_EXAMPLES = "a size such as 25MiB, 4096 or 1.5GB"
 TIME_EXAMPLES = "a duration such as 2us, 0.5ms or 1e-6 (seconds)"
 
@@ -61,8 +61,10 @@ class UnitError(ValueError):
 
 
 def parse_rate(value: str | float | int) -> float:
-    """Bytes per second from ``10Gbps``, ``100Gb/s``, ``25GB/s`` or a plain number of
-    bytes per second. Raises :class:`UnitError` for anything else or a non-positive rate."""
+    """Bytes per second from ``10Gbps``, ``100Gb/s``, ``25GB/s``, ``12.5e9B/s`` or a
+    number (``int``/``float``) of bytes per second. A string must carry its unit (a bare
+    ``"10"`` is refused, saying how to write it). Raises :class:`UnitError` for anything
+    else or a non-positive rate."""
     if isinstance(value, bool):
         raise UnitError(f"{value!r} is not {RATE_EXAMPLES}", RATE_EXAMPLES)
     if isinstance(value, int | float):
@@ -76,9 +78,18 @@ def parse_rate(value: str | float | int) -> float:
                 rate /= 8.0
         else:
             try:
-                rate = float(value)
+                bare = float(value)
             except ValueError:
                 raise UnitError(f"{value!r} is not {RATE_EXAMPLES}", RATE_EXAMPLES) from None
+            # A bare number is ambiguous (bits or bytes? giga?): ``--bandwidth 10`` would be
+            # 10 bytes/s. Say how to write what was probably meant.
+            num = value.strip()
+            hint = (
+                f"a rate with its unit: {num!r} alone is not one; write {num}Gbps "
+                f"(gigabits/s), {num}GB/s (gigabytes/s) or {num}B/s (bytes/s, "
+                f"{format_rate(bare) if bare > 0 else 'not positive'})"
+            )
+            raise UnitError(f"{value!r} has no unit", hint)
     if not rate > 0 or rate == float("inf"):
         raise UnitError(
             f"bandwidth must be positive and finite, got {value!r}", "a positive, finite rate"

@@ -56,3 +56,14 @@ def closed_form_ring_allreduce(p: int, n: float, alpha: float, bandwidth: float)
 def closed_form_tree_allreduce(p: int, n: float, alpha: float, bandwidth: float) -> float:
     """``2·ceil(log2 p)·(alpha + n/B)``, seconds."""
     return 2 * math.ceil(math.log2(p)) * (alpha + n / bandwidth) if p > 1 else 0.0
+
+
+def netns_unavailable_reason() -> str | None:
+    """Why network namespaces cannot be used here (``None`` when they can)."""
+    from realrun.netns import NetnsUnavailable, check_available
+
+    try:
+        check_available()
+    except NetnsUnavailable as err:
+        return str(err)
+    return None

@@ -111,6 +111,7 @@ def test_bytes_each_gpu_sends_per_iteration_do_not_grow_with_p(fidelity):
     trace = small_trace()
     per_gpu = {}
     for p in (2, 4, 8, 16, 32):
+        # Every worker's messages (the mean field would simulate two machines' only).
         r = simulate(
             SimConfig(
                 trace=trace,
@@ -119,6 +120,7 @@ def test_bytes_each_gpu_sends_per_iteration_do_not_grow_with_p(fidelity):
                 fidelity=fidelity,
                 iterations=3,
                 warmup_iterations=1,
+                options=GossipOptions(mean_field="off"),
             )
         )
         sent = defaultdict(int)

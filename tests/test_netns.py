@@ -35,20 +35,13 @@ from realrun.netns import (
     shape_for_rate,
     terminate_as_interrupt,
 )
+from tests.helpers import netns_unavailable_reason
 
 REPO = Path(__file__).resolve().parent.parent
 MBIT = 1e6 / 8  # bytes/s in one Mbit/s
 
 
-def _unavailable_reason() -> str | None:
-    try:
-        check_available()
-    except NetnsUnavailable as err:
-        return str(err)
-    return None
-
-
-_REASON = _unavailable_reason()
+_REASON = netns_unavailable_reason()
 needs_netns = pytest.mark.skipif(
     _REASON is not None, reason=f"network namespaces unavailable: {_REASON}"
 )

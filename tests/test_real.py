@@ -441,3 +441,61 @@ def test_real_settings_are_flags_config_keys_and_set_keys(
     by_file, _ = resolve(["--config", str(conf)], RealSpec)
     by_set, _ = resolve(["--set", f"{key}={value}"], RealSpec)
     assert getattr(by_flag, key) == getattr(by_file, key) == getattr(by_set, key) == typed
+
+
+def test_the_worker_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
+    """--write-job, torchrun -m realrun, --from-records: the multi-node path, on loopback."""
+    job = tmp_path / "job.json"
+    bin_dir = Path(sys.executable).parent
+    out = subprocess.run(
+        [
+            *SIM,
+            "real",
+            "--gpus",
+            "2",
+            "--scheme",
+            "ps",
+            "--model",
+            "mlp_small",
+            "--iterations",
+            "2",
+            "--write-job",
+            str(job),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    from realrun.launch import free_port
+
+    run = subprocess.run(
+        [
+            str(bin_dir / "torchrun"),
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "4",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{free_port()}",
+            "-m",
+            "realrun",
+            "--job",
+            str(job),
+            "--out",
+            str(tmp_path / "results"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = subprocess.run(
+        [*SIM, "real", "--from-records", str(tmp_path / "results" / "records.json"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert summary.returncode == 0, summary.stderr
+    result = json.loads(summary.stdout)
+    assert result["gpus"] == 2 and result["servers"] == 2 and result["iteration_time_s"] > 0

@@ -17,12 +17,14 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import netns_unavailable_reason
+
 pytest.importorskip("torch", reason="real runs need torch (make test installs it)")
 
 from realrun import netns
 from realrun.job import Job
 from realrun.launch import Placement, launch
-from realrun.netns import EmulatedCluster, NetnsUnavailable, check_available, list_ours
+from realrun.netns import EmulatedCluster, list_ours
 
 pytestmark = pytest.mark.real
 
@@ -30,15 +32,7 @@ SIM = str(Path(sys.executable).parent / "sim")
 MBIT = 1e6 / 8
 
 
-def _reason() -> str | None:
-    try:
-        check_available()
-    except NetnsUnavailable as err:
-        return str(err)
-    return None
-
-
-_REASON = _reason()
+_REASON = netns_unavailable_reason()
 needs_netns = pytest.mark.skipif(
     _REASON is not None, reason=f"network namespaces unavailable: {_REASON}"
 )
@@ -132,7 +126,7 @@ def test_sim_real_netns_end_to_end(prefix: str) -> None:
 
 
 @needs_netns
-def test_sigterm_mid_run_leaves_nothing(prefix: str) -> None:
+def test_sigterm_mid_run_leaves_nothing(prefix: str, tmp_path: Path) -> None:
     env = dict(os.environ, DTSIM_NETNS_PREFIX=prefix)
     proc = subprocess.Popen(
         [
@@ -150,6 +144,8 @@ def test_sigterm_mid_run_leaves_nothing(prefix: str) -> None:
             "100Mbps",
             "--iterations",
             "100000",
+            "--keep",
+            str(tmp_path / "run"),
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -166,7 +162,7 @@ def test_sigterm_mid_run_leaves_nothing(prefix: str) -> None:
     assert proc.returncode != 0
     assert list_ours(prefix) == []
     assert "Traceback" not in err
-    left = subprocess.run(["pgrep", "-f", "realrun --job"], capture_output=True, text=True)
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert left.stdout.strip() == "", "rank processes outlived sim real"
 
 

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
+from analysis.resolve import build_config
 from simcore.engine import simulate
-from simcore.resolve import build_config
 from simcore.result import CONTRACT_KEYS, RunResult
 from simcore.spec import RunSpec
 

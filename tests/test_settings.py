@@ -11,9 +11,9 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from analysis.resolve import build_config
 from dtsim.cli.options import run_options, spec_from_params
 from simcore.config import SHARED, RunSettings, SimConfig
-from simcore.resolve import build_config
 from simcore.settings import ConfigError, setting
 from simcore.spec import FIELDS, FLAG_FIELDS, RunSpec, apply_settings
 

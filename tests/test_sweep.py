@@ -241,7 +241,9 @@ def test_a_failing_point_is_recorded_and_the_rest_complete(tmp_path, capsys):
         str(out),
     ]
     code, text, err = run_main(capsys, *args)
-    assert code == 0, err
+    # The sweep goes on past failed points but exits 1, saying how many failed.
+    assert code == 1, err
+    assert "2 of 4 points failed" in err
     assert "4 computed (2 failed)" in text
     assert f"failed: scheme=ps gpus=2 model=resnet18 topology={preset} " in text
     assert "has no host CPUs" in text
@@ -253,10 +255,11 @@ def test_a_failing_point_is_recorded_and_the_rest_complete(tmp_path, capsys):
     done = df[df["status"] == "ok"]
     assert sorted(done["gpus"]) == [2, 4] and (done["throughput_samples_s"] > 0).all()
     # a rerun does not repeat the failures; --retry-failed does
-    code, text, _ = run_main(capsys, *args)
+    code, text, err = run_main(capsys, *args)
     assert "0 computed, 4 already there" in text
+    assert code == 1 and "2 from an earlier run" in err
     code, text, _ = run_main(capsys, *args, "--retry-failed")
-    assert "2 computed (2 failed), 2 already there" in text
+    assert "2 computed (2 failed), 2 already there" in text and code == 1
 
 
 # ---- resuming --------------------------------------------------------------------------

@@ -3,6 +3,19 @@
 from __future__ import annotations
 
 
+def unreadable(exc: BaseException) -> str:
+    """Why a file could not be read, in a few words: the OS error, or for undecodable
+    bytes which byte and where (the file is binary, or not UTF-8 text)."""
+    if isinstance(exc, UnicodeDecodeError):
+        bad = exc.object[exc.start : exc.start + 1]
+        return (
+            f"not UTF-8 text (byte 0x{bad.hex() or '??'} at offset {exc.start}); give a text file"
+        )
+    if isinstance(exc, OSError):
+        return f"cannot read file: {exc.strerror or exc}"
+    return str(exc)
+
+
 class TraceError(ValueError):
     """Base class: a trace could not be found, read or understood."""
 

@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 from traces.atomic import write_text
-from traces.errors import TraceFormatError
+from traces.errors import TraceFormatError, unreadable
 from traces.model import LAYER_KINDS, Layer, Trace, TraceMeta
 from traces.toposort import sort_layers
 
@@ -86,8 +86,8 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     try:
         with open(src, encoding="utf-8") as fh:
             text = fh.read()
-    except OSError as exc:
-        raise TraceFormatError(src, "", f"cannot read file: {exc.strerror or exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(src, "", unreadable(exc)) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

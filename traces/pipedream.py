@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import re
 
-from traces.errors import TraceFormatError
+from traces.errors import TraceFormatError, unreadable
 from traces.model import Layer, Trace, TraceMeta
 from traces.toposort import sort_layers
 
@@ -49,8 +49,8 @@ def load(
     try:
         with open(src, encoding="utf-8") as fh:
             text = fh.read()
-    except OSError as exc:
-        raise TraceFormatError(src, "", f"cannot read file: {exc.strerror or exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(src, "", unreadable(exc)) from None
     name = model or os.path.splitext(os.path.basename(src))[0]
     return parse(
         text,

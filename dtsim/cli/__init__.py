@@ -80,8 +80,15 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the group; a user error (see :meth:`LazyGroup.invoke`) is one line
     on stderr and a non-zero exit (2 for bad input), without a traceback."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args:
+        # ``sim`` alone: its normal help, on stdout, and success (click would report the
+        # help as a usage error).
+        with click.Context(cli, info_name="sim") as ctx:
+            click.echo(cli.get_help(ctx))
+        sys.exit(0)
     try:
-        rv: Any = cli.main(args=argv, prog_name="sim", standalone_mode=False)
+        rv: Any = cli.main(args=args, prog_name="sim", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)

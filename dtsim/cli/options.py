@@ -11,8 +11,9 @@ from typing import Any
 
 import click
 
+from analysis.resolve import load_config_file
 from simcore.settings import choices_of, kind_of
-from simcore.spec import RunSpec, apply_settings, flag_fields, load_config_file, parse_set
+from simcore.spec import RunSpec, apply_settings, flag_fields, parse_set
 
 
 class LazyChoice(click.Choice):

@@ -147,6 +147,8 @@ def profile(
     from traces import save_trace
 
     started = time.perf_counter()
+    if not analytic:
+        _check_memory(model_name, batch_size, device, dtype)
     try:
         config = ProfileConfig(
             batch_size=batch_size,
@@ -165,6 +167,14 @@ def profile(
         trace = profile_model(model_name, config)
     except ProfileError as exc:
         raise BadInput(str(exc)) from None
+    except (MemoryError, RuntimeError) as exc:
+        text = " ".join(str(exc).split())
+        if not isinstance(exc, MemoryError) and "memory" not in text.lower():
+            raise
+        raise BadInput(
+            f"--batch-size: {batch_size} does not fit in {device} memory while "
+            f"profiling {model_name} ({text[:160]}); use a smaller batch"
+        ) from None
     save_trace(trace, path)
     click.echo(
         f"wrote {path}: {model_name}, {len(trace.layers)} layers, batch {batch_size} on "
@@ -172,3 +182,40 @@ def profile(
         f"{format_time(trace.backward_s)} per batch; {trace.param_count / 1e6:.2f}M params "
         f"({format_bytes(trace.param_bytes)}); took {time.perf_counter() - started:.1f} s"
     )
+
+
+def _check_memory(model_name: str, batch_size: int, device: str, dtype: str) -> None:
+    """Refuse (exit 2) a batch whose inputs, layer outputs and parameters (counted on the
+    meta device, where nothing is allocated) would not fit the device's memory: profiling
+    keeps every layer's output, its gradient and the parameters' gradients."""
+    import torch
+
+    from realrun.profiler import ProfileConfig, ProfileError, profile_model
+    from simcore.guard import MEMORY_SHARE, machine_memory
+    from simcore.units import format_bytes
+
+    if device == "cuda" and not torch.cuda.is_available():
+        return  # the real run says there is no GPU
+    try:
+        shape = profile_model(
+            model_name,
+            ProfileConfig(
+                batch_size=batch_size, dtype=dtype, analytic=True, device_flops=1e12, progress=False
+            ),
+        )
+    except ProfileError:
+        return  # the real run reports it
+    need = 2 * sum(layer.activation_bytes for layer in shape.layers) + 3 * shape.param_bytes
+    if device == "cuda":
+        have = torch.cuda.get_device_properties(0).total_memory
+    else:
+        have = int(MEMORY_SHARE * machine_memory())
+    if need > have:
+        per_sample = max(1, need // batch_size)
+        fits = max(1, have // per_sample)
+        raise BadInput(
+            f"--batch-size: {batch_size} is too big to profile {model_name} on "
+            f"{device}: its activations and gradients need about "
+            f"{format_bytes(need)}, and {format_bytes(have)} can be used; use "
+            f"--batch-size {fits} or less, or --analytic"
+        )

@@ -58,8 +58,29 @@ def report(out_dir: str, quick: bool, jobs: int, progress: bool | None) -> None:
             f"{jobs} is not allowed; use -1 (one per core) or a positive number",
             param_hint="'--jobs'",
         )
+    _check_out_dir(out_dir)
     show = sys.stderr.isatty() if progress is None else progress
     s = build_report(out_dir, quick=quick, jobs=jobs, progress=show)
     click.echo(f"wrote {s.path} ({s.computed} points simulated, {s.wall_s:.1f} s)")
     for title, what in s.missing.items():
         click.echo(f"  incomplete: {title} (missing {what})")
+
+
+def _check_out_dir(out_dir: str) -> None:
+    """Create ``out_dir`` (and ``figures/``, ``data/`` in it) or fail with a one-line
+    error (exit 2) before any work starts."""
+    import os
+
+    from dtsim.cli.errors import BadInput
+
+    try:
+        for sub in ("", "figures", "data"):
+            os.makedirs(os.path.join(out_dir, sub), exist_ok=True)
+        if not os.access(out_dir, os.W_OK):
+            raise PermissionError(13, "Permission denied", out_dir)
+    except OSError as exc:
+        raise BadInput(
+            f"--out: {out_dir!r} cannot be used as the report folder: "
+            f"{exc.strerror or exc}; give a folder that can be created or "
+            f"written"
+        ) from None

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from dtsim.cli.errors import BadInput
 from dtsim.cli.options import run_options, spec_from_params
 from dtsim.cli.output import run_table, write_json
 from traces.atomic import check_writable
@@ -32,14 +33,22 @@ def run(ctx: click.Context, as_json: bool, trace_out: str | None, **params: Any)
       sim run --gpus 16 --topology dgx1 --bandwidth 25Gbps --set scheme.algorithm=hierarchical
       sim run --gpus 4 --scheme ps --topology ethernet --model vgg16 --json
     """
+    from dtsim.cli.guard import check_work, progress_bar
     from dtsim.resolve import build_config
     from simcore.engine import simulate
 
     if trace_out:
+        if trace_out == "-" and as_json:
+            raise BadInput(
+                "--trace-out: '-' (standard output) cannot be used with --json, "
+                "which prints there; give a file name"
+            )
         check_writable(trace_out)
     spec = spec_from_params(ctx, params)
     config = build_config(spec, record_spans=trace_out is not None)
-    result = simulate(config)
+    check_work(config)
+    with progress_bar() as progress:
+        result = simulate(config, progress=progress)
     if trace_out:
         from simcore.chrome import to_chrome_trace
 
@@ -47,9 +56,13 @@ def run(ctx: click.Context, as_json: bool, trace_out: str | None, **params: Any)
             "dtsim": {k: v for k, v in result.to_dict().items() if not isinstance(v, dict | list)}
         }
         write_json(trace_out, to_chrome_trace(result.spans, result.device_names, meta))
+    # With the trace on standard output, the summary goes to stderr.
+    to_err = trace_out == "-"
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
-        click.echo(run_table(result))
+        click.echo(run_table(result), err=to_err)
         if trace_out:
-            click.echo(f"  chrome trace       {trace_out}  (open in https://ui.perfetto.dev)")
+            click.echo(
+                f"  chrome trace       {trace_out}  (open in https://ui.perfetto.dev)", err=to_err
+            )

@@ -104,8 +104,14 @@ def schedule(
 
     try:
         if from_file:
-            with open(from_file, encoding="utf-8") as fh:
-                s = Schedule.from_text(fh.read(), name=from_file)
+            try:
+                with open(from_file, encoding="utf-8") as fh:
+                    text = fh.read()
+            except (OSError, UnicodeDecodeError) as exc:
+                from traces.errors import unreadable
+
+                raise ConfigError("--from-file", from_file, unreadable(exc)) from None
+            s = Schedule.from_text(text, name=from_file)
         else:
             if replicas:
                 try:
@@ -120,6 +126,9 @@ def schedule(
                     )
             else:
                 reps = [1] * stages
+            from dtsim.cli.guard import check_schedule
+
+            check_schedule(sum(reps), microbatches, iterations)
             cls = get_scheme(scheme)
             source = click.get_current_context().get_parameter_source("microbatches")
             fixed = cls.features.for_options(cls.Options()).microbatches

@@ -91,9 +91,10 @@ def sweep(
                 --gpus 8,16,32,64,128 --set scheme.algorithm=ring,tree --out scale.csv
       sim sweep ... --scheduler tcp://10.0.0.5:8786
     """
+    from analysis.resolve import load_config_file
     from analysis.sweep import plan_sweep, run_sweep, split_values
     from simcore.config import ConfigError
-    from simcore.spec import RunSpec, apply_settings, load_config_file, parse_set
+    from simcore.spec import RunSpec, apply_settings, parse_set
 
     base: dict[str, Any] = {}
     axes: dict[str, Any] = {}
@@ -135,6 +136,18 @@ def sweep(
         click.echo(f"  failed: {_show(values)}: {error}")
     if len(s.errors) > 10:
         click.echo(f"  ... and {len(s.errors) - 10} more (see the 'error' column)")
+    if s.failed or s.failed_before:
+        now = f"{s.failed} of {s.computed} computed now" if s.computed else ""
+        before = f"{s.failed_before} from an earlier run" if s.failed_before else ""
+        n = s.failed + s.failed_before
+        err = click.ClickException(
+            f"{n} of {s.points} point{'s' if s.points != 1 else ''} "
+            f"failed ({'; '.join(x for x in (now, before) if x)}); "
+            f"their errors are in the 'error' column of {s.out}; "
+            f"fix them and rerun with --retry-failed"
+        )
+        err.exit_code = 1
+        raise err
 
 
 def _show(values: dict[str, Any] | Any) -> str:

@@ -35,9 +35,27 @@ What the mean field leaves out is the imbalance of whole shards: which server ke
 urgent first layers, bursts of pushes of one slice onto one server. Where the full model
 keeps a steady period the two agree within 1%; when bandwidth is the bottleneck the full
 model can swing between slow and fast iterations; the mean field does not swing and gives
-the fast ones, 11-28% below the full model's mean in ``bench/p3_mean_field.py``. The
-``ps`` baseline keeps the full model: its hash placement of whole arrays is uneven by
-design, and that imbalance is the cost P3 removes.
+the fast ones, 11-28% below the full model's mean in ``bench/p3_mean_field.py``.
+
+**Placed mean field** (``ps``, whose hash placement of whole arrays is uneven by design:
+that imbalance is the cost P3 removes, so it must stay; see
+:meth:`ParameterServerScheme._plan_mean_field_placed`). Machines 0 and 1 are simulated
+and mirrored as above, but every server keeps the shards the real placement gives it.
+An array split over every server is balanced and folded as above. A whole shard keeps
+its concentration on its server: its remote pushes (and the acknowledgements, requests
+and values that answer them) are *groups* of identical messages
+(:meth:`~simcore.network.AnalyticNetwork.send_grouped`) that carry the bytes of all
+remote workers on the server's side of the route; for a server on neither simulated
+machine, both simulated machines carry half of them over private *shadow* copies of the
+server machine's links (:class:`~simcore.network.ShadowLink`), which also wait for the
+twin machine's traffic (what the mirrored workers of that machine send and receive),
+and the server's work waits for its twin server's. What is exact: the bytes every server
+receives and sends and the work it does, the payload totals, and everything where
+compute hides communication. What is not: a group's members arrive together (the full
+model's workers, each waiting only for its own values, can drift apart around one hot
+server), and an array's parts are folded (the full model sends them to the servers in
+one order, a hot spot moving from server to server): ``bench/mean_field_accuracy.py``
+measures both against the full model.
 """
 
 from __future__ import annotations
@@ -49,7 +67,7 @@ from typing import Any, ClassVar
 from simpy import Event
 
 from simcore.config import ConfigError, SimConfig, option
-from simcore.network import Message
+from simcore.network import Message, ShadowLink
 from simcore.schemes._ops import LayerOps
 from simcore.schemes.base import Scheme
 from simcore.topology import Topology
@@ -187,6 +205,9 @@ class ParameterServerScheme(Scheme):
     """Base of ``ps`` and ``p3``: subclasses choose the shards and the protocol."""
 
     fused: ClassVar[bool] = False
+    keeps_placement: ClassVar[bool] = False
+    """Whether the mean field keeps every server's real shards (``ps``: its hash placement
+    is uneven by design) instead of balancing them (``p3``)."""
     control_bytes: ClassVar[int] = 64
     """Size of an acknowledgement or pull request (push-then-pull protocol)."""
 
@@ -221,11 +242,21 @@ class ParameterServerScheme(Scheme):
         self.layer_shards: dict[int, list[int]] = {}
         for k, sh in enumerate(self.shards):
             self.layer_shards.setdefault(sh.layer, []).append(k)
+        self.real_shards = len(self.shards)
         self.mean_field = use_mean_field(ctx.config, self.options, topo)
+        self.group_mult: dict[tuple[int, int, int], float] | None = None
+        self.server_twin: list[int] = []
         if self.mean_field is None:
             self._plan_every_worker(topo)
+        elif self.keeps_placement:
+            self._plan_mean_field_placed(self.mean_field, topo)
+            self.layer_shards = {}
+            for k, sh in enumerate(self.shards):
+                self.layer_shards.setdefault(sh.layer, []).append(k)
         else:
             self._plan_mean_field(self.mean_field, topo)
+        if not self.server_twin:
+            self.server_twin = list(range(len(self.server_dev)))
         self.server_name = [f"{topo.devices[d].name}/ps{s}" for s, d in enumerate(self.server_dev)]
         self.server_busy = [0.0] * len(self.server_dev)
         # Server s's pushes of shard k per iteration: expected[k][s].
@@ -292,6 +323,132 @@ class ParameterServerScheme(Scheme):
         self.share = [sh.nbytes / h for sh in self.shards]
         self.ctx.traffic_scale = h / 2
 
+    def _plan_mean_field_placed(self, mf: MeanField, topo: Topology) -> None:
+        """The mean field of a scheme whose placement is uneven (``ps``): machines 0 and 1
+        simulated and mirrored as in :meth:`_plan_mean_field`, but every server kept with
+        the shards the real placement gives it (see module docs, *placed mean field*).
+
+        An array split evenly over every server is folded as in the balanced mean field
+        (its own machine's part to the local server, the rest to the twin's). A whole
+        shard on server ``s`` keeps its concentration: on machine 0 or 1, the other
+        machine's workers push it as *groups* of ``machines - 1`` identical messages (all
+        remote workers) on the server's side of the route; on any other machine, each
+        simulated machine's workers carry half of the remote pushes, ``(machines - 1)/2``
+        on the server machine's network links and ``machines/2`` (its own workers' pushes
+        included) on the last hop into the server, over private *shadow* copies of that
+        machine's links that also wait for the twin machine's traffic (the mirrored
+        workers' traffic they share). Servers on other machines likewise queue their work
+        behind their twin server's."""
+        g, h = mf.per_box, mf.boxes
+        self.server_dev = list(topo.hosts[:h])
+        self.server_twin = [s if s < 2 else s % 2 for s in range(h)]
+        self.leader = [(r // g % 2) * g + r % g for r in range(self.p)]
+        self.rank_class = [r // g if r < 2 * g else -1 for r in range(self.p)]
+        self.class_ranks = [list(range(g)), list(range(g, 2 * g))]
+        by_layer: dict[int, list[Shard]] = {}
+        for sh in self.shards:
+            by_layer.setdefault(sh.layer, []).append(sh)
+        shards: list[Shard] = []
+        parts: list[tuple[tuple[tuple[int, int], ...], ...]] = []
+        share: list[float] = []
+        mult: dict[tuple[int, int, int], float] = {}
+        for layer, shs in by_layer.items():
+            on = {sh.server: sh.nbytes for sh in shs}
+            if len(shs) == h and len(on) == h:  # split over every server: balanced
+                total = sum(on.values())
+                k = len(shards)
+                shards.append(Shard(layer, 0, total, shs[0].priority))
+                parts.append(
+                    tuple(
+                        tuple((sv, nb) for sv, nb in ((c, on[c]), (1 - c, total - on[c])) if nb > 0)
+                        for c in (0, 1)
+                    )
+                )
+                share.append(total / h)
+                continue
+            for sh in shs:
+                k = len(shards)
+                shards.append(sh)
+                parts.append((((sh.server, sh.nbytes),),) * 2)
+                share.append(float(sh.nbytes))
+                for c in (0, 1):
+                    if sh.server >= 2:
+                        mult[(k, c, sh.server)] = h / 2
+                    elif sh.server != c:
+                        mult[(k, c, sh.server)] = h - 1.0
+        # Real payload per iteration over what the simulated messages carry.
+        control = 0 if self.fused else 2 * self.control_bytes
+        real = self.p * sum(2 * sh.nbytes + control for sh in self.shards)
+        simulated = sum(
+            g * (2 * nb + control) for plist in parts for cparts in plist for _s, nb in cparts
+        )
+        self.shards, self.parts, self.share = shards, parts, share
+        self.group_mult = mult
+        self._routes: dict[tuple[int, int, int, bool], tuple[Any, tuple[float, ...]]] = {}
+        self._shadows: dict[int, ShadowLink] = {}
+        self._twin_link = dict(mf.twins)
+        self.ctx.traffic_scale = real / simulated if simulated else 1.0
+
+    def _grouped_route(
+        self, src: int, dst: int, s: int, w: float, to_server: bool
+    ) -> tuple[Any, tuple[float, ...]]:
+        """Hops and per-hop weights of a grouped message between a simulated worker's
+        GPU and server ``s``: ``w`` on the server machine's links (``machines / 2`` on
+        the last one into or out of a server not simulated in full, whose links are
+        shadows), 1 on the worker's side."""
+        key = (src, dst, s, to_server)
+        hit = self._routes.get(key)
+        if hit is not None:
+            return hit
+        net = self.ctx.net
+        devs = self.ctx.topology.devices
+        box = devs[self.server_dev[s]].box
+        host = self.server_dev[s]
+        h = self.mean_field.boxes
+        hops, weights = [], []
+        for st in net.hops(src, dst):
+            link = st.link
+            if max(devs[link.src].box, devs[link.dst].box) != box:
+                hops.append(st)
+                weights.append(1.0)
+                continue
+            if s >= 2:
+                sh = self._shadows.get(link.index)
+                if sh is None:
+                    sh = self._shadows[link.index] = ShadowLink(
+                        link, net.state[self._twin_link[link.index]]
+                    )
+                hops.append(sh)
+                weights.append(h / 2 if host in (link.src, link.dst) else (h - 1) / 2)
+            else:
+                hops.append(st)
+                weights.append(w)
+        hit = self._routes[key] = (tuple(hops), tuple(weights))
+        return hit
+
+    def _send(
+        self,
+        src: int,
+        dst: int,
+        nbytes: int,
+        then: Any,
+        k: int,
+        s: int,
+        r: int,
+        to_server: bool,
+        **kw: Any,
+    ) -> None:
+        """Send between rank ``r``'s GPU and server ``s`` for shard ``k``: a plain message,
+        or a grouped one in the placed mean field."""
+        gm = self.group_mult
+        w = gm.get((k, self.rank_class[r], s), 1.0) if gm is not None else 1.0
+        net = self.ctx.net
+        if w == 1.0:
+            net.send(src, dst, nbytes, then, priority=self.shards[k].priority, **kw)
+            return
+        hops, weights = self._grouped_route(src, dst, s, w, to_server)
+        net.send_grouped(src, dst, nbytes, hops, weights, then, **kw)
+
     def finish(self) -> None:
         if self.mean_field is not None:
             self.ctx.net.copy_counters(self.mean_field.twins)
@@ -338,12 +495,28 @@ class ParameterServerScheme(Scheme):
             sh = self.shards[k]
             for s, nb in self.parts[k][c]:
                 n += 1
-                net.send(
+                if self.group_mult is None:
+                    net.send(
+                        src,
+                        self.server_dev[s],
+                        nb,
+                        self._push_arrived,
+                        priority=sh.priority,
+                        tag=f"push L{layer}",
+                        rank_src=r,
+                        iteration=it,
+                        payload=(k, s, r, it),
+                    )
+                    continue
+                self._send(
                     src,
                     self.server_dev[s],
                     nb,
                     self._push_arrived,
-                    priority=sh.priority,
+                    k,
+                    s,
+                    r,
+                    True,
                     tag=f"push L{layer}",
                     rank_src=r,
                     iteration=it,
@@ -386,7 +559,7 @@ class ParameterServerScheme(Scheme):
     # ---- server ----------------------------------------------------------------------
     def _server_time(self, s: int, seconds: float, kind: str, it: int) -> float:
         """Queue ``seconds`` of work on server ``s``'s stream; returns when it ends."""
-        start = max(self.ctx.env.now, self.server_busy[s])
+        start = max(self.ctx.env.now, self.server_busy[s], self.server_busy[self.server_twin[s]])
         end = start + seconds
         self.server_busy[s] = end
         if self.ctx.config.record_spans:
@@ -401,6 +574,8 @@ class ParameterServerScheme(Scheme):
     def _push_arrived(self, msg: Message) -> None:
         k, s, r, it = msg.payload
         secs = msg.nbytes / self.options.server_bandwidth
+        if self.group_mult is not None:
+            secs *= self.group_mult.get((k, self.rank_class[r], s), 1.0)
         key = (k, s, it)
         if self.fused:
             # Nothing answers a single push: only the last worker's push of a shard,
@@ -417,12 +592,15 @@ class ParameterServerScheme(Scheme):
 
     def _added(self, ev: Any) -> None:
         k, s, r, it, nb = ev._value
-        self.ctx.net.send(
+        self._send(
             self.server_dev[s],
             self.ctx.topology.gpus[r],
             self.control_bytes,
             self._acked,
-            priority=self.shards[k].priority,
+            k,
+            s,
+            r,
+            False,
             tag="ack",
             rank_dst=r,
             iteration=it,
@@ -458,12 +636,15 @@ class ParameterServerScheme(Scheme):
 
     def _acked(self, msg: Message) -> None:
         k, s, r, it, _nb = msg.payload
-        self.ctx.net.send(
+        self._send(
             self.ctx.topology.gpus[r],
             self.server_dev[s],
             self.control_bytes,
             self._pull_arrived,
-            priority=self.shards[k].priority,
+            k,
+            s,
+            r,
+            True,
             tag="pull request",
             rank_src=r,
             iteration=it,
@@ -479,12 +660,15 @@ class ParameterServerScheme(Scheme):
 
     def _send_value(self, k: int, s: int, r: int, it: int, nbytes: int) -> None:
         sh = self.shards[k]
-        self.ctx.net.send(
+        self._send(
             self.server_dev[s],
             self.ctx.topology.gpus[r],
             nbytes,
             self._value_arrived,
-            priority=sh.priority,
+            k,
+            s,
+            r,
+            False,
             tag=f"pull L{sh.layer}",
             rank_dst=r,
             iteration=it,
@@ -492,7 +676,7 @@ class ParameterServerScheme(Scheme):
         )
 
     def extra_metrics(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"servers": self.S, "shards": len(self.shards)}
+        out: dict[str, Any] = {"servers": self.S, "shards": self.real_shards}
         if hasattr(self.options, "mean_field"):
             mf = self.mean_field
             out["mean_field"] = mf is not None

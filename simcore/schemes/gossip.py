@@ -83,6 +83,14 @@ class GossipOptions:
         "send the input batch to the partner during forward "
         "(GossipGraD's asynchronous sample shuffle)",
     )
+    mean_field: str = option(
+        "auto",
+        "analytic fidelity: simulate two machines and mirror "
+        "them onto the rest where the cluster and the partners "
+        "are symmetric (exact); auto: from 4 machines, on: "
+        "wherever it applies, off: every worker",
+        choices=("auto", "on", "off"),
+    )
 
 
 # ---- partner schedules -----------------------------------------------------------------
@@ -209,12 +217,25 @@ class Gossip(Scheme):
                 f"gossip pairs workers on a hypercube and needs a "
                 f"power of two, e.g. {lower} or {2 * lower}",
             )
+        if options.mean_field == "on":
+            plan = mirror_plan(config, options, topology)
+            if isinstance(plan, str):
+                raise ConfigError("scheme.mean_field", "on", plan)
 
     def start(self) -> None:
         ctx = self.ctx
         trace = ctx.trace
         opts: GossipOptions = self.options
         self.p = p = ctx.num_ranks
+        self.mirror = None
+        if opts.mean_field != "off":
+            plan = mirror_plan(ctx.config, opts, ctx.topology)
+            if not isinstance(plan, str) and (
+                opts.mean_field == "on" or plan[1] >= MIRROR_MIN_MACHINES
+            ):
+                self.mirror = plan
+        simulated = p if self.mirror is None else 2 * self.mirror[0]
+        self.simulated = simulated
         self.ops = LayerOps(trace)
         self.grads = [i for _d, _n, i in self.ops.fwd if trace.layers[i].param_bytes > 0]
         self.slot = {layer: k for k, layer in enumerate(self.grads)}
@@ -235,11 +256,13 @@ class Gossip(Scheme):
         # who waits for which slot; when backward ended.
         self.arrival: dict[tuple[int, int], list[float]] = {}
         expected = len(self.grads) if p > 1 else 0
-        self.left = {(r, it): expected for r in range(p) for it in range(ctx.iterations)}
+        self.left = {(r, it): expected for r in range(simulated) for it in range(ctx.iterations)}
         self.waiting: dict[tuple[int, int, int], Event] = {}
         self.bwd_end: dict[tuple[int, int], float] = {}
         pb = trace.param_bytes
-        for r in range(p):
+        if self.mirror is not None:
+            ctx.traffic_scale = p / simulated
+        for r in range(simulated):
             mem = ctx.gpus[r].memory
             mem.alloc("weights", pb)
             mem.alloc("gradients", pb)
@@ -249,12 +272,42 @@ class Gossip(Scheme):
             ctx.env.process(self._worker(r))
 
     def partners_of(self, it: int) -> tuple[list[int], list[int]]:
-        """``(send_to, recv_from)`` of every rank in iteration ``it`` (cached)."""
+        """``(send_to, recv_from)`` of every rank in iteration ``it`` (cached); in the
+        mean field, of the simulated ranks, a partner on another machine being the rank in
+        its place on the other simulated machine."""
         hit = self._partners.get(it)
         if hit is None:
             opts: GossipOptions = self.options
-            hit = self._partners[it] = partners(self.p, it, opts.schedule, opts.rotation)
+            hit = partners(self.p, it, opts.schedule, opts.rotation)
+            if self.mirror is not None:
+                g = self.mirror[0]
+                hit = tuple(
+                    [
+                        q if q // g == r // g else (1 - r // g) * g + q % g
+                        for r, q in enumerate(side[: 2 * g])
+                    ]
+                    for side in hit
+                )
+            self._partners[it] = hit
         return hit
+
+    def finish(self) -> None:
+        """Mean field: every rank not simulated takes its twin's iteration ends, compute
+        and memory; links of the machines not simulated take their twin's counters."""
+        if self.mirror is None:
+            return
+        g, _boxes, twins = self.mirror
+        ctx = self.ctx
+        ends = ctx.iteration_end
+        for r in range(2 * g, self.p):
+            t = (r // g % 2) * g + r % g
+            gpu, twin = ctx.gpus[r], ctx.gpus[t]
+            gpu.busy_by_iteration = dict(twin.busy_by_iteration)
+            gpu.ops = twin.ops
+            gpu.memory = twin.memory
+            for row in ends:
+                row[r] = row[t]
+        ctx.net.copy_counters(twins)
 
     # ---- worker --------------------------------------------------------------------------
     def _worker(self, r: int) -> Any:
@@ -382,4 +435,57 @@ class Gossip(Scheme):
             "schedule": self.options.schedule,
             "rotation": self.options.rotation,
             "exchange_bytes": per_iteration,
+            "mean_field": self.mirror is not None,
+            "simulated_workers": self.simulated,
         }
+
+
+MIRROR_MIN_MACHINES = 4
+"""``mean_field=auto`` mirrors from this many machines on (below, the full model is as
+cheap)."""
+
+
+def xor_masks(p: int, iterations: int, schedule: str, rotation: str) -> list[int] | None:
+    """Per iteration, the ``m`` with every rank's partner ``r XOR m``, or ``None`` if some
+    iteration's partners are not such a translation (``dissemination``, ``shift``)."""
+    masks = []
+    for it in range(iterations):
+        send, recv = partners(p, it, schedule, rotation)
+        m = send[0]
+        if any(q != r ^ m for r, q in enumerate(send)) or send != recv:
+            return None
+        masks.append(m)
+    return masks
+
+
+def mirror_plan(
+    config: SimConfig, options: Any, topology: Topology
+) -> tuple[int, int, list[tuple[int, int]]] | str:
+    """``(GPUs per machine, machines, twin links)`` if the mean field applies, else why
+    not. It is exact where every iteration pairs rank ``r`` with ``r XOR m`` (the
+    hypercube with the ``singer`` rotation, a linear map over GF(2), or none), the
+    machines are alike, full, a power of two in size and numbered in order, and joined by
+    one switch: then ``r -> r XOR k`` (``k`` a multiple of the machine size) maps the
+    cluster, its traffic and its timeline onto themselves, every machine behaves like
+    machine 0 or 1, and a partner on machine ``b XOR m`` can be played by the other
+    simulated machine."""
+    if config.fidelity != "analytic":
+        return "it is a model of the analytic fidelity"
+    if config.compute_jitter > 0:
+        return "compute jitter breaks the symmetry between workers"
+    p = topology.num_gpus
+    boxes = topology.ranks_by_box()
+    g = len(boxes[0])
+    if len(boxes) < 2 or not is_power_of_two(g):
+        return "it needs at least two machines with a power-of-two number of GPUs"
+    if any(b != list(range(i * g, (i + 1) * g)) for i, b in enumerate(boxes)):
+        return "it needs every machine full, ranks numbered machine by machine"
+    if xor_masks(p, config.total_iterations, options.schedule, options.rotation) is None:
+        return "partners are not rank XOR a constant (use schedule=hypercube, rotation=singer)"
+    devs = topology.devices
+    if any(devs[link.src].box < 0 and devs[link.dst].box < 0 for link in topology.links):
+        return "it needs the machines on one switch"
+    twins = topology.box_twins(lambda b: b % 2)
+    if twins is None:
+        return "the machines are not built alike"
+    return g, len(boxes), twins

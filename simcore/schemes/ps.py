@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simcore.config import option
-from simcore.schemes._psbase import ParameterServerScheme, ServerOptions, Shard
+from simcore.schemes._psbase import MEAN_FIELD, ParameterServerScheme, ServerOptions, Shard
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,14 @@ class PSOptions(ServerOptions):
         "arrays at least this big are split over all servers (MXNet: 1e6 elements)",
         unit="bytes",
         minimum=1,
+    )
+    mean_field: str = option(
+        "auto",
+        "analytic fidelity: simulate two machines and mirror "
+        "them onto the rest, every server keeping its real "
+        "shards; auto: from 5 identical machines, on: wherever "
+        "the cluster allows, off: every worker and server",
+        choices=MEAN_FIELD,
     )
 
 
@@ -54,6 +62,7 @@ class ParameterServer(ParameterServerScheme):
     summary = "parameter servers, per-layer push then pull in backward order (MXNet baseline)"
     Options = PSOptions
     fused = False
+    keeps_placement = True
 
     def make_shards(self, num_servers: int) -> list[Shard]:
         layers = [

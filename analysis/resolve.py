@@ -9,7 +9,9 @@ names here.
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -49,8 +51,14 @@ def load_preset(name: str) -> dict[str, Any]:
         try:
             with open(name, encoding="utf-8") as fh:
                 data = yaml.safe_load(fh)
-        except (OSError, yaml.YAMLError) as exc:
-            first = str(exc).strip().splitlines()[0]
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            from traces.errors import unreadable
+
+            first = (
+                unreadable(exc)
+                if isinstance(exc, OSError | UnicodeDecodeError)
+                else str(exc).strip().splitlines()[0]
+            )
             raise ConfigError("topology", name, f"cannot be read as a preset ({first})") from None
         if not isinstance(data, dict) or "box" not in data:
             raise ConfigError(
@@ -118,8 +126,15 @@ def build_config(spec: RunSpec, *, record_spans: bool = True) -> SimConfig:
     )
     scale = spec.compute_scale
     if scale is None:
-        gpu = preset.get("gpu", {})
-        peak = float(gpu.get("peak_flops", gpu_peak_flops().get(str(gpu.get("model")), 0)) or 0)
+        gpu = preset.get("gpu") or {}
+        try:
+            peak = float(gpu.get("peak_flops", gpu_peak_flops().get(str(gpu.get("model")), 0)) or 0)
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(
+                "topology",
+                spec.topology,
+                f"gpu.peak_flops must be a number of FLOP/s such as 15.7e12 ({exc})",
+            ) from None
         scale = device_scale(trace.meta, str(gpu.get("model", "")), peak) if peak else 1.0
     return SimConfig(
         trace=trace,
@@ -129,3 +144,29 @@ def build_config(spec: RunSpec, *, record_spans: bool = True) -> SimConfig:
         record_spans=record_spans,
         **{n: getattr(spec, n) for n in SHARED},
     )
+
+
+def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a YAML or JSON config file into a mapping of settings (``ConfigError`` if it
+    cannot be read or is not a mapping)."""
+    p = os.fspath(path)
+    try:
+        with open(p, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        from traces.errors import unreadable
+
+        raise ConfigError("config", p, f"cannot be read ({unreadable(exc)})") from None
+    try:
+        if p.endswith(".json"):
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError("config", p, f"is not valid YAML/JSON ({first})") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError("config", p, "must contain a mapping of settings (key: value)")
+    return dict(data)
