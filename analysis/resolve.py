@@ -170,3 +170,40 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(data, Mapping):
         raise ConfigError("config", p, "must contain a mapping of settings (key: value)")
     return dict(data)
+
+
+def pipeline_plan(
+    model: str,
+    batch_size: int,
+    gpus: int,
+    scheme: str,
+    options: Mapping[str, Any],
+    optimizer: str = "momentum",
+) -> dict[str, Any]:
+    """The stages and micro-batches ``sim run`` would use to run zoo model ``model`` with a
+    pipeline scheme (:func:`realrun.pipeline.plan` of the configuration ``sim run`` makes
+    on an analytic trace of the model, one GPU per host): what ``sim real`` runs."""
+    import tempfile
+
+    from realrun.pipeline import plan
+    from realrun.profiler import ProfileConfig, profile_model
+    from traces.jsonfmt import save
+
+    trace = profile_model(
+        model,
+        ProfileConfig(batch_size=batch_size, analytic=True, device_flops=1e12, progress=False),
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        save(trace, path)
+        settings = {
+            "scheme": scheme,
+            "gpus": gpus,
+            "model": path,
+            "topology": "ethernet",
+            "batch_size": batch_size,
+            "optimizer": optimizer,
+        }
+        settings.update({f"scheme.{k}": v for k, v in options.items()})
+        config = build_config(RunSpec().replace(**settings), record_spans=False)
+    return plan(config)

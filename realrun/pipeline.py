@@ -83,45 +83,18 @@ KEY_STRIDE = 1024
 # ---- the plan: partition, micro-batches ------------------------------------------------------
 
 
-def plan(
-    model: str,
-    batch_size: int,
-    gpus: int,
-    scheme: str,
-    options: Mapping[str, Any],
-    optimizer: str = "momentum",
-) -> dict[str, Any]:
-    """The stages and micro-batches ``sim run`` would use for this case (see module docs):
+def plan(config: Any) -> dict[str, Any]:
+    """The stages and micro-batches ``sim run`` would use for ``config`` (a
+    :class:`~simcore.config.SimConfig` of a pipeline scheme on a trace of the zoo model; see
+    module docs and :func:`analysis.resolve.pipeline_plan`, which builds it):
     ``{"stage_layers", "replicas", "microbatches", "tail", "partition"}``."""
-    import os
-    import tempfile
     from types import SimpleNamespace
 
-    from dtsim.resolve import build_config
-    from dtsim.spec import RunSpec
-    from realrun.profiler import ProfileConfig, profile_model
     from simcore.config import OPTIMIZERS
     from simcore.engine import resolve_topology
     from simcore.schemes import get_scheme
-    from traces.jsonfmt import save
 
-    trace = profile_model(
-        model,
-        ProfileConfig(batch_size=batch_size, analytic=True, device_flops=1e12, progress=False),
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        save(trace, path)
-        settings = {
-            "scheme": scheme,
-            "gpus": gpus,
-            "model": path,
-            "topology": "ethernet",
-            "batch_size": batch_size,
-            "optimizer": optimizer,
-        }
-        settings.update({f"scheme.{k}": v for k, v in options.items()})
-        config = build_config(RunSpec().replace(**settings), record_spans=False)
+    scheme, gpus, batch_size = config.scheme, config.gpus, config.effective_batch_size
     cls = get_scheme(scheme)
     opts = config.options if config.options is not None else cls.Options()
     topology = resolve_topology(config, cls.dedicated_servers(opts, config.gpus))

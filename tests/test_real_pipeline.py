@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="real runs need torch (make test installs it)")
 
+from analysis.resolve import pipeline_plan as plan  # noqa: E402
 from realrun import zoo  # noqa: E402
 from realrun.job import Job  # noqa: E402
 from realrun.launch import launch  # noqa: E402
@@ -19,7 +20,6 @@ from realrun.metrics import summarize  # noqa: E402
 from realrun.pipeline import (  # noqa: E402
     make_schedule,
     microbatch,
-    plan,
     prescribed_versions,
     replay_reference,
 )

@@ -223,11 +223,11 @@ def _pipeline_plan(
 ) -> dict[str, Any]:
     """The partition and micro-batches ``sim run`` would use (``BadInput`` if the case
     cannot be split or run for real)."""
-    from realrun.pipeline import plan
+    from analysis.resolve import pipeline_plan
     from simcore.config import ConfigError
 
     try:
-        return plan(model, batch_size, gpus, scheme, opts, optimizer)
+        return pipeline_plan(model, batch_size, gpus, scheme, opts, optimizer)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
     except ValueError as exc:
