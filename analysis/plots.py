@@ -166,6 +166,10 @@ def _pyplot() -> Any:
     return plt
 
 
+GANTT_KINDS = ("forward", "backward", "update", "send", "recv", "wait", "allreduce", "aggregate")
+"""Span kinds with a colour of their own in every Gantt chart."""
+
+
 def _theme() -> Any:
     import seaborn as sns
 
@@ -448,13 +452,10 @@ def gantt_plot(
     plt = _pyplot()
     order = sorted(rows, key=lambda r: (r[0], first_tid[r]))
     kinds = list(dict.fromkeys(k for r in order for k in rows[r]))
-    palette = dict(
-        zip(
-            kinds,
-            sns.color_palette("tab10" if len(kinds) <= 10 else "husl", len(kinds)),
-            strict=True,
-        )
-    )
+    # the usual kinds keep one colour in every figure, so two timelines compare at a glance
+    fixed = list(GANTT_KINDS) + [k for k in kinds if k not in GANTT_KINDS]
+    colours = sns.color_palette("tab10" if len(fixed) <= 10 else "husl", len(fixed))
+    palette = {k: colours[fixed.index(k)] for k in kinds}
     height = min(0.32 * len(order) + 1.4, 40.0)
     fig, ax = plt.subplots(figsize=(11, height))
     for i, r in enumerate(order):
