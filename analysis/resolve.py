@@ -172,20 +172,21 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return dict(data)
 
 
-def pipeline_plan(
+def zoo_config(
     model: str,
     batch_size: int,
     gpus: int,
     scheme: str,
     options: Mapping[str, Any],
     optimizer: str = "momentum",
-) -> dict[str, Any]:
-    """The stages and micro-batches ``sim run`` would use to run zoo model ``model`` with a
-    pipeline scheme (:func:`realrun.pipeline.plan` of the configuration ``sim run`` makes
-    on an analytic trace of the model, one GPU per host): what ``sim real`` runs."""
+    iterations: int = 5,
+    warmup_iterations: int = 1,
+) -> SimConfig:
+    """The configuration ``sim run`` makes for zoo model ``model`` on an analytic trace of it
+    (the real model's layers, names and bytes; times from FLOPs), one GPU per host on the
+    ``ethernet`` preset: what a real run of that model is compared with."""
     import tempfile
 
-    from realrun.pipeline import plan
     from realrun.profiler import ProfileConfig, profile_model
     from traces.jsonfmt import save
 
@@ -203,7 +204,24 @@ def pipeline_plan(
             "topology": "ethernet",
             "batch_size": batch_size,
             "optimizer": optimizer,
+            "iterations": iterations,
+            "warmup_iterations": warmup_iterations,
         }
         settings.update({f"scheme.{k}": v for k, v in options.items()})
-        config = build_config(RunSpec().replace(**settings), record_spans=False)
-    return plan(config)
+        return build_config(RunSpec().replace(**settings), record_spans=False)
+
+
+def pipeline_plan(
+    model: str,
+    batch_size: int,
+    gpus: int,
+    scheme: str,
+    options: Mapping[str, Any],
+    optimizer: str = "momentum",
+) -> dict[str, Any]:
+    """The stages and micro-batches ``sim run`` would use to run zoo model ``model`` with a
+    pipeline scheme (:func:`realrun.pipeline.plan` of :func:`zoo_config`): what ``sim
+    real`` runs."""
+    from realrun.pipeline import plan
+
+    return plan(zoo_config(model, batch_size, gpus, scheme, options, optimizer))

@@ -242,30 +242,20 @@ def test_replicated_stage_replicas_stay_identical_and_equal_the_replay(tmp_path:
 
 def simulate_same(tmp_path: Path, job: Job) -> Any:
     """``sim run`` of the job's case on an analytic trace of the same model."""
-    from dtsim.resolve import build_config
-    from dtsim.spec import RunSpec
-    from realrun.profiler import ProfileConfig, profile_model
+    from analysis.resolve import zoo_config
     from simcore.engine import simulate
-    from traces.jsonfmt import save
 
-    trace = profile_model(
+    config = zoo_config(
         job.model,
-        ProfileConfig(batch_size=job.batch_size, analytic=True, device_flops=1e12, progress=False),
+        job.batch_size,
+        job.workers,
+        job.scheme,
+        job.options,
+        job.optimizer,
+        job.iterations,
+        job.warmup_iterations,
     )
-    path = tmp_path / "trace.json"
-    save(trace, path)
-    settings = {
-        "scheme": job.scheme,
-        "gpus": job.workers,
-        "model": str(path),
-        "topology": "ethernet",
-        "batch_size": job.batch_size,
-        "iterations": job.iterations,
-        "warmup_iterations": job.warmup_iterations,
-        "optimizer": job.optimizer,
-    }
-    settings.update({f"scheme.{k}": v for k, v in job.options.items()})
-    return simulate(build_config(RunSpec().replace(**settings), record_spans=False))
+    return simulate(config)
 
 
 @pytest.mark.parametrize(
