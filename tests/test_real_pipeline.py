@@ -25,6 +25,7 @@ from realrun.pipeline import (  # noqa: E402
 )
 from realrun.runtime import build_model, loss_of, make_optimizer  # noqa: E402
 from realrun.stages import split_model  # noqa: E402
+from tests.test_real import simulate_same  # noqa: E402
 
 pytestmark = pytest.mark.real
 
@@ -238,24 +239,6 @@ def test_replicated_stage_replicas_stay_identical_and_equal_the_replay(tmp_path:
 
 
 # ---- traffic, memory and timelines against the simulator --------------------------------
-
-
-def simulate_same(tmp_path: Path, job: Job) -> Any:
-    """``sim run`` of the job's case on an analytic trace of the same model."""
-    from analysis.resolve import zoo_config
-    from simcore.engine import simulate
-
-    config = zoo_config(
-        job.model,
-        job.batch_size,
-        job.workers,
-        job.scheme,
-        job.options,
-        job.optimizer,
-        job.iterations,
-        job.warmup_iterations,
-    )
-    return simulate(config)
 
 
 @pytest.mark.parametrize(

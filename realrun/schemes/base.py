@@ -130,7 +130,7 @@ class WorkerLoop:
 
     def serve(self) -> None:
         """A server rank's work (schemes with servers override it)."""
-        raise NotImplementedError(f"{self.job.scheme} has no server ranks")
+        raise RuntimeError(f"{self.job.scheme} has no server ranks; the job must have none")
 
     def wait_span(self, start: float, what: str, it: int, layer: int = -1) -> None:
         """Record a wait on the compute stream from ``start`` to now, if it lasted."""
