@@ -22,7 +22,6 @@ import json
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -30,13 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from realrun.heartbeat import HEARTBEAT_SLOT_BYTES, PHASES, read_heartbeats
 from realrun.job import Job
-
-HEARTBEAT_SLOT_BYTES = 16
-"""Bytes per rank in the heartbeat file (see :mod:`realrun.worker`)."""
-
-PHASES = 4
-"""Progress steps per iteration in the heartbeat file (see :mod:`realrun.worker`)."""
 
 POLL_S = 0.05
 
@@ -245,20 +239,6 @@ def _main_thread_stack(dump: str) -> list[str]:
                 out.append(frame)
             return out
     return []
-
-
-def read_heartbeats(path: str, ranks: int) -> list[tuple[float, int]]:
-    """``(monotonic time, iteration)`` of every rank's latest progress (0.0 if none)."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(HEARTBEAT_SLOT_BYTES * ranks)
-    except OSError:
-        return [(0.0, -1)] * ranks
-    out = []
-    for r in range(ranks):
-        chunk = data[r * HEARTBEAT_SLOT_BYTES : (r + 1) * HEARTBEAT_SLOT_BYTES]
-        out.append(struct.unpack("<dq", chunk) if len(chunk) == HEARTBEAT_SLOT_BYTES else (0.0, -1))
-    return out
 
 
 def _exit_reason(code: int) -> str:

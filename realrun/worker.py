@@ -26,10 +26,8 @@ import argparse
 import datetime
 import faulthandler
 import json
-import mmap
 import os
 import signal
-import struct
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,37 +36,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from realrun.heartbeat import Heartbeat
 from realrun.job import Job
 from realrun.runtime import ModelSetup, Recorder, build_model
-
-HEARTBEAT_SLOT_BYTES = 16
-"""Per rank in the heartbeat file: the monotonic time of its latest progress (double) and
-how far it got (int64), ``iteration * PHASES + phase``."""
-
-PHASES = 4
-"""Steps of an iteration a worker reports: 0 started, 1 forward done, 2 backward done,
-3 iteration done. A server reports ``(iterations it has served) * PHASES``."""
-
-
-class Heartbeat:
-    """Writes this rank's progress into its slot of the shared heartbeat file (if any)."""
-
-    def __init__(self, path: str, rank: int) -> None:
-        self._map: mmap.mmap | None = None
-        self._offset = rank * HEARTBEAT_SLOT_BYTES
-        if os.path.exists(path):
-            fd = os.open(path, os.O_RDWR)
-            try:
-                self._map = mmap.mmap(fd, 0)
-            finally:
-                os.close(fd)
-
-    def beat(self, iteration: int, phase: int = 0) -> None:
-        """Progress now: ``phase`` of ``iteration`` reached."""
-        if self._map is not None:
-            self._map[self._offset : self._offset + HEARTBEAT_SLOT_BYTES] = struct.pack(
-                "<dq", time.monotonic(), iteration * PHASES + phase
-            )
 
 
 @dataclass

@@ -240,7 +240,7 @@ def _execute(
     """Launch ``job`` locally or on an emulated cluster; ``(records, wall_s, counters)``."""
     from realrun.launch import launch
 
-    bar = _bar(job)
+    bar = _Bar(job)
     t0 = time.perf_counter()
     counters: dict[str, Any] = {}
     try:
@@ -283,10 +283,6 @@ class _Bar:
 
     def close(self) -> None:
         self.bar.close()
-
-
-def _bar(job: Job) -> _Bar:
-    return _Bar(job)
 
 
 def _wire_counters(
