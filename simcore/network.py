@@ -33,12 +33,15 @@ from __future__ import annotations
 import heapq
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simpy import Environment, Timeout
 
 from simcore.clock import EventQueue, FastEvent
 from simcore.topology import Link, Topology
+
+if TYPE_CHECKING:
+    from simcore.host import CommCpu
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 """Default chunk size of the detailed model (1 MiB)."""
@@ -174,6 +177,9 @@ class Network(ABC):
         self._record = self.messages.append
         self._hops: dict[tuple[int, int], tuple[LinkState, ...]] = {}
         self._next_id = 0
+        self.cpu: CommCpu | None = None
+        """The CPU side of messages on CPU hosts (:class:`~simcore.host.CommCpu`), or
+        ``None``: a message then costs no processor time."""
 
     def hops(self, src: int, dst: int) -> tuple[LinkState, ...]:
         """The link directions from device ``src`` to ``dst`` (cached)."""
@@ -196,11 +202,16 @@ class Network(ABC):
         rank_dst: int = -1,
         iteration: int = -1,
         payload: Any = None,
+        segments: int = 1,
+        reduce_bytes: int = 0,
     ) -> Message:
         """Start moving ``nbytes`` from device ``src`` to device ``dst`` now.
 
         Returns the :class:`Message`; ``on_arrival(msg)`` runs when it has arrived. A
         message between a device and itself (or of zero bytes) arrives after no time.
+        On CPU hosts (:attr:`cpu`) it arrives once its ends' CPU work is done too: it
+        travels as ``segments`` messages of the transport, and the receiver adds
+        ``reduce_bytes`` of it into a buffer of its own.
         """
         hops = self._hops.get((src, dst))
         if hops is None:
@@ -226,8 +237,27 @@ class Network(ABC):
             ev = Timeout(self.env, 0, msg)
             ev.callbacks.append(self._deliver_local)
             return msg
+        if self.cpu is not None:
+            self._join_cpu(msg, segments, reduce_bytes)
         self._inject(msg)
         return msg
+
+    def _join_cpu(self, msg: Message, segments: int, reduce_bytes: int) -> None:
+        """Deliver ``msg`` only when the wire and both ends' CPU work are done."""
+        assert self.cpu is not None
+        deliver = msg.on_arrival
+        left, start = self.cpu.join(msg.src, msg.dst, msg.nbytes, segments, reduce_bytes)
+        count = [left]
+
+        def one() -> None:
+            count[0] -= 1
+            if count[0] == 0:
+                msg.end_s = self.env.now
+                if deliver is not None:
+                    deliver(msg)
+
+        msg.on_arrival = lambda _m: one()
+        start(one)
 
     def _deliver_local(self, ev: Any) -> None:
         msg: Message = ev.value

@@ -128,6 +128,20 @@ REGISTRY: dict[str, ZooModel] = dict(
             (InputSpec((1, 16, 16)),),
             "Small CNN for quick real runs: two 3x3 convolutions on 1x16x16, 10 classes",
         ),
+        _entry(
+            "mlp_medium",
+            "small",
+            "mlp_medium",
+            (InputSpec((256,)),),
+            "Validation MLP: 256-1024-1024-1024-10 (2.4M parameters)",
+        ),
+        _entry(
+            "cnn_medium",
+            "small",
+            "cnn_medium",
+            (InputSpec((3, 32, 32)),),
+            "Validation CNN: three 3x3 convolutions on 3x32x32, 256-unit hidden layer",
+        ),
     ]
 )
 """All zoo models by name."""
