@@ -168,7 +168,7 @@ def allowed_ranks(scheme: str, ranks: int) -> str | None:
     if not MIN_RANKS <= ranks <= MAX_RANKS:
         return f"a validation case has {MIN_RANKS} to {MAX_RANKS} ranks"
     if scheme == "gossip" and ranks & (ranks - 1):
-        return "gossip pairs workers on a hypercube and needs a power of two (2 or 4)"
+        return "pairs workers on a hypercube and needs a power of two (2 or 4)"
     return None
 
 
@@ -196,6 +196,8 @@ def check_model(model: str) -> None:
                 resolve(model)
             except Exception as exc:
                 raise ConfigError("models", model, " ".join(str(exc).split())) from None
+        else:
+            _check_model_file(model)
         return
     if model not in zoo.names():
         raise ConfigError(
@@ -203,6 +205,37 @@ def check_model(model: str) -> None:
             model,
             f"a validation runs the model for real; choose a zoo model ({', '.join(zoo.names())}) "
             "or FILE.py:NAME",
+        )
+
+
+def _check_model_file(ref: str) -> None:
+    """For ``FILE.py:NAME``: the file exists, parses and defines ``NAME`` at top level
+    (read, not run; the real run and the profiler load it)."""
+    import ast
+
+    path, _, name = ref.rpartition(":")
+    if not path.endswith(".py"):
+        return  # module:NAME, resolved where the model is loaded
+    if not os.path.isfile(path):
+        raise ConfigError("models", ref, f"the model file {path} does not exist")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
+        raise ConfigError("models", ref, f"{path} cannot be read as Python ({exc})") from None
+    defined = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign):
+            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            defined.add(node.target.id)
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+    if name not in defined:
+        raise ConfigError(
+            "models", ref, f"{path} does not define {name!r} (a model class or function)"
         )
 
 
@@ -257,7 +290,7 @@ def build_matrix(
             raise ConfigError(
                 "ranks",
                 ",".join(map(str, ranks)),
-                f"{s}: {allowed_ranks(s, ranks[0])}",
+                f"{s} {allowed_ranks(s, ranks[0])}",
             )
         per_scheme[s] = ok
     cases: list[Case] = []
@@ -278,14 +311,16 @@ def build_matrix(
                         warmup_iterations,
                         _options_for(s, r),
                     )
-                    if batch_size % case.microbatches:
-                        raise ConfigError(
-                            "batch_size",
-                            batch_size,
-                            f"{case.describe()} splits it into {case.microbatches} "
-                            "micro-batches; use a multiple of 12",
-                        )
                     cases.append(case)
+    split = math.lcm(*(c.microbatches for c in cases))
+    for case in cases:
+        if batch_size % case.microbatches:
+            raise ConfigError(
+                "batch_size",
+                batch_size,
+                f"{case.describe()} splits it into {case.microbatches} "
+                f"micro-batches; use a multiple of {split}",
+            )
     return tuple(dict.fromkeys(cases))
 
 
