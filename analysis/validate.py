@@ -510,6 +510,48 @@ def host_links(by_link: Mapping[str, Any]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def _pair_links(pairs: Mapping[tuple[str, str], int]) -> dict[str, int]:
+    """Bytes between hosts (``(src, dst) -> bytes``, ``n<h>`` names) as bytes on the hosts'
+    links to the switch."""
+    out: dict[str, int] = {}
+    for (a, b), v in pairs.items():
+        if a == b or not v:
+            continue
+        for key in (f"{a}->switch", f"switch->{b}"):
+            out[key] = out.get(key, 0) + int(v)
+    return dict(sorted(out.items()))
+
+
+def measured_links_real(records: Mapping[str, Any]) -> dict[str, int]:
+    """Bytes on each host link in the measured iterations of a real run (by the iteration
+    the sender tagged each message with)."""
+    job = records["job"]
+    first = int(job["warmup_iterations"])
+    last = first + int(job["iterations"]) - 1
+    host = {r["rank"]: f"n{r['host']}" for r in records["ranks"]}
+    pairs: dict[tuple[str, str], int] = {}
+    for r in records["ranks"]:
+        for dst, it, nbytes, _kind in r["sent"]:
+            if first <= it <= last:
+                key = (host[r["rank"]], host[dst])
+                pairs[key] = pairs.get(key, 0) + int(nbytes)
+    return _pair_links(pairs)
+
+
+def measured_links_sim(result: Any) -> dict[str, int]:
+    """Bytes on each host link in the measured iterations of a simulation, from its
+    message spans (each send joined to its receive by the flow id)."""
+    first = int(result.warmup_iterations)
+    last = first + int(result.iterations) - 1
+    receiver = {s[10]: s[0] for s in result.spans if s[1] == "recv"}
+    pairs: dict[tuple[str, str], int] = {}
+    for s in result.spans:
+        if s[1] == "send" and first <= s[6] <= last and s[10] in receiver:
+            key = (s[0].split(".")[0], receiver[s[10]].split(".")[0])
+            pairs[key] = pairs.get(key, 0) + int(s[9])
+    return _pair_links(pairs)
+
+
 def _busy_s(result: Mapping[str, Any]) -> float:
     """Mean compute seconds per measured iteration over the ranks (utilisation x time)."""
     util = list(result["per_gpu_utilization"]) or [0.0]
@@ -561,8 +603,14 @@ def case_row(
     t_sim = float(sim["iteration_time_s"])
     spread = (max(times) - min(times)) / med if med > 0 else math.inf
     rel = (t_sim - med) / med if med > 0 else math.inf
-    links_sim = host_links(sim["comm_bytes_by_link"])
-    links_real = [host_links(r["comm_bytes_by_link"]) for r in reals]
+    if "measured_bytes_by_link" in sim:
+        # the simulator ran lead or tail iterations the real run does not: compare the
+        # measured iterations' bytes, link by link
+        links_sim = dict(sim["measured_bytes_by_link"])
+        links_real = [dict(r["measured_bytes_by_link"]) for r in reals]
+    else:
+        links_sim = host_links(sim["comm_bytes_by_link"])
+        links_real = [host_links(r["comm_bytes_by_link"]) for r in reals]
     per_it_sim = float(sim["comm_bytes_per_iteration"])
     per_it_real = [float(r["comm_bytes_per_iteration"]) for r in reals]
     exact = all(lr == links_sim for lr in links_real) and all(p == per_it_sim for p in per_it_real)
@@ -593,6 +641,7 @@ def case_row(
         "sim_throughput_samples_s": float(sim["throughput_samples_s"]),
         "real_comm_bytes_per_iteration": per_it_real[0],
         "sim_comm_bytes_per_iteration": per_it_sim,
+        "bytes_by_link_over": "measured" if "measured_bytes_by_link" in sim else "run",
         "real_bytes_by_link": json.dumps(links_real[0]),
         "sim_bytes_by_link": json.dumps(links_sim),
         "bytes_exact": exact,
@@ -641,6 +690,10 @@ def run_case(
     job = make_job(case, config)
     records = runner(job, case.bandwidth_bytes_per_s, repeats)
     reals = [summarize(r, cluster="netns") for r in records]
+    if result.simulated_iterations != case.iterations + case.warmup_iterations:
+        sim["measured_bytes_by_link"] = measured_links_sim(result)
+        for real, rec in zip(reals, records, strict=True):
+            real["measured_bytes_by_link"] = measured_links_real(rec)
     row = case_row(case, sim, reals)
     med = row["real_iteration_time_s"]
     i = min(range(len(reals)), key=lambda k: abs(reals[k]["iteration_time_s"] - med))
