@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from simcore.units import format_bytes, format_rate
+from simcore.units import format_bytes, format_rate, parse_rate
 
 __all__ = [
     "DEFAULT_ALLREDUCE_RANKS",
@@ -78,6 +78,12 @@ MATMUL_N = 512
 #: gloo's all-reduce segment (``kMaxSegmentSize`` in gloo/allreduce.h) and worker threads.
 GLOO_SEGMENT = "1MiB"
 GLOO_THREADS = 2
+#: TCP payload of a full 1514-byte frame (1500-byte MTU, TCP timestamps on).
+TCP_PAYLOAD_BYTES = 1448
+#: Messages up to this size are repeated SMALL_FACTOR times as often (they take
+#: microseconds, and a busy machine's scheduling noise needs more samples to average out).
+SMALL_BYTES = 64 * KiB
+SMALL_FACTOR = 4
 #: Seconds a benchmark phase may run without finishing before it counts as hung.
 PHASE_TIMEOUT_S = 300.0
 
@@ -137,6 +143,7 @@ def fit_line(
     *,
     relative: bool = True,
     robust: bool = True,
+    sigma: Sequence[float] | None = None,
     iterations: int = 50,
 ) -> LineFit:
     """Fit ``y = intercept + slope * x`` with both coefficients non-negative.
@@ -146,8 +153,11 @@ def fit_line(
     message's tenths of a second); the intercept then comes from the small points and the
     slope from the large ones. ``robust``: iteratively reweighted least squares with Huber
     weights (threshold 1.345 robust standard deviations of the scaled residuals), so a point
-    disturbed by another process on the machine does not drag the line. Needs at least two
-    distinct ``x`` and positive ``y`` when ``relative``. Raises ``ValueError`` otherwise."""
+    disturbed by another process on the machine does not drag the line. ``sigma``: the
+    uncertainty of each ``y`` (e.g. the standard error of a median); when given, residuals
+    are scaled by it instead (weighted least squares), so precise points count more.
+    Needs at least two distinct ``x`` and positive ``y`` when ``relative`` (positive
+    ``sigma`` when given). Raises ``ValueError`` otherwise."""
     xa = np.asarray(x, dtype=float)
     ya = np.asarray(y, dtype=float)
     if xa.shape != ya.shape or xa.ndim != 1:
@@ -158,7 +168,13 @@ def fit_line(
         raise ValueError("x and y must be finite")
     if relative and np.any(ya <= 0):
         raise ValueError("a relative fit needs positive y values")
-    base = 1.0 / ya**2 if relative else np.ones_like(ya)
+    if sigma is not None:
+        sa = np.asarray(sigma, dtype=float)
+        if sa.shape != ya.shape or not np.all(sa > 0) or not np.all(np.isfinite(sa)):
+            raise ValueError("sigma must hold one positive, finite value per point")
+        base = 1.0 / sa**2
+    else:
+        base = 1.0 / ya**2 if relative else np.ones_like(ya)
     robust_w = np.ones_like(ya)
     a, b = _weighted_nonneg_lsq(xa, ya, base)
     if robust and len(xa) > 2:
@@ -191,12 +207,26 @@ def fit_line(
 
 
 def fit_latency_bandwidth(
-    sizes_bytes: Sequence[float], one_way_s: Sequence[float]
+    sizes_bytes: Sequence[float],
+    one_way_s: Sequence[float],
+    burst_bytes: float = 0.0,
+    sigma_s: Sequence[float] | None = None,
 ) -> tuple[float, float, LineFit]:
     """``(latency_s, goodput_bytes_per_s, fit)`` from one-way message times: the robust
-    relative fit of ``t(n) = latency_s + n / goodput``. Raises ``ValueError`` when the
-    times do not grow with the size (no bandwidth can be read from them)."""
-    fit = fit_line(sizes_bytes, one_way_s)
+    relative fit of ``t(n) = latency_s + max(0, n - burst_bytes) / goodput``.
+
+    ``burst_bytes``: payload bytes a shaped link passes at once before its rate applies
+    (tbf's bucket, full again after a ping-pong's idle half): a message of ``n`` bytes
+    waits for the rate only for its bytes beyond the bucket, so without this term the
+    line through large messages has a negative intercept and a too-steep fit elsewhere.
+    ``goodput`` is then the sustained rate that back-to-back traffic gets. 0 for an
+    unshaped link. ``sigma_s``: each time's uncertainty (see :func:`fit_line`; default: a
+    relative fit). Raises ``ValueError`` when the times do not grow with the size (no
+    bandwidth can be read from them)."""
+    if not (burst_bytes >= 0 and math.isfinite(burst_bytes)):
+        raise ValueError(f"burst_bytes must be non-negative and finite, got {burst_bytes!r}")
+    x = np.maximum(np.asarray(sizes_bytes, dtype=float) - burst_bytes, 0.0)
+    fit = fit_line(x, one_way_s, sigma=sigma_s)
     if not fit.slope > 0:
         raise ValueError("the message times do not grow with the size; no bandwidth to fit")
     return fit.intercept, 1.0 / fit.slope, fit
@@ -209,6 +239,27 @@ def fit_cpu_cost(
     fitted robustly as ``message_cpu_s + n * copy_cpu_s_per_byte``."""
     fit = fit_line(sizes_bytes, cpu_s)
     return fit.intercept, fit.slope, fit
+
+
+def burst_payload_bytes(rate_bytes_per_s: float | None) -> float:
+    """Payload bytes that fit in the tbf bucket of a link shaped to ``rate_bytes_per_s``
+    (``sim real``'s shaping, :func:`realrun.netns.shape_for_rate`; full-size TCP segments:
+    1448 payload bytes per 1514-byte frame); 0 for an unshaped link."""
+    if rate_bytes_per_s is None:
+        return 0.0
+    from realrun.netns import FRAME_BYTES, shape_for_rate
+
+    return shape_for_rate(rate_bytes_per_s).burst_bytes * TCP_PAYLOAD_BYTES / FRAME_BYTES
+
+
+def _median_error(samples: Sequence[float], floor_rel: float = 0.005) -> float:
+    """The standard error of the median of ``samples``: 1.253 times the robust standard
+    deviation (1.4826 MAD) over the square root of their count, at least ``floor_rel`` of
+    the median (the timer and a handful of samples resolve no better)."""
+    arr = np.asarray(samples, dtype=float)
+    med = float(np.median(arr))
+    sd = 1.4826 * float(np.median(np.abs(arr - med)))
+    return max(1.253 * sd / math.sqrt(len(arr)), floor_rel * abs(med), 1e-9)
 
 
 def _median(values: Sequence[float]) -> float:
@@ -317,8 +368,7 @@ def _check_args(
     ranks = list(allreduce_ranks)
     if any(isinstance(p, bool) or not isinstance(p, int) or not 2 <= p <= 64 for p in ranks):
         raise ValueError(
-            f"allreduce_ranks: {ranks!r} is not allowed; give integers from 2 to 64 "
-            "(or none)"
+            f"allreduce_ranks: {ranks!r} is not allowed; give integers from 2 to 64 (or none)"
         )
 
 
@@ -548,6 +598,7 @@ def _pingpong_rows(results: list[dict[str, Any]], sizes: list[int]) -> dict[int,
         out[n] = {
             "one_way_s": _median(one_way),
             "spread_s": float(max(one_way) - min(one_way)),
+            "sigma_s": _median_error(one_way),
             "cpu_s": float(np.mean(cpu)),
         }
     return out
@@ -592,9 +643,16 @@ def _preset(
     sh = _pingpong_rows(shaped, sizes) if shaped is not unshaped else un
     x = np.asarray(sizes, dtype=float)
     try:
-        latency, goodput, net_fit = fit_latency_bandwidth(x, [sh[n]["one_way_s"] for n in sizes])
+        latency, goodput, net_fit = fit_latency_bandwidth(
+            x,
+            [sh[n]["one_way_s"] for n in sizes],
+            burst_payload_bytes(rate),
+            [sh[n]["sigma_s"] for n in sizes],
+        )
         message_cpu, copy_cpu, cpu_fit = fit_cpu_cost(x, [un[n]["cpu_s"] for n in sizes])
-        _, un_goodput, wall_fit = fit_latency_bandwidth(x, [un[n]["one_way_s"] for n in sizes])
+        _, un_goodput, wall_fit = fit_latency_bandwidth(
+            x, [un[n]["one_way_s"] for n in sizes], 0.0, [un[n]["sigma_s"] for n in sizes]
+        )
     except ValueError as err:
         raise CalibrationError(f"the measurements cannot be fitted: {err}") from None
     compute = next(r["compute"] for r in unshaped if r.get("compute"))
@@ -632,6 +690,7 @@ def _preset(
     fits = {
         "latency_s": latency,
         "goodput_bytes_per_s": goodput,
+        "tbf_burst_payload_bytes": burst_payload_bytes(rate),
         "goodput_share_of_tbf_rate": goodput / rate if rate else None,
         "residual_rel_max": net_fit.residual_rel_max,
         "residual_rel_median": net_fit.residual_rel_median,
@@ -701,27 +760,54 @@ def _preset(
 
 def write_calibration(preset: Mapping[str, Any], path: str) -> None:
     """Write ``preset`` as YAML to ``path`` atomically (all or nothing), sections in the
-    order :func:`calibrate` made them."""
+    order :func:`calibrate` made them, one line per measured row."""
     import yaml
 
     from traces.atomic import write_text
 
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def flow_map(dumper: yaml.SafeDumper, data: _FlowMap) -> yaml.Node:
+        return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=True)
+
+    def flow_list(dumper: yaml.SafeDumper, data: _FlowList) -> yaml.Node:
+        return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True)
+
+    Dumper.add_representer(_FlowMap, flow_map)
+    Dumper.add_representer(_FlowList, flow_list)
     header = (
         "# Calibrated by `sim calibrate` on this machine; read by `sim run --topology FILE`.\n"
         "# See docs/emulated_cluster.md (Calibration) for what each value means.\n"
     )
-    text = yaml.safe_dump(_plain(preset), sort_keys=False, default_flow_style=None, width=100)
+    text = yaml.dump(
+        _plain(preset), Dumper=Dumper, sort_keys=False, default_flow_style=False, width=200
+    )
     write_text(path, header + text)
 
 
-def _plain(value: Any) -> Any:
-    """Plain YAML-safe data: tuples to lists, numpy scalars to Python numbers."""
+class _FlowMap(dict):  # type: ignore[type-arg]
+    """A mapping written on one line (a row of measurements)."""
+
+
+class _FlowList(list):  # type: ignore[type-arg]
+    """A list written on one line (a link of the box)."""
+
+
+def _plain(value: Any, inner: bool = False) -> Any:
+    """Plain YAML-safe data: tuples to lists, numpy scalars to Python numbers, floats to
+    five significant digits (more than any measurement here resolves); mappings and lists
+    inside lists become one-line rows."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        items = {str(k): _plain(v) for k, v in value.items()}
+        return _FlowMap(items) if inner else items
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        items = [_plain(v, inner=True) for v in value]
+        return _FlowList(items) if inner else items
     if isinstance(value, np.generic):
-        return value.item()
+        value = value.item()
+    if isinstance(value, float) and math.isfinite(value) and value != 0:
+        return float(f"{value:.5g}")
     return value
 
 
@@ -737,7 +823,7 @@ def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
             (
                 "goodput",
                 f"{format_rate(goodput)}  ({fits['goodput_share_of_tbf_rate']:.1%} of the "
-                f"{m['tbf_rate']} tbf rate)",
+                f"{format_rate(parse_rate(m['tbf_rate']))} tbf rate)",
             )
         )
     else:
@@ -836,8 +922,9 @@ def _rank_main(job_path: str) -> int:  # pragma: no cover - runs in the rank pro
 
                 once()  # warm-up
                 rts = []
+                reps = repeats * (SMALL_FACTOR if n <= SMALL_BYTES else 1)
                 c0 = cpu_now()
-                for _ in range(repeats):
+                for _ in range(reps):
                     t0 = time.perf_counter()
                     once()
                     rts.append(time.perf_counter() - t0)
@@ -849,7 +936,7 @@ def _rank_main(job_path: str) -> int:  # pragma: no cover - runs in the rank pro
                         "role": "ping" if ping else "pong",
                         "round_trips_s": rts,
                         "cpu_s": cpu,
-                        "messages": 2 * repeats,
+                        "messages": 2 * reps,
                     }
                 )
             dist.barrier()
@@ -867,9 +954,7 @@ def _rank_main(job_path: str) -> int:  # pragma: no cover - runs in the rank pro
                     t0 = time.perf_counter()
                     dist.all_reduce(buf, group=group)
                     times.append(time.perf_counter() - t0)
-                result["allreduce"].append(
-                    {"ranks": p, "bytes": 4 * buf.numel(), "times_s": times}
-                )
+                result["allreduce"].append({"ranks": p, "bytes": 4 * buf.numel(), "times_s": times})
             dist.barrier()
             step(f"all-reduce {format_bytes(n)} x{p}")
     if job["compute"]:
@@ -886,7 +971,9 @@ def _rank_main(job_path: str) -> int:  # pragma: no cover - runs in the rank pro
     return 0
 
 
-def _compute_benchmarks(torch: Any, step: Callable[[str], None]) -> dict[str, Any]:  # pragma: no cover
+def _compute_benchmarks(
+    torch: Any, step: Callable[[str], None]
+) -> dict[str, Any]:  # pragma: no cover
     """One-thread float32 reductions, copies and matmuls on this rank (the others wait)."""
     reduce_rows = []
     for n in REDUCE_SIZES_BYTES:
