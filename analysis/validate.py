@@ -359,22 +359,11 @@ def ensure_calibration(
     path = calibration_path(out_dir, rate_bytes_per_s)
     if os.path.exists(path):
         return path
+    from realrun.calibrate import write_calibration
+
     preset = dict(calibrator(rate_bytes_per_s))
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    try:
-        from realrun.calibrate import write_calibration
-    except ImportError:
-        write_calibration = None
-    if write_calibration is not None:
-        tmp = path + ".tmp.yaml"
-        write_calibration(preset, tmp)
-        os.replace(tmp, path)
-    else:
-        import yaml
-
-        from traces.atomic import write_text
-
-        write_text(path, yaml.safe_dump(preset, sort_keys=False))
+    write_calibration(preset, path)
     return path
 
 
@@ -771,7 +760,8 @@ def run_validation(
 
     ``topology_file``: use this preset for every bandwidth instead of calibrating.
     ``runner``: how a job runs for real (default :func:`netns_runner`).
-    ``progress(case, state)``: called with ``"start"``, ``"done"`` or ``"skip"``.
+    ``progress(case, state)``: called with ``"start"``, ``"calibrate"`` (before a new
+    calibration), ``"done"`` or ``"skip"``.
     A case that fails (a rank died, a plan that cannot run) is recorded with its error and
     the others go on; Ctrl-C stops at once, keeping every finished row.
     """
@@ -800,6 +790,9 @@ def run_validation(
                     progress(case, "start")
                 rate = case.bandwidth_bytes_per_s
                 if rate not in calibrations:
+                    fresh = not os.path.exists(calibration_path(out_dir, rate))
+                    if progress and topology_file is None and fresh:
+                        progress(case, "calibrate")
                     calibrations[rate] = topology_file or ensure_calibration(
                         out_dir, rate, calibrator
                     )

@@ -313,6 +313,8 @@ class _Bar:
     def __call__(self, case: Any, state: str) -> None:
         if state == "start":
             self.bar.set_description(case.describe())
+        elif state == "calibrate":
+            self.bar.set_description(f"calibrating {case.bandwidth}")
         else:
             self.bar.update(1)
 
