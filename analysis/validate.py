@@ -871,8 +871,11 @@ def scatter_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
     fig, ax = plt.subplots(figsize=(6.5, 6))
     xs = [1e3 * float(r["real_iteration_time_s"]) for r in ok]
     ys = [1e3 * float(r["sim_iteration_time_s"]) for r in ok]
-    lo = min(xs + ys) * 0.8 if xs else 1.0
-    hi = max(xs + ys) * 1.2 if xs else 10.0
+    span = xs + ys
+    span += [1e3 * float(r["real_iteration_time_min_s"]) for r in ok]
+    span += [1e3 * float(r["real_iteration_time_max_s"]) for r in ok]
+    lo = min(span) * 0.8 if span else 1.0
+    hi = max(span) * 1.2 if span else 10.0
     line = [lo, hi]
     ax.plot(line, line, color="black", linewidth=1, label="y = x")
     for band, alpha in ((0.15, 0.10), (0.05, 0.18)):
@@ -886,10 +889,8 @@ def scatter_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
             label=f"±{int(band * 100)}%",
         )
     schemes = list(dict.fromkeys(r["scheme"] for r in ok))
-    markers = {"o", "s"}
     models = list(dict.fromkeys(r["model"] for r in ok))
     marker_of = {m: mk for m, mk in zip(models, ["o", "s", "^", "D", "v"] * 4, strict=False)}
-    del markers
     for s in schemes:
         for m in models:
             pts = [r for r in ok if r["scheme"] == s and r["model"] == m]
@@ -915,6 +916,13 @@ def scatter_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
+    ax.tick_params(which="both", labelsize=8)
     ax.set_xlabel("measured iteration time (ms, median; bars: min to max)")
     ax.set_ylabel("simulated iteration time (ms)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
