@@ -197,10 +197,14 @@ def test_case_row_errors_spread_and_bytes() -> None:
 
 def test_why_names_the_noise_band_or_the_term_that_differs() -> None:
     case = va.Case("ps", "cnn_medium", 25e6, 2)
-    # 8 % off, but the real runs spread 20 %: within the noise band
+    # 8 % off, but between the fastest and the slowest real run: within the noise band
     noisy = [_result(t, [0.5, 0.5], REAL_LINKS, 4.0) for t in (0.09, 0.10, 0.11)]
     row = va.case_row(case, _result(0.108, [0.5, 0.5], SIM_LINKS, 4.0), noisy)
     assert row["why"].startswith("within the noise band")
+    # 8 % off, outside a narrow band: not noise
+    narrow = [_result(t, [0.5, 0.5], REAL_LINKS, 4.0) for t in (0.099, 0.10, 0.101)]
+    row = va.case_row(case, _result(0.108, [0.54, 0.54], SIM_LINKS, 4.0), narrow)
+    assert "differs most" in row["why"]
     # 40 % slower in simulation, compute the same: the communication term differs
     steady = [_result(0.100, [0.5, 0.5], REAL_LINKS, 4.0) for _ in range(3)]
     row = va.case_row(case, _result(0.140, [50 / 140, 50 / 140], SIM_LINKS, 4.0), steady)
