@@ -608,6 +608,14 @@ def case_row(
     per_it_sim = float(sim["comm_bytes_per_iteration"])
     per_it_real = [float(r["comm_bytes_per_iteration"]) for r in reals]
     exact = all(lr == links_sim for lr in links_real) and all(p == per_it_sim for p in per_it_real)
+    diff = max(
+        (
+            abs(lr.get(k, 0) - links_sim.get(k, 0))
+            for lr in links_real
+            for k in set(lr) | set(links_sim)
+        ),
+        default=0,
+    )
     real_for_why = dict(median_run, iteration_time_s=med)
     return {
         "point_id": case.case_id,
@@ -639,6 +647,7 @@ def case_row(
         "real_bytes_by_link": json.dumps(links_real[0]),
         "sim_bytes_by_link": json.dumps(links_sim),
         "bytes_exact": exact,
+        "bytes_max_link_diff": int(diff),
         "real_utilization": _compact(median_run["per_gpu_utilization"]),
         "sim_utilization": _compact(sim["per_gpu_utilization"]),
         "real_bubble": float(median_run["bubble_fraction"]),
@@ -772,6 +781,7 @@ def run_validation(
     """
     from analysis.store import SweepStore
     from realrun.launch import RankFailed
+    from simcore.engine import SimulationError
 
     if repeats < 1:
         raise ConfigError("repeats", repeats, "need at least one real run per case")
@@ -803,7 +813,7 @@ def run_validation(
                     )
                 try:
                     row = run_case(case, out_dir, calibrations[rate], repeats, runner)
-                except (RankFailed, ConfigError, ValueError) as exc:
+                except (RankFailed, SimulationError, ConfigError, ValueError) as exc:
                     message = " ".join(str(exc).split())
                     row = {
                         "point_id": case.case_id,
@@ -1082,7 +1092,9 @@ def write_report(
                         f"{100 * float(r['real_spread']):.1f}%",
                         f"{float(r['real_throughput_samples_s']):.0f} / "
                         f"{float(r['sim_throughput_samples_s']):.0f}",
-                        "yes" if _truthy(r["bytes_exact"]) else "**no**",
+                        "yes"
+                        if _truthy(r["bytes_exact"])
+                        else f"**no** ({r.get('bytes_max_link_diff', '?')} B off)",
                         f"{r['real_utilization']} / {r['sim_utilization']}",
                         f"{100 * float(r['real_bubble']):.0f}% / "
                         f"{100 * float(r['sim_bubble']):.0f}%",

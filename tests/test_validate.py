@@ -192,7 +192,8 @@ def test_case_row_errors_spread_and_bytes() -> None:
     assert json.loads(row["real_utilization"]) == [0.5, 0.5]
     # one byte more on one link in one repeat: not exact
     reals[1] = _result(0.098, [0.5, 0.5], dict(REAL_LINKS, **{"n1->switch": 101}), 40.0)
-    assert va.case_row(case, sim, reals)["bytes_exact"] is False
+    row = va.case_row(case, sim, reals)
+    assert row["bytes_exact"] is False and row["bytes_max_link_diff"] == 1
 
 
 def test_why_names_the_noise_band_or_the_term_that_differs() -> None:
