@@ -383,3 +383,24 @@ def test_validate_quick_fidelity(tmp_path: Path, prefix: str) -> None:
     assert summary.failed == 0, summary.errors
     assert summary.bytes_exact == summary.cases
     assert summary.median_abs_rel_err <= 0.10, va.format_summary(summary)
+
+
+def test_gossip_labels_are_left_out_link_by_link() -> None:
+    # two workers, batch 24, 1 warm-up + 2 measured iterations: 192 label bytes per
+    # iteration on every host link
+    real = dict(
+        _result(0.1, [0.5, 0.5], {k: v + 576 for k, v in REAL_LINKS.items()}, 40.0 + 384),
+        shuffle_label_bytes=384,
+        iterations=2,
+        warmup_iterations=1,
+        gpus=2,
+    )
+    adjusted = va.without_shuffle_labels(real)
+    assert adjusted["comm_bytes_by_link"] == REAL_LINKS
+    assert adjusted["comm_bytes_per_iteration"] == 40.0
+    row = va.case_row(
+        va.Case("gossip", "mlp_medium", 125e6, 2),
+        _result(0.1, [0.5, 0.5], SIM_LINKS, 40.0),
+        [adjusted],
+    )
+    assert row["bytes_exact"] is True and row["bytes_adjusted"]
