@@ -978,8 +978,18 @@ def timeline_figure(real_trace: Mapping[str, Any], sim_trace: Mapping[str, Any],
     plt = _pyplot()
 
     def lanes(trace: Mapping[str, Any]) -> int:
+        """Rows of the Gantt chart: one per device and stream (extra lanes merged)."""
+        names = {
+            (e["pid"], e["tid"]): str(e["args"]["name"]).split(" #")[0]
+            for e in trace["traceEvents"]
+            if e.get("ph") == "M" and e.get("name") == "thread_name"
+        }
         return len(
-            {(e.get("pid"), e.get("tid")) for e in trace["traceEvents"] if e.get("ph") == "X"}
+            {
+                (e.get("pid"), names.get((e.get("pid"), e.get("tid")), e.get("tid")))
+                for e in trace["traceEvents"]
+                if e.get("ph") == "X"
+            }
         )
 
     n_real, n_sim = max(1, lanes(real_trace)), max(1, lanes(sim_trace))
