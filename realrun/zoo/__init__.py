@@ -156,6 +156,14 @@ def build(name: str) -> Any:
     return getattr(module, entry.constructor)()
 
 
+def resolve_model(ref: str, input_shape: Any = None) -> Any:
+    """The model a reference names (a zoo name, ``FILE.py:NAME`` or
+    ``package.module:NAME``): :func:`realrun.usermodel.resolve_model`."""
+    from realrun.usermodel import resolve_model as resolve
+
+    return resolve(ref, input_shape)
+
+
 def example_inputs(
     name: str, batch_size: int, device: Any = "cpu", seed: int = 0
 ) -> tuple[Any, ...]:
