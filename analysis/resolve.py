@@ -181,10 +181,13 @@ def zoo_config(
     optimizer: str = "momentum",
     iterations: int = 5,
     warmup_iterations: int = 1,
+    input_shape: tuple[int, ...] | None = None,
 ) -> SimConfig:
-    """The configuration ``sim run`` makes for zoo model ``model`` on an analytic trace of it
-    (the real model's layers, names and bytes; times from FLOPs), one GPU per host on the
-    ``ethernet`` preset: what a real run of that model is compared with."""
+    """The configuration ``sim run`` makes for model ``model`` (a zoo name, ``FILE.py:NAME``
+    or ``package.module:NAME``, see :func:`realrun.usermodel.resolve_model`, with
+    ``input_shape`` where it needs one) on an analytic trace of it (the real model's
+    layers, names and bytes; times from FLOPs), one GPU per host on the ``ethernet``
+    preset: what a real run of that model is compared with."""
     import tempfile
 
     from realrun.profiler import ProfileConfig, profile_model
@@ -193,6 +196,7 @@ def zoo_config(
     trace = profile_model(
         model,
         ProfileConfig(batch_size=batch_size, analytic=True, device_flops=1e12, progress=False),
+        input_shape,
     )
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
@@ -218,10 +222,13 @@ def pipeline_plan(
     scheme: str,
     options: Mapping[str, Any],
     optimizer: str = "momentum",
+    input_shape: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
-    """The stages and micro-batches ``sim run`` would use to run zoo model ``model`` with a
-    pipeline scheme (:func:`realrun.pipeline.plan` of :func:`zoo_config`): what ``sim
-    real`` runs."""
+    """The stages and micro-batches ``sim run`` would use to run model ``model`` (a zoo name
+    or a reference, as in :func:`zoo_config`) with a pipeline scheme
+    (:func:`realrun.pipeline.plan` of :func:`zoo_config`): what ``sim real`` runs."""
     from realrun.pipeline import plan
 
-    return plan(zoo_config(model, batch_size, gpus, scheme, options, optimizer))
+    return plan(
+        zoo_config(model, batch_size, gpus, scheme, options, optimizer, input_shape=input_shape)
+    )

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from realrun import zoo
-from realrun.zoo import InputSpec
+from realrun.zoo import InputSpec, is_zoo, looks_like_reference
 from simcore.settings import ConfigError
 
 FORMS = "a zoo model name, FILE.py:NAME or package.module:NAME"
@@ -77,18 +77,6 @@ def parse_input_shape(text: str | tuple[int, ...] | list[int] | None) -> tuple[i
             "such as 3,32,32 or 64",
         )
     return shape
-
-
-def is_zoo(ref: str) -> bool:
-    """Whether ``ref`` names a zoo model."""
-    return ref in zoo.REGISTRY
-
-
-def looks_like_reference(ref: str) -> bool:
-    """Whether ``ref`` has the form of a user model (``FILE.py:NAME`` or
-    ``package.module:NAME``), without loading anything."""
-    left, sep, name = ref.rpartition(":")
-    return bool(sep and left and name)
 
 
 @dataclass(frozen=True)
@@ -208,7 +196,18 @@ def _resolve(ref: str, shape: tuple[int, ...] | None) -> ResolvedModel:
             )
         inputs = tuple(_spec_of(t) for t in tensors)
         shape = None
-    return ResolvedModel(canonical, _short_name(canonical), inputs, shape)
+    resolved = ResolvedModel(canonical, _short_name(canonical), inputs, shape)
+    try:  # a forward on the meta device: shapes only, nothing allocated
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            resolved.build()(*resolved.example_inputs(2, "meta"))
+    except Exception as exc:
+        field, value = ("input_shape", shape) if shape else ("model", ref)
+        raise ConfigError(
+            field,
+            ",".join(map(str, value)) if shape else value,
+            f"the model cannot run on a batch of inputs of this shape ({_one_line(exc)[:200]})",
+        ) from None
+    return resolved
 
 
 def canonical_ref(ref: str) -> str:

@@ -156,6 +156,18 @@ def build(name: str) -> Any:
     return getattr(module, entry.constructor)()
 
 
+def is_zoo(ref: str) -> bool:
+    """Whether ``ref`` names a zoo model."""
+    return ref in REGISTRY
+
+
+def looks_like_reference(ref: str) -> bool:
+    """Whether ``ref`` has the form of a user's model, ``FILE.py:NAME`` or
+    ``package.module:NAME`` (nothing is loaded)."""
+    left, sep, name = ref.rpartition(":")
+    return bool(sep and left and name)
+
+
 def resolve_model(ref: str, input_shape: Any = None) -> Any:
     """The model a reference names (a zoo name, ``FILE.py:NAME`` or
     ``package.module:NAME``): :func:`realrun.usermodel.resolve_model`."""
