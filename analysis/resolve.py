@@ -9,8 +9,10 @@ names here.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import re
 from collections.abc import Mapping
 from functools import cache
 from importlib import resources
@@ -109,6 +111,97 @@ def device_scale(trace: TraceMeta | str, gpu_model: str, gpu_peak: float) -> flo
     if trace_device == gpu_model or trace_device not in table:
         return 1.0
     return gpu_peak / table[trace_device]
+
+
+DATE_DRIFT_S = 24 * 3600.0
+"""Traces and calibrations measured further apart than this get a warning: compute on a
+shared machine has been seen to drift by 40% between days."""
+
+
+def same_device(a: str, b: str) -> bool:
+    """Whether two device names name the same model: equal up to case and spaces, or one a
+    run of whole words of the other (``A100`` and ``NVIDIA A100-SXM4-40GB``)."""
+    na, nb = (" ".join(x.lower().split()) for x in (a, b))
+    if not na or not nb:
+        return False
+    if na == nb:
+        return True
+    short, long = sorted((na, nb), key=len)
+    return re.search(rf"(?<![\w.]){re.escape(short)}(?![\w.])", long) is not None
+
+
+def parse_when(value: Any) -> datetime.datetime | None:
+    """An ISO date or date-time (text, or what YAML made of it) as an aware UTC
+    date-time; ``None`` when absent or unreadable (a date alone is its midnight, UTC; a
+    time without zone is taken as UTC)."""
+    if isinstance(value, datetime.datetime):
+        when = value
+    elif isinstance(value, datetime.date):
+        when = datetime.datetime(value.year, value.month, value.day)
+    elif isinstance(value, str) and value.strip():
+        try:
+            when = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    else:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=datetime.UTC)
+
+
+def trace_origin_warnings(
+    meta: TraceMeta,
+    preset: Mapping[str, Any],
+    compute_scale: float | None = None,
+) -> list[str]:
+    """Warnings (one line each, ``warning: ...``) when a trace's compute times were
+    measured somewhere other than where the topology ``preset`` says its devices are.
+
+    * **Device.** The trace's device (:attr:`TraceMeta.measured_on`: its GPU model, or its
+      CPU model for a CPU trace) against the preset's ``gpu.model`` (for a calibrated CPU
+      cluster, ``gpu: {kind: cpu, model: <CPU model name>}``) and ``measured.cpu``. No
+      warning where the times are rescaled on purpose: an analytic trace (computed for a
+      peak rate), a trace from a GPU of the table ``sim run`` rescales by peak FLOP/s, or
+      an explicit ``compute_scale``.
+    * **Date.** The trace's ``date`` and the preset's ``measured.date`` more than
+      :data:`DATE_DRIFT_S` apart (compute drifts between days), whatever the scaling.
+    """
+    out: list[str] = []
+    name = meta.model or "the trace"
+    topo = str(preset.get("name", "the topology"))
+    gpu = preset.get("gpu") or {}
+    measured = preset.get("measured") or {}
+    if not isinstance(gpu, Mapping):
+        gpu = {}
+    if not isinstance(measured, Mapping):
+        measured = {}
+    target = str(gpu.get("model") or "")
+    claimed_cpu = str(measured.get("cpu") or "")
+    on = meta.measured_on
+    rescaled = meta.peak_flop_per_s > 0 or compute_scale is not None
+    if not rescaled and target and not same_device(on, target):
+        table = gpu_peak_flops()
+        peak = gpu.get("peak_flops", table.get(target, 0))
+        rescaled = on in table and bool(peak)
+    if not rescaled:
+        claims = [c for c in (target, claimed_cpu) if c]
+        wrong = [c for c in claims if not same_device(on, c)]
+        if wrong:
+            vague = " (the trace does not record which CPU)" if on.lower() == "cpu" else ""
+            out.append(
+                f"warning: {name} was measured on {on!r}{vague} but topology {topo} "
+                f"claims {wrong[0]!r}; its compute times are used as measured (profile on "
+                "the claimed machine, or --set compute_scale=X to rescale)"
+            )
+    t_trace, t_topo = parse_when(meta.date), parse_when(measured.get("date"))
+    if t_trace and t_topo and abs((t_trace - t_topo).total_seconds()) > DATE_DRIFT_S:
+        days = abs((t_trace - t_topo).total_seconds()) / 86400
+        out.append(
+            f"warning: {name} was measured on {t_trace.isoformat(timespec='minutes')} and "
+            f"topology {topo} on {t_topo.isoformat(timespec='minutes')}, {days:.1f} days "
+            "apart; compute on a shared machine drifts between days, so profile the model "
+            "again (sim profile, or sim real --profile-out) when the topology is calibrated"
+        )
+    return out
 
 
 def build_config(spec: RunSpec, *, record_spans: bool = True) -> SimConfig:
