@@ -24,6 +24,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,7 +65,8 @@ def parse_input_shape(text: str | tuple[int, ...] | list[int] | None) -> tuple[i
         s = str(text).strip().strip("()[]")
         if not s or s == "auto":
             return None
-        parts = [p.strip() for p in s.replace("x", ",").split(",") if p.strip()]
+        sep = "x" if re.fullmatch(r"\d+(\s*x\s*\d+)+", s) else ","
+        parts = [p.strip() for p in s.split(sep)]
     try:
         shape = tuple(int(p) for p in parts)
     except (TypeError, ValueError):
