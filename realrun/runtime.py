@@ -264,13 +264,14 @@ def output_shape(job: Job) -> tuple[int, tuple[int, ...]]:
 
 
 def loss_of(output: Any, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of every output shaped like the labels plus a class dimension (the
-    mean over samples); any other output adds its mean square."""
+    """Cross-entropy of every output shaped like the labels plus a class dimension of at
+    least two classes (the mean over samples); any other output (a user model's scalar per
+    sample, a last dimension of one) adds its mean square."""
     total: torch.Tensor | None = None
     for out in tensors_in(output):
         if not out.is_floating_point():
             continue
-        if tuple(out.shape[:-1]) == tuple(labels.shape):
+        if out.dim() and out.shape[-1] >= 2 and tuple(out.shape[:-1]) == tuple(labels.shape):
             term = F.cross_entropy(
                 out.reshape(-1, out.shape[-1]).float(), labels.reshape(-1).to(out.device)
             )

@@ -61,6 +61,10 @@ MODELS = textwrap.dedent(
         return nn.Sequential(nn.Linear(6, 1), nn.Flatten(0))
 
 
+    def one_output():
+        return nn.Linear(6, 1)
+
+
     def not_a_model():
         return 42
 
@@ -200,7 +204,7 @@ def test_a_job_carries_the_input_shape(models: Path) -> None:
 def test_the_runtime_builds_batches_and_loss_for_a_user_model(models: Path) -> None:
     from realrun.runtime import batch, build_model, loss_of, output_shape
 
-    for name, shape in (("mlp", [12]), ("regressor", [6])):
+    for name, shape in (("mlp", [12]), ("regressor", [6]), ("one_output", [6])):
         job = Job(scheme="dp", model=f"{models}:{name}", workers=1, input_shape=shape)
         setup = build_model(job, torch.device("cpu"))
         assert [layer.name for layer in setup.layers]
