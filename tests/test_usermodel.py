@@ -484,3 +484,15 @@ def test_sim_run_warns_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "claims 'Intel Xeon Gold 6148'" in warnings[0] and "days apart" in warnings[1]
     code, out, err = run_main(capsys, "run", "--gpus", "2", "--iterations", "1")
     assert code == 0 and "warning" not in err  # the built-in V100 trace on a V100 preset
+
+
+def test_input_shape_is_a_flag_a_config_key_and_a_set_key(tmp_path: Path) -> None:
+    from realrun.spec import RealSpec
+    from tests.test_settings import resolve
+
+    by_flag, _ = resolve(["--input-shape", "3,32,32"], RealSpec)
+    conf = tmp_path / "c.yaml"
+    conf.write_text("input_shape: '3,32,32'\n")
+    by_file, _ = resolve(["--config", str(conf)], RealSpec)
+    by_set, _ = resolve(["--set", "input_shape=3,32,32"], RealSpec)
+    assert by_flag.input_shape == by_file.input_shape == by_set.input_shape == "3,32,32"

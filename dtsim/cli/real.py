@@ -87,15 +87,17 @@ def real(
     """Run a training scheme for real (one process per rank) and print what was measured.
 
     Takes the same settings as 'sim run' (--gpus is the number of data-parallel workers;
-    ps and p3 add their server ranks). Models come from the zoo ('sim profile --list'):
-    mlp_small and cnn_small take seconds, resnet18 minutes on a CPU. The batch size
-    defaults to 8 per worker.
+    ps and p3 add their server ranks). Models come from the zoo ('sim profile --help'):
+    mlp_small and cnn_small take seconds, resnet18 minutes on a CPU; or give your own
+    with --model FILE.py:NAME (a function returning an nn.Module, with --input-shape, or
+    a pair (module, example_input)). The batch size defaults to 8 per worker.
 
     \b
     Examples:
       sim real --gpus 2 --scheme dp --model mlp_small
       sim real --gpus 3 --scheme p3 --model resnet18 --cluster netns --bandwidth 1Gbps
       sim real --gpus 4 --scheme gossip --model cnn_small --trace-out real.json
+      sim real --gpus 2 --scheme dp --model mynet.py:make_net --input-shape 3,32,32
     """
     for path in (trace_out, profile_out, write_job):
         if path:
