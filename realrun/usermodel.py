@@ -241,7 +241,7 @@ def _factory(ref: str) -> Callable[[], Any]:
         module = _load_file(ref, left)
     else:
         try:
-            module = importlib.import_module(left)
+            module = _import_here(left)
         except ModuleNotFoundError as exc:
             if exc.name and left.startswith(exc.name):
                 raise ConfigError(
@@ -265,6 +265,21 @@ def _factory(ref: str) -> Callable[[], Any]:
             "model", ref, f"{name} is {_describe(obj)}, not a callable returning a model"
         )
     return obj
+
+
+def _import_here(name: str) -> Any:
+    """Import module ``name``; a package in the current folder is found as ``python -m``
+    finds it (the ``sim`` script's own path does not hold the current folder, a rank's
+    ``python -m realrun`` does)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        here = os.getcwd()
+        top = name.split(".")[0]
+        if exc.name != top or here in sys.path or "" in sys.path:
+            raise
+        sys.path.insert(0, here)
+        return importlib.import_module(name)
 
 
 def _load_file(ref: str, path: str) -> Any:

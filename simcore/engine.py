@@ -245,7 +245,7 @@ def _result(
         simulated_s=rec.end_s,
         messages=rec.messages,
         gpu_model=topology.gpu_spec.model,
-        trace_device=config.trace.meta.device,
+        trace_device=config.trace.meta.measured_on,
         compute_scale=config.compute_scale,
         device_names=tuple(g.name for g in ctx.gpus),
         spans=spans,

@@ -130,6 +130,16 @@ def test_package_module_form(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert m.build()(*m.example_inputs(2)).shape == (2, 3)
 
 
+def test_package_in_the_current_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "umpkg_c"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "nets.py").write_text(MODELS)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("umpkg_c.nets:mlp", "12").inputs[0].shape == (12,)
+
+
 def test_resolving_keeps_the_callers_random_state(models: Path) -> None:
     torch.manual_seed(7)
     expected = torch.rand(3)
