@@ -162,8 +162,9 @@ def trace_origin_warnings(
       warning where the times are rescaled on purpose: an analytic trace (computed for a
       peak rate), a trace from a GPU of the table ``sim run`` rescales by peak FLOP/s, or
       an explicit ``compute_scale``.
-    * **Date.** The trace's ``date`` and the preset's ``measured.date`` more than
+    * **Date.** A measured trace's ``date`` and the preset's ``measured.date`` more than
       :data:`DATE_DRIFT_S` apart (compute drifts between days), whatever the scaling.
+      ``measured.cpu`` is compared with CPU-measured traces only.
     """
     out: list[str] = []
     name = meta.model or "the trace"
@@ -183,7 +184,8 @@ def trace_origin_warnings(
         peak = gpu.get("peak_flops", table.get(target, 0))
         rescaled = on in table and bool(peak)
     if not rescaled:
-        claims = [c for c in (target, claimed_cpu) if c]
+        on_cpu = not meta.gpu and meta.device.lower() == "cpu"
+        claims = [c for c in (target, claimed_cpu if on_cpu else "") if c]
         wrong = [c for c in claims if not same_device(on, c)]
         if wrong:
             vague = " (the trace does not record which CPU)" if on.lower() == "cpu" else ""
@@ -192,6 +194,8 @@ def trace_origin_warnings(
                 f"claims {wrong[0]!r}; its compute times are used as measured (profile on "
                 "the claimed machine, or --set compute_scale=X to rescale)"
             )
+    if meta.peak_flop_per_s > 0:
+        return out  # computed from FLOPs, not measured: no day to drift from
     t_trace, t_topo = parse_when(meta.date), parse_when(measured.get("date"))
     if t_trace and t_topo and abs((t_trace - t_topo).total_seconds()) > DATE_DRIFT_S:
         days = abs((t_trace - t_topo).total_seconds()) / 86400

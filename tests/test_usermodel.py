@@ -450,8 +450,11 @@ def test_gpu_traces_warn_only_where_nothing_rescales_them() -> None:
     assert trace_origin_warnings(cuda, a100) == []
     assert len(trace_origin_warnings(cuda, v100)) == 1
     assert trace_origin_warnings(cuda, v100, compute_scale=2.0) == []  # deliberate
-    analytic = TraceMeta("net", "analytic:1e12", 8, peak_flop_per_s=1e12)
+    analytic = TraceMeta("net", "analytic:1e12", 8, peak_flop_per_s=1e12, date="2020-01-01")
     assert trace_origin_warnings(analytic, v100) == []
+    assert trace_origin_warnings(analytic, dict(v100, measured={"date": "2026-11-23"})) == []
+    host = dict(a100, measured={"cpu": "AMD EPYC 7742", "date": "2026-11-23"})
+    assert trace_origin_warnings(TraceMeta("r", "A100", 8, date="2026-11-23"), host) == []
     (w,) = trace_origin_warnings(TraceMeta("old", "cpu", 8), v100)
     assert "does not record which CPU" in w
 
