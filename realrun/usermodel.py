@@ -110,8 +110,7 @@ class ResolvedModel:
         global generator, so ``torch.manual_seed`` before makes them reproducible."""
         if self.is_zoo:
             return zoo.build(self.ref)
-        value = _factory(self.ref)()
-        return value[0] if isinstance(value, tuple) else value
+        return build_reference(self.ref)
 
     def example_inputs(
         self, batch_size: int, device: Any = "cpu", seed: int = 0
@@ -121,6 +120,18 @@ class ResolvedModel:
         if self.is_zoo:
             return zoo.example_inputs(self.ref, batch_size, device, seed)
         return make_inputs(self.inputs, batch_size, device, seed)
+
+
+def build_reference(ref: str) -> Any:
+    """A fresh module from the callable ``ref`` names (``FILE.py:NAME`` or
+    ``package.module:NAME``), without its example; ``ConfigError`` if it cannot be loaded."""
+    canonical = canonical_ref(ref)
+    try:
+        factory = _factory(canonical)
+    except ConfigError as exc:
+        raise ConfigError("model", ref, exc.allowed.replace(canonical, ref)) from None
+    value = factory()
+    return value[0] if isinstance(value, tuple) else value
 
 
 def make_inputs(
@@ -326,6 +337,7 @@ __all__ = [
     "FORMS",
     "MissingInputShape",
     "ResolvedModel",
+    "build_reference",
     "canonical_ref",
     "is_zoo",
     "looks_like_reference",

@@ -114,6 +114,16 @@ def test_a_module_with_its_example_and_integer_inputs(models: Path) -> None:
     assert t.inputs[0].high <= 50
 
 
+def test_the_zoo_functions_take_references(models: Path) -> None:
+    from realrun import zoo
+
+    assert isinstance(zoo.build(f"{models}:cnn_with_example"), torch.nn.Sequential)
+    x = zoo.example_inputs(f"{models}:mlp", 3, input_shape=(12,))
+    assert x[0].shape == (3, 12)
+    with pytest.raises(KeyError):
+        zoo.build("resnet51")
+
+
 def test_a_relative_path_becomes_absolute(models: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(models.parent)
     assert resolve_model("mymodels.py:mlp", (12,)).ref == f"{models}:mlp"
