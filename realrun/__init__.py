@@ -2,7 +2,9 @@
 runtimes of the training schemes.
 
 * :mod:`realrun.zoo`, :mod:`realrun.graph`, :mod:`realrun.profiler`, :mod:`realrun.kineto`:
-  models, their layer graphs, and traces measured from them;
+  models, their layer graphs, and traces measured from them; :mod:`realrun.usermodel`:
+  users' own models by reference (``FILE.py:NAME``); :mod:`realrun.machine`: what machine
+  measured a trace (no torch);
 * :mod:`realrun.job`, :mod:`realrun.spec`: what a real run does (no torch);
 * :mod:`realrun.launch`: starts one process per rank, watches them, names a rank that dies
   or hangs (no torch); :mod:`realrun.netns`: the emulated cluster (no torch);

@@ -183,5 +183,6 @@ def _profile(job: Job) -> dict[str, Any]:
     trace = profile_model(
         job.model,
         ProfileConfig(batch_size=job.batch_size, device=device, seed=job.seed, progress=False),
+        job.input_shape,
     )
     return to_dict(trace)
