@@ -481,7 +481,7 @@ def _preset_file(tmp_path: Path, model: str, date: str) -> Path:
     text = base.read_text().replace(
         "gpu: {model: V100, memory: 16GiB, memory_bandwidth: 900GB/s, peak_flops: 15.7e12}",
         f'gpu: {{kind: cpu, model: "{model}", memory: 16GiB, memory_bandwidth: 20GB/s}}\n'
-        f'measured: {{date: "{date}", cpu: "{model}"}}',
+        f'host: {{cores: 2}}\nmeasured: {{date: "{date}", cpu: "{model}"}}',
     )
     assert "kind: cpu" in text
     path = tmp_path / f"cal-{abs(hash((model, date)))}.yaml"
