@@ -137,6 +137,10 @@ def _weighted_nonneg_lsq(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[f
     return min(candidates, key=lambda ab: float(np.sum(w * (y - ab[0] - ab[1] * x) ** 2)))
 
 
+#: Fewer points than this are fitted without down-weighting any (nothing to outvote them).
+ROBUST_MIN_POINTS = 5
+
+
 def fit_line(
     x: Sequence[float],
     y: Sequence[float],
@@ -151,9 +155,11 @@ def fit_line(
     ``relative``: minimise squared *relative* residuals ``(y - fit) / y``, so that a small
     ``y`` (a 4-byte message's microseconds) weighs as much as a large one (a 16 MiB
     message's tenths of a second); the intercept then comes from the small points and the
-    slope from the large ones. ``robust``: iteratively reweighted least squares with Huber
-    weights (threshold 1.345 robust standard deviations of the scaled residuals), so a point
-    disturbed by another process on the machine does not drag the line. ``sigma``: the
+    slope from the large ones. ``robust`` (with at least :data:`ROBUST_MIN_POINTS` points):
+    iteratively reweighted least squares with Huber weights (threshold 1.345 robust
+    standard deviations of the scaled residuals), so a point disturbed by another process
+    on the machine does not drag the line; if that leaves no slope while the plain fit has
+    one, the plain fit is kept. ``sigma``: the
     uncertainty of each ``y`` (e.g. the standard error of a median); when given, residuals
     are scaled by it instead (weighted least squares), so precise points count more.
     Needs at least two distinct ``x`` and positive ``y`` when ``relative`` (positive
@@ -177,7 +183,8 @@ def fit_line(
         base = 1.0 / ya**2 if relative else np.ones_like(ya)
     robust_w = np.ones_like(ya)
     a, b = _weighted_nonneg_lsq(xa, ya, base)
-    if robust and len(xa) > 2:
+    plain = (a, b)
+    if robust and len(xa) >= ROBUST_MIN_POINTS:
         for _ in range(iterations):
             r = (ya - a - b * xa) * np.sqrt(base)
             scale = 1.4826 * float(np.median(np.abs(r - np.median(r))))
@@ -193,6 +200,10 @@ def fit_line(
             a, b = a2, b2
             if done:
                 break
+        if b == 0 < plain[1]:
+            # the points that carry the slope were down-weighted as outliers: with so few
+            # of them the robust fit has nothing to judge by, so keep the plain one
+            (a, b), robust_w = plain, np.ones_like(ya)
     fitted = a + b * xa
     denom = np.where(ya != 0, np.abs(ya), 1.0)
     rel = np.abs(ya - fitted) / denom
