@@ -84,6 +84,10 @@ TCP_PAYLOAD_BYTES = 1448
 #: microseconds, and a busy machine's scheduling noise needs more samples to average out).
 SMALL_BYTES = 64 * KiB
 SMALL_FACTOR = 4
+#: Rank 0's progress line asking the parent to shape the links, and the file in the
+#: job's folder by which the parent says it has.
+SHAPE_LINE = "#shape"
+SHAPED_FILE = "shaped"
 #: Seconds a benchmark phase may run without finishing before it counts as hung.
 PHASE_TIMEOUT_S = 300.0
 
@@ -396,9 +400,11 @@ def _run_phase(
     ifname: Callable[[int], str],
     out_dir: str,
     tick: Callable[[str], None],
+    reshape: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Start ``world`` ranks of ``python -m realrun.calibrate`` (rank ``r`` on host ``r``),
-    follow rank 0's progress lines, and return every rank's results."""
+    follow rank 0's progress lines, and return every rank's results. At the job's
+    ``shape`` step the ranks wait while ``reshape()`` shapes the links."""
     from realrun.launch import RankFailed, free_port, last_error, stop
 
     os.makedirs(out_dir, exist_ok=True)
@@ -444,7 +450,12 @@ def _run_phase(
             with open(progress_path, encoding="utf-8") as fh:
                 lines = fh.read().splitlines()
             for line in lines[seen:]:
-                tick(line)
+                if line == SHAPE_LINE:
+                    if reshape is not None:
+                        reshape()
+                    open(os.path.join(out_dir, SHAPED_FILE), "w").close()
+                else:
+                    tick(line)
             seen = max(seen, len(lines))
             for rank, code in enumerate(codes):
                 if code not in (None, 0):
@@ -474,7 +485,13 @@ def _run_phase(
 def _steps(job: Mapping[str, Any]) -> int:
     """Progress lines rank 0 writes for ``job``."""
     n = len(job["sizes"])
-    return n * len(job["pairs"]) + n * len(job["allreduce_ranks"]) + (3 if job["compute"] else 0)
+    count = {
+        "pingpong": n * len(job["pairs"]),
+        "allreduce": n * len(job["allreduce_ranks"]),
+        "compute": 3,
+        "shape": 0,
+    }
+    return sum(count[step.split(":")[0]] for step in job["steps"])
 
 
 def _in_cluster(
@@ -485,9 +502,9 @@ def _in_cluster(
     out_dir: str,
     tick: Callable[[str], None],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Run ``job`` on ``hosts`` hosts: loopback (``local``) or a fresh emulated cluster
-    shaped to ``rate`` (removed again on every way out). Returns the ranks' results and,
-    for netns, the tbf counters (empty list otherwise)."""
+    """Run ``job`` on ``hosts`` hosts: loopback (``local``) or an emulated cluster built
+    unshaped and shaped to ``rate`` at the job's ``shape`` step (removed again on every way
+    out). Returns the ranks' results and, for a shaped cluster, the tbf counters."""
     if cluster == "local":
         res = _run_phase(job, hosts, lambda _h, argv: argv, "127.0.0.1", lambda _h: "lo",
                          out_dir, tick)  # fmt: skip
@@ -495,7 +512,7 @@ def _in_cluster(
     from realrun.netns import EmulatedCluster, terminate_as_interrupt
 
     prefix = os.environ.get("DTSIM_NETNS_PREFIX", "dtsim")
-    with terminate_as_interrupt(), EmulatedCluster(hosts, rate, prefix=prefix) as emu:
+    with terminate_as_interrupt(), EmulatedCluster(hosts, None, prefix=prefix) as emu:
         res = _run_phase(
             job,
             hosts,
@@ -504,6 +521,7 @@ def _in_cluster(
             lambda h: emu.hosts[h].ifname,
             out_dir,
             tick,
+            lambda: emu.set_rate(rate),
         )
         return res, emu.qdisc_stats() if rate is not None else []
 
@@ -539,12 +557,19 @@ def calibrate(
     sizes = sorted({4 * _element_count(int(s)) for s in sizes_bytes})
     ar_ranks = sorted(set(allreduce_ranks))
     world = max([hosts, *ar_ranks])
-    pairs = [[0, h] for h in range(1, hosts)]
-    base = {"sizes": sizes, "repeats": repeats, "pairs": pairs}
-    unshaped_job = {**base, "allreduce_ranks": [], "compute": True}
-    shaped_job = {**base, "allreduce_ranks": ar_ranks, "compute": False}
     shaped = cluster == "netns" and bandwidth_bytes_per_s is not None
-    total = _steps(unshaped_job) + (_steps(shaped_job) if shaped else len(ar_ranks) * len(sizes))
+    # one set of processes on one cluster: unshaped first (ping-pong with CPU times, the
+    # compute benchmarks while the other ranks wait), then shaped where a rate is given
+    steps = ["pingpong:unshaped", "compute"]
+    steps += ["shape", "pingpong:shaped", "allreduce"] if shaped else ["allreduce"]
+    job = {
+        "sizes": sizes,
+        "repeats": repeats,
+        "pairs": [[0, h] for h in range(1, hosts)],
+        "allreduce_ranks": ar_ranks,
+        "steps": steps,
+    }
+    total = _steps(job)
     done = 0
 
     def tick(what: str) -> None:
@@ -557,25 +582,9 @@ def calibrate(
     t0 = time.monotonic()
     work = tempfile.mkdtemp(prefix="dtsim-calibrate-")
     try:
-        if shaped:
-            unshaped_res, _ = _in_cluster(
-                cluster, None, hosts, unshaped_job, os.path.join(work, "unshaped"), tick
-            )
-            shaped_res, qdiscs = _in_cluster(
-                cluster,
-                bandwidth_bytes_per_s,
-                world,
-                shaped_job,
-                os.path.join(work, "shaped"),
-                tick,
-            )
-        else:
-            # unshaped everywhere: one run gives both the ping-pong and the all-reduce
-            job = {**base, "allreduce_ranks": ar_ranks, "compute": True}
-            unshaped_res, qdiscs = _in_cluster(
-                cluster, None, world, job, os.path.join(work, "run"), tick
-            )
-            shaped_res = unshaped_res
+        results, qdiscs = _in_cluster(
+            cluster, bandwidth_bytes_per_s if shaped else None, world, job, work, tick
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return _preset(
@@ -584,24 +593,26 @@ def calibrate(
         hosts=world,
         sizes=sizes,
         repeats=repeats,
-        unshaped=unshaped_res,
-        shaped=shaped_res,
+        results=results,
         qdiscs=qdiscs,
         started=started,
         wall_s=time.monotonic() - t0,
     )
 
 
-def _pingpong_rows(results: list[dict[str, Any]], sizes: list[int]) -> dict[int, dict[str, float]]:
-    """Per size: median one-way time (round trips / 2, pooled over pairs), CPU seconds per
-    message and side (mean of both sides, pooled over pairs), and the spread of one-way."""
+def _pingpong_rows(
+    results: list[dict[str, Any]], sizes: list[int], tag: str
+) -> dict[int, dict[str, float]]:
+    """Per size, from the ping-pongs with ``tag`` (``shaped``, ``unshaped``): median
+    one-way time (round trips / 2, pooled over pairs), CPU seconds per message and side
+    (mean of both sides, pooled over pairs), and the spread of one-way."""
     out = {}
     for n in sizes:
         one_way: list[float] = []
         cpu: list[float] = []
         for res in results:
             for rec in res["pingpong"]:
-                if rec["bytes"] != n:
+                if rec["bytes"] != n or rec["tag"] != tag:
                     continue
                 if rec["role"] == "ping":
                     one_way += [rt / 2 for rt in rec["round_trips_s"]]
@@ -643,15 +654,14 @@ def _preset(
     hosts: int,
     sizes: list[int],
     repeats: int,
-    unshaped: list[dict[str, Any]],
-    shaped: list[dict[str, Any]],
+    results: list[dict[str, Any]],
     qdiscs: list[dict[str, Any]],
     started: datetime.datetime,
     wall_s: float,
 ) -> dict[str, Any]:
     """Fit the measurements and lay them out as a topology preset."""
-    un = _pingpong_rows(unshaped, sizes)
-    sh = _pingpong_rows(shaped, sizes) if shaped is not unshaped else un
+    un = _pingpong_rows(results, sizes, "unshaped")
+    sh = _pingpong_rows(results, sizes, "shaped") if rate is not None else un
     x = np.asarray(sizes, dtype=float)
     try:
         latency, goodput, net_fit = fit_latency_bandwidth(
@@ -666,7 +676,7 @@ def _preset(
         )
     except ValueError as err:
         raise CalibrationError(f"the measurements cannot be fitted: {err}") from None
-    compute = next(r["compute"] for r in unshaped if r.get("compute"))
+    compute = next(r["compute"] for r in results if r.get("compute"))
     red_x = [c["bytes"] for c in compute["reduce"]]
     red_fit = fit_line(red_x, [c["cpu_s"] for c in compute["reduce"]])
     reduce_per_byte = red_fit.slope if red_fit.slope > 0 else _median(
@@ -676,7 +686,7 @@ def _preset(
     flops = compute["matmul_flops"]
     cpu = cpu_model()
     cores = _cores()
-    torch_version = next(r["torch"] for r in unshaped)
+    torch_version = next(r["torch"] for r in results)
     rate_name = (
         f"{cluster}-{_rate_name(rate)}-calibrated"
         if rate is not None
@@ -726,7 +736,7 @@ def _preset(
         "repeats": repeats,
         "wall_s": round(wall_s, 3),
         "p2p": p2p,
-        "allreduce": _allreduce_rows(shaped),
+        "allreduce": _allreduce_rows(results),
         "reduce": compute["reduce"],
         "copy_bytes_per_s": mem_bw,
         "matmul_flops": flops,
@@ -916,62 +926,59 @@ def _rank_main(job_path: str) -> int:  # pragma: no cover - runs in the rank pro
     result: dict[str, Any] = {"rank": rank, "torch": torch.__version__, "pingpong": [],
                               "allreduce": []}  # fmt: skip
     dist.barrier()
-    for a, b in job["pairs"]:
-        for n in sizes:
-            if rank in (a, b):
-                buf = torch.zeros(_element_count(n), dtype=torch.float32)
-                peer = b if rank == a else a
-                ping = rank == a
 
-                def once(buf: Any = buf, peer: int = peer, ping: bool = ping) -> None:
-                    if ping:
-                        dist.send(buf, peer)
-                        dist.recv(buf, peer)
-                    else:
-                        dist.recv(buf, peer)
-                        dist.send(buf, peer)
+    def pingpong(tag: str) -> None:
+        for a, b in job["pairs"]:
+            for n in sizes:
+                if rank in (a, b):
+                    result["pingpong"].append(_pingpong(dist, torch, rank, a, b, n, repeats,
+                                                        cpu_now, tag))  # fmt: skip
+                dist.barrier()
+                step(f"ping-pong {format_bytes(n)} h{a}-h{b}")
 
-                once()  # warm-up
-                rts = []
-                reps = repeats * (SMALL_FACTOR if n <= SMALL_BYTES else 1)
-                c0 = cpu_now()
-                for _ in range(reps):
-                    t0 = time.perf_counter()
-                    once()
-                    rts.append(time.perf_counter() - t0)
-                cpu = cpu_now() - c0
-                result["pingpong"].append(
-                    {
-                        "pair": [a, b],
-                        "bytes": 4 * buf.numel(),
-                        "role": "ping" if ping else "pong",
-                        "round_trips_s": rts,
-                        "cpu_s": cpu,
-                        "messages": 2 * reps,
-                    }
-                )
-            dist.barrier()
-            step(f"ping-pong {format_bytes(n)} h{a}-h{b}")
-    for p in job["allreduce_ranks"]:
-        group = dist.new_group(list(range(p)))
-        for n in sizes:
-            if rank < p:
-                buf = torch.ones(_element_count(n), dtype=torch.float32)
-                dist.barrier(group)
-                dist.all_reduce(buf, group=group)  # warm-up
-                times = []
-                for _ in range(repeats):
+    def allreduce() -> None:
+        for p in job["allreduce_ranks"]:
+            group = dist.new_group(list(range(p)))
+            for n in sizes:
+                if rank < p:
+                    buf = torch.ones(_element_count(n), dtype=torch.float32)
                     dist.barrier(group)
-                    t0 = time.perf_counter()
-                    dist.all_reduce(buf, group=group)
-                    times.append(time.perf_counter() - t0)
-                result["allreduce"].append({"ranks": p, "bytes": 4 * buf.numel(), "times_s": times})
+                    dist.all_reduce(buf, group=group)  # warm-up
+                    times = []
+                    for _ in range(repeats):
+                        dist.barrier(group)
+                        t0 = time.perf_counter()
+                        dist.all_reduce(buf, group=group)
+                        times.append(time.perf_counter() - t0)
+                    result["allreduce"].append(
+                        {"ranks": p, "bytes": 4 * buf.numel(), "times_s": times}
+                    )
+                dist.barrier()
+                step(f"all-reduce {format_bytes(n)} x{p}")
+
+    for what in job["steps"]:
+        kind, _, tag = what.partition(":")
+        if kind == "pingpong":
+            pingpong(tag)
+        elif kind == "allreduce":
+            allreduce()
+        elif kind == "compute":
+            if rank == 0:
+                result["compute"] = _compute_benchmarks(torch, step)
             dist.barrier()
-            step(f"all-reduce {format_bytes(n)} x{p}")
-    if job["compute"]:
-        if rank == 0:
-            result["compute"] = _compute_benchmarks(torch, step)
-        dist.barrier()
+        elif kind == "shape":
+            # everybody idle while the parent shapes the links, then on together
+            dist.barrier()
+            step(SHAPE_LINE)
+            shaped = os.path.join(out_dir, SHAPED_FILE)
+            deadline = time.monotonic() + 60
+            while not os.path.exists(shaped):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the links were not shaped within 60 s")
+                time.sleep(0.01)
+            dist.barrier()
+        else:
+            raise ValueError(f"unknown calibration step {what!r}")
     dist.destroy_process_group()
     tmp = os.path.join(out_dir, f"result{rank}.json.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -980,6 +987,51 @@ def _rank_main(job_path: str) -> int:  # pragma: no cover - runs in the rank pro
     if progress is not None:
         progress.close()
     return 0
+
+
+def _pingpong(
+    dist: Any,
+    torch: Any,
+    rank: int,
+    a: int,
+    b: int,
+    n: int,
+    repeats: int,
+    cpu_now: Callable[[], float],
+    tag: str,
+) -> dict[str, Any]:  # pragma: no cover - runs in the rank processes
+    """One size of the ping-pong between ranks ``a`` (sends first) and ``b``: one warm-up,
+    then the timed round trips and the CPU seconds this process spent on them."""
+    buf = torch.zeros(_element_count(n), dtype=torch.float32)
+    peer = b if rank == a else a
+    ping = rank == a
+
+    def once() -> None:
+        if ping:
+            dist.send(buf, peer)
+            dist.recv(buf, peer)
+        else:
+            dist.recv(buf, peer)
+            dist.send(buf, peer)
+
+    once()  # warm-up
+    rts = []
+    reps = repeats * (SMALL_FACTOR if n <= SMALL_BYTES else 1)
+    c0 = cpu_now()
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        once()
+        rts.append(time.perf_counter() - t0)
+    cpu = cpu_now() - c0
+    return {
+        "tag": tag,
+        "pair": [a, b],
+        "bytes": 4 * buf.numel(),
+        "role": "ping" if ping else "pong",
+        "round_trips_s": rts,
+        "cpu_s": cpu,
+        "messages": 2 * reps,
+    }
 
 
 def _compute_benchmarks(

@@ -256,6 +256,21 @@ def test_netns_calibration_measures_goodput_below_the_tbf_rate(
     assert preset["measured"]["allreduce"] == []
 
 
+@pytest.mark.skipif(_REASON is not None, reason=f"network namespaces unavailable: {_REASON}")
+def test_set_rate_shapes_and_unshapes_an_open_cluster() -> None:
+    from realrun.netns import EmulatedCluster, measure_goodput
+
+    rate = parse_rate("100Mbps")
+    with EmulatedCluster(2, None, prefix=f"dtcb{secrets.token_hex(3)}") as emu:
+        assert emu.qdisc_stats()[0] == {"up": {}, "down": {}}
+        emu.set_rate(rate)
+        assert emu.rate_bytes_per_s == rate and "drops" in emu.qdisc_stats()[1]["down"]
+        assert 0.8 * rate < measure_goodput(emu, 0, 1, 2_000_000) <= rate
+        emu.set_rate(None)
+        assert emu.rate_bytes_per_s is None and emu.qdisc_stats()[1] == {"up": {}, "down": {}}
+        assert measure_goodput(emu, 1, 0, 8_000_000) > 3 * rate
+
+
 # ---------------------------------------------------------------------------------------
 # The command line
 
