@@ -5,14 +5,16 @@ cluster ``sim real --cluster netns --bandwidth R`` would build (or on loopback),
 the simulator needs, and returns a topology preset; :func:`write_calibration` writes it as
 YAML for ``sim run --topology FILE``. What is measured:
 
-* **Shaped ping-pong** between host 0 and each other host (``hosts`` hosts): the one-way
-  time of a message of ``n`` bytes is half the median round trip. A robust fit of
-  ``t(n) = latency_s + n / goodput`` gives the network's latency and bandwidth.
-* **Unshaped ping-pong** (the same namespaces without tbf, or loopback): the CPU seconds
-  each side spends per message (``resource.getrusage``: all threads, user and kernel time),
-  fitted as ``message_cpu_s + n * copy_cpu_s_per_byte``; the wall-time fit is kept too.
+* **Unshaped ping-pong** between host 0 and each other host (``hosts`` hosts) on the
+  cluster before it is shaped (or loopback): the CPU seconds each side spends per message
+  (``resource.getrusage``: all threads, user and kernel time), fitted as
+  ``message_cpu_s + n * copy_cpu_s_per_byte``; the wall-time fit is kept too.
 * **Local compute**, one torch thread: float32 ``add_`` over sizes (CPU seconds per byte
   reduced), ``copy_`` of a large tensor (memory bandwidth) and a float32 matmul (peak FLOP/s).
+* **Shaped ping-pong** after the links are shaped in place
+  (:meth:`~realrun.netns.EmulatedCluster.set_rate`): the one-way time of a message of ``n``
+  bytes is half the median round trip. A robust fit of ``t(n) = latency_s + max(0, n -
+  burst) / goodput`` gives the network's latency and bandwidth.
 * **All-reduce** (``dist.all_reduce``, float32) over sizes on the first ``p`` hosts for each
   ``p`` of ``allreduce_ranks``, shaped: medians kept for validation.
 
