@@ -48,11 +48,15 @@ __all__ = [
     "DEFAULT_SIZES_BYTES",
     "CalibrationError",
     "LineFit",
+    "burst_payload_bytes",
     "calibrate",
+    "cpu_model",
+    "describe",
     "fit_cpu_cost",
     "fit_latency_bandwidth",
     "fit_line",
     "format_rate_text",
+    "memory_total_text",
     "write_calibration",
 ]
 
