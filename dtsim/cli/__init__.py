@@ -17,6 +17,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("dtsim.cli.listing", "List the built-in models (traces)."),
     "topologies": ("dtsim.cli.listing", "List the topology presets."),
     "real": ("dtsim.cli.real", "Run a scheme for real with torch.distributed and measure it."),
+    "calibrate": (
+        "dtsim.cli.calibrate",
+        "Measure this machine's cluster (latency, goodput, CPU costs) into a topology file.",
+    ),
     "profile": ("dtsim.cli.profile", "Profile a zoo model into a layer trace (needs torch)."),
     "trace": ("dtsim.cli.trace", "Show or convert layer traces (dtsim, PipeDream, Kineto)."),
     "partition": ("dtsim.cli.partition", "Split a model into pipeline stages."),
