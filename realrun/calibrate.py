@@ -88,6 +88,9 @@ GLOO_THREADS = 2
 TCP_PAYLOAD_BYTES = 1448
 #: Messages up to this size are repeated SMALL_FACTOR times as often (they take
 #: microseconds, and a busy machine's scheduling noise needs more samples to average out).
+MESSENGER_SIZES_BYTES = (1 * KiB, 64 * KiB)
+"""Payloads of the ping-pong through the runtime's messenger (small: the handshake shows)."""
+
 SMALL_BYTES = 64 * KiB
 SMALL_FACTOR = 4
 #: Rank 0's progress line asking the parent to shape the links, and the file in the
@@ -496,6 +499,7 @@ def _steps(job: Mapping[str, Any]) -> int:
         "allreduce": n * len(job["allreduce_ranks"]),
         "compute": 3,
         "shape": 0,
+        "messenger": len(MESSENGER_SIZES_BYTES),
     }
     return sum(count[step.split(":")[0]] for step in job["steps"])
 
@@ -567,7 +571,8 @@ def calibrate(
     # one set of processes on one cluster: unshaped first (ping-pong with CPU times, the
     # compute benchmarks while the other ranks wait), then shaped where a rate is given
     steps = ["pingpong:unshaped", "compute"]
-    steps += ["shape", "pingpong:shaped", "allreduce"] if shaped else ["allreduce"]
+    steps += ["shape", "pingpong:shaped"] if shaped else []
+    steps += ["messenger", "allreduce"]
     job = {
         "sizes": sizes,
         "repeats": repeats,
@@ -682,6 +687,25 @@ def _preset(
         )
     except ValueError as err:
         raise CalibrationError(f"the measurements cannot be fitted: {err}") from None
+    burst = burst_payload_bytes(rate)
+    messenger = []
+    for n in MESSENGER_SIZES_BYTES:
+        rts = [
+            rt
+            for res in results
+            for rec in res.get("messenger", [])
+            if rec["role"] == "ping" and rec["bytes"] == 4 * _element_count(n)
+            for rt in rec["round_trips_s"]
+        ]
+        if rts:
+            one_way = _median(rts) / 2
+            wire = latency + max(0.0, n - burst) / goodput
+            messenger.append({"bytes": n, "one_way_s": one_way, "wire_s": wire})
+    # what a message through the runtime's messenger takes beyond the wire's time: the
+    # blocking send's wait for the receiver's buffer, the threads' wake-ups
+    handshake = (
+        max(0.0, _median([m["one_way_s"] - m["wire_s"] for m in messenger])) if messenger else 0.0
+    )
     compute = next(r["compute"] for r in results if r.get("compute"))
     red_x = [c["bytes"] for c in compute["reduce"]]
     red_fit = fit_line(red_x, [c["cpu_s"] for c in compute["reduce"]])
@@ -730,6 +754,7 @@ def _preset(
         "unshaped_residual_rel_max": wall_fit.residual_rel_max,
         "reduce_cpu_s_per_byte": reduce_per_byte,
         "reduce_residual_rel_max": red_fit.residual_rel_max,
+        "p2p_handshake_s": handshake,
     }
     measured: dict[str, Any] = {
         "date": date,
@@ -742,6 +767,7 @@ def _preset(
         "repeats": repeats,
         "wall_s": round(wall_s, 3),
         "p2p": p2p,
+        "messenger": messenger,
         "allreduce": _allreduce_rows(results),
         "reduce": compute["reduce"],
         "copy_bytes_per_s": mem_bw,
@@ -766,6 +792,7 @@ def _preset(
             "message_cpu_s": message_cpu,
             "copy_cpu_s_per_byte": copy_cpu,
             "reduce_cpu_s_per_byte": reduce_per_byte,
+            "p2p_handshake_s": handshake,
         },
         "gloo": {"segment_bytes": GLOO_SEGMENT, "threads": GLOO_THREADS},
         "box": {
@@ -877,6 +904,11 @@ def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
             f"{h['reduce_cpu_s_per_byte'] * 1e9:.3g} ns  (float32 add_, one thread)",
         ),
         (
+            "messenger handshake",
+            f"{h.get('p2p_handshake_s', 0.0) * 1e6:.3g} us per point-to-point message "
+            "beyond the wire's time",
+        ),
+        (
             "memory / compute",
             f"{preset['gpu']['memory_bandwidth']} copy, "
             f"{preset['gpu']['peak_flops'] / 1e9:.3g} GFLOP/s matmul (one thread)",
@@ -968,6 +1000,14 @@ def _rank_main(job_path: str) -> int:  # pragma: no cover - runs in the rank pro
             pingpong(tag)
         elif kind == "allreduce":
             allreduce()
+        elif kind == "messenger":
+            for n in MESSENGER_SIZES_BYTES:
+                if rank in (0, 1):
+                    result.setdefault("messenger", []).append(
+                        _messenger_pingpong(dist, torch, rank, world, n, repeats)
+                    )
+                dist.barrier()
+                step(f"messenger {format_bytes(n)}")
         elif kind == "compute":
             if rank == 0:
                 result["compute"] = _compute_benchmarks(torch, step)
@@ -1038,6 +1078,56 @@ def _pingpong(
         "cpu_s": cpu,
         "messages": 2 * reps,
     }
+
+
+def _messenger_pingpong(
+    dist: Any, torch: Any, rank: int, world: int, n: int, repeats: int
+) -> dict[str, Any]:  # pragma: no cover - runs in the rank processes
+    """Ping-pong of ``n``-byte messages between ranks 0 and 1 through the runtime's own
+    :class:`~realrun.runtime.Messenger` (the path every point-to-point scheme uses: a
+    sender thread, header then payload, a receiver thread per peer): one warm-up, then
+    ``4 * repeats`` timed round trips on rank 0."""
+    import threading
+
+    from realrun.runtime import ACT, Messenger, Recorder
+
+    numel = _element_count(n)
+    buf = torch.zeros(numel)
+    peer = 1 - rank
+    reps = 4 * repeats + 1
+    got = threading.Semaphore(0)
+    seen = [0]
+    done = threading.Event()
+
+    def on_message(_src: int, _kind: int, key: int, it: int, _payload: Any, _at: float) -> None:
+        if rank == 1:
+            box[0].send(0, ACT, key, it, buf)
+            seen[0] += 1
+            if seen[0] == reps:
+                done.set()
+        else:
+            got.release()
+
+    box = [
+        Messenger(
+            rank, world, [peer], Recorder(f"r{rank}"), dist.group.WORLD, on_message,
+            lambda _s, _k, _key: torch.empty(numel),
+        )
+    ]  # fmt: skip
+    box[0].start()
+    rts = []
+    if rank == 0:
+        for i in range(reps):
+            t0 = time.perf_counter()
+            box[0].send(1, ACT, i, 0, buf)
+            if not got.acquire(timeout=60):
+                raise RuntimeError("the messenger ping-pong got no answer within 60 s")
+            if i:
+                rts.append(time.perf_counter() - t0)
+    elif not done.wait(120):
+        raise RuntimeError("the messenger ping-pong stopped before its last message")
+    box[0].close()
+    return {"bytes": 4 * numel, "role": "ping" if rank == 0 else "pong", "round_trips_s": rts}
 
 
 def _compute_benchmarks(
