@@ -5,14 +5,16 @@ cluster ``sim real --cluster netns --bandwidth R`` would build (or on loopback),
 the simulator needs, and returns a topology preset; :func:`write_calibration` writes it as
 YAML for ``sim run --topology FILE``. What is measured:
 
-* **Shaped ping-pong** between host 0 and each other host (``hosts`` hosts): the one-way
-  time of a message of ``n`` bytes is half the median round trip. A robust fit of
-  ``t(n) = latency_s + n / goodput`` gives the network's latency and bandwidth.
-* **Unshaped ping-pong** (the same namespaces without tbf, or loopback): the CPU seconds
-  each side spends per message (``resource.getrusage``: all threads, user and kernel time),
-  fitted as ``message_cpu_s + n * copy_cpu_s_per_byte``; the wall-time fit is kept too.
+* **Unshaped ping-pong** between host 0 and each other host (``hosts`` hosts) on the
+  cluster before it is shaped (or loopback): the CPU seconds each side spends per message
+  (``resource.getrusage``: all threads, user and kernel time), fitted as
+  ``message_cpu_s + n * copy_cpu_s_per_byte``; the wall-time fit is kept too.
 * **Local compute**, one torch thread: float32 ``add_`` over sizes (CPU seconds per byte
   reduced), ``copy_`` of a large tensor (memory bandwidth) and a float32 matmul (peak FLOP/s).
+* **Shaped ping-pong** after the links are shaped in place
+  (:meth:`~realrun.netns.EmulatedCluster.set_rate`): the one-way time of a message of ``n``
+  bytes is half the median round trip. A robust fit of ``t(n) = latency_s + max(0, n -
+  burst) / goodput`` gives the network's latency and bandwidth.
 * **All-reduce** (``dist.all_reduce``, float32) over sizes on the first ``p`` hosts for each
   ``p`` of ``allreduce_ranks``, shaped: medians kept for validation.
 
@@ -46,11 +48,15 @@ __all__ = [
     "DEFAULT_SIZES_BYTES",
     "CalibrationError",
     "LineFit",
+    "burst_payload_bytes",
     "calibrate",
+    "cpu_model",
+    "describe",
     "fit_cpu_cost",
     "fit_latency_bandwidth",
     "fit_line",
     "format_rate_text",
+    "memory_total_text",
     "write_calibration",
 ]
 
@@ -82,8 +88,15 @@ GLOO_THREADS = 2
 TCP_PAYLOAD_BYTES = 1448
 #: Messages up to this size are repeated SMALL_FACTOR times as often (they take
 #: microseconds, and a busy machine's scheduling noise needs more samples to average out).
+MESSENGER_SIZES_BYTES = (1 * KiB, 64 * KiB)
+"""Payloads of the ping-pong through the runtime's messenger (small: the handshake shows)."""
+
 SMALL_BYTES = 64 * KiB
 SMALL_FACTOR = 4
+#: Rank 0's progress line asking the parent to shape the links, and the file in the
+#: job's folder by which the parent says it has.
+SHAPE_LINE = "#shape"
+SHAPED_FILE = "shaped"
 #: Seconds a benchmark phase may run without finishing before it counts as hung.
 PHASE_TIMEOUT_S = 300.0
 
@@ -137,6 +150,10 @@ def _weighted_nonneg_lsq(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[f
     return min(candidates, key=lambda ab: float(np.sum(w * (y - ab[0] - ab[1] * x) ** 2)))
 
 
+#: Fewer points than this are fitted without down-weighting any (nothing to outvote them).
+ROBUST_MIN_POINTS = 5
+
+
 def fit_line(
     x: Sequence[float],
     y: Sequence[float],
@@ -151,9 +168,11 @@ def fit_line(
     ``relative``: minimise squared *relative* residuals ``(y - fit) / y``, so that a small
     ``y`` (a 4-byte message's microseconds) weighs as much as a large one (a 16 MiB
     message's tenths of a second); the intercept then comes from the small points and the
-    slope from the large ones. ``robust``: iteratively reweighted least squares with Huber
-    weights (threshold 1.345 robust standard deviations of the scaled residuals), so a point
-    disturbed by another process on the machine does not drag the line. ``sigma``: the
+    slope from the large ones. ``robust`` (with at least :data:`ROBUST_MIN_POINTS` points):
+    iteratively reweighted least squares with Huber weights (threshold 1.345 robust
+    standard deviations of the scaled residuals), so a point disturbed by another process
+    on the machine does not drag the line; if that leaves no slope while the plain fit has
+    one, the plain fit is kept. ``sigma``: the
     uncertainty of each ``y`` (e.g. the standard error of a median); when given, residuals
     are scaled by it instead (weighted least squares), so precise points count more.
     Needs at least two distinct ``x`` and positive ``y`` when ``relative`` (positive
@@ -177,7 +196,8 @@ def fit_line(
         base = 1.0 / ya**2 if relative else np.ones_like(ya)
     robust_w = np.ones_like(ya)
     a, b = _weighted_nonneg_lsq(xa, ya, base)
-    if robust and len(xa) > 2:
+    plain = (a, b)
+    if robust and len(xa) >= ROBUST_MIN_POINTS:
         for _ in range(iterations):
             r = (ya - a - b * xa) * np.sqrt(base)
             scale = 1.4826 * float(np.median(np.abs(r - np.median(r))))
@@ -193,6 +213,10 @@ def fit_line(
             a, b = a2, b2
             if done:
                 break
+        if b == 0 < plain[1]:
+            # the points that carry the slope were down-weighted as outliers: with so few
+            # of them the robust fit has nothing to judge by, so keep the plain one
+            (a, b), robust_w = plain, np.ones_like(ya)
     fitted = a + b * xa
     denom = np.where(ya != 0, np.abs(ya), 1.0)
     rel = np.abs(ya - fitted) / denom
@@ -385,9 +409,11 @@ def _run_phase(
     ifname: Callable[[int], str],
     out_dir: str,
     tick: Callable[[str], None],
+    reshape: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Start ``world`` ranks of ``python -m realrun.calibrate`` (rank ``r`` on host ``r``),
-    follow rank 0's progress lines, and return every rank's results."""
+    follow rank 0's progress lines, and return every rank's results. At the job's
+    ``shape`` step the ranks wait while ``reshape()`` shapes the links."""
     from realrun.launch import RankFailed, free_port, last_error, stop
 
     os.makedirs(out_dir, exist_ok=True)
@@ -433,7 +459,12 @@ def _run_phase(
             with open(progress_path, encoding="utf-8") as fh:
                 lines = fh.read().splitlines()
             for line in lines[seen:]:
-                tick(line)
+                if line == SHAPE_LINE:
+                    if reshape is not None:
+                        reshape()
+                    open(os.path.join(out_dir, SHAPED_FILE), "w").close()
+                else:
+                    tick(line)
             seen = max(seen, len(lines))
             for rank, code in enumerate(codes):
                 if code not in (None, 0):
@@ -463,7 +494,14 @@ def _run_phase(
 def _steps(job: Mapping[str, Any]) -> int:
     """Progress lines rank 0 writes for ``job``."""
     n = len(job["sizes"])
-    return n * len(job["pairs"]) + n * len(job["allreduce_ranks"]) + (3 if job["compute"] else 0)
+    count = {
+        "pingpong": n * len(job["pairs"]),
+        "allreduce": n * len(job["allreduce_ranks"]),
+        "compute": 3,
+        "shape": 0,
+        "messenger": len(MESSENGER_SIZES_BYTES),
+    }
+    return sum(count[step.split(":")[0]] for step in job["steps"])
 
 
 def _in_cluster(
@@ -474,9 +512,9 @@ def _in_cluster(
     out_dir: str,
     tick: Callable[[str], None],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Run ``job`` on ``hosts`` hosts: loopback (``local``) or a fresh emulated cluster
-    shaped to ``rate`` (removed again on every way out). Returns the ranks' results and,
-    for netns, the tbf counters (empty list otherwise)."""
+    """Run ``job`` on ``hosts`` hosts: loopback (``local``) or an emulated cluster built
+    unshaped and shaped to ``rate`` at the job's ``shape`` step (removed again on every way
+    out). Returns the ranks' results and, for a shaped cluster, the tbf counters."""
     if cluster == "local":
         res = _run_phase(job, hosts, lambda _h, argv: argv, "127.0.0.1", lambda _h: "lo",
                          out_dir, tick)  # fmt: skip
@@ -484,7 +522,7 @@ def _in_cluster(
     from realrun.netns import EmulatedCluster, terminate_as_interrupt
 
     prefix = os.environ.get("DTSIM_NETNS_PREFIX", "dtsim")
-    with terminate_as_interrupt(), EmulatedCluster(hosts, rate, prefix=prefix) as emu:
+    with terminate_as_interrupt(), EmulatedCluster(hosts, None, prefix=prefix) as emu:
         res = _run_phase(
             job,
             hosts,
@@ -493,6 +531,7 @@ def _in_cluster(
             lambda h: emu.hosts[h].ifname,
             out_dir,
             tick,
+            lambda: emu.set_rate(rate),
         )
         return res, emu.qdisc_stats() if rate is not None else []
 
@@ -528,12 +567,20 @@ def calibrate(
     sizes = sorted({4 * _element_count(int(s)) for s in sizes_bytes})
     ar_ranks = sorted(set(allreduce_ranks))
     world = max([hosts, *ar_ranks])
-    pairs = [[0, h] for h in range(1, hosts)]
-    base = {"sizes": sizes, "repeats": repeats, "pairs": pairs}
-    unshaped_job = {**base, "allreduce_ranks": [], "compute": True}
-    shaped_job = {**base, "allreduce_ranks": ar_ranks, "compute": False}
     shaped = cluster == "netns" and bandwidth_bytes_per_s is not None
-    total = _steps(unshaped_job) + (_steps(shaped_job) if shaped else len(ar_ranks) * len(sizes))
+    # one set of processes on one cluster: unshaped first (ping-pong with CPU times, the
+    # compute benchmarks while the other ranks wait), then shaped where a rate is given
+    steps = ["pingpong:unshaped", "compute"]
+    steps += ["shape", "pingpong:shaped"] if shaped else []
+    steps += ["messenger", "allreduce"]
+    job = {
+        "sizes": sizes,
+        "repeats": repeats,
+        "pairs": [[0, h] for h in range(1, hosts)],
+        "allreduce_ranks": ar_ranks,
+        "steps": steps,
+    }
+    total = _steps(job)
     done = 0
 
     def tick(what: str) -> None:
@@ -546,25 +593,9 @@ def calibrate(
     t0 = time.monotonic()
     work = tempfile.mkdtemp(prefix="dtsim-calibrate-")
     try:
-        if shaped:
-            unshaped_res, _ = _in_cluster(
-                cluster, None, hosts, unshaped_job, os.path.join(work, "unshaped"), tick
-            )
-            shaped_res, qdiscs = _in_cluster(
-                cluster,
-                bandwidth_bytes_per_s,
-                world,
-                shaped_job,
-                os.path.join(work, "shaped"),
-                tick,
-            )
-        else:
-            # unshaped everywhere: one run gives both the ping-pong and the all-reduce
-            job = {**base, "allreduce_ranks": ar_ranks, "compute": True}
-            unshaped_res, qdiscs = _in_cluster(
-                cluster, None, world, job, os.path.join(work, "run"), tick
-            )
-            shaped_res = unshaped_res
+        results, qdiscs = _in_cluster(
+            cluster, bandwidth_bytes_per_s if shaped else None, world, job, work, tick
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return _preset(
@@ -573,24 +604,26 @@ def calibrate(
         hosts=world,
         sizes=sizes,
         repeats=repeats,
-        unshaped=unshaped_res,
-        shaped=shaped_res,
+        results=results,
         qdiscs=qdiscs,
         started=started,
         wall_s=time.monotonic() - t0,
     )
 
 
-def _pingpong_rows(results: list[dict[str, Any]], sizes: list[int]) -> dict[int, dict[str, float]]:
-    """Per size: median one-way time (round trips / 2, pooled over pairs), CPU seconds per
-    message and side (mean of both sides, pooled over pairs), and the spread of one-way."""
+def _pingpong_rows(
+    results: list[dict[str, Any]], sizes: list[int], tag: str
+) -> dict[int, dict[str, float]]:
+    """Per size, from the ping-pongs with ``tag`` (``shaped``, ``unshaped``): median
+    one-way time (round trips / 2, pooled over pairs), CPU seconds per message and side
+    (mean of both sides, pooled over pairs), and the spread of one-way."""
     out = {}
     for n in sizes:
         one_way: list[float] = []
         cpu: list[float] = []
         for res in results:
             for rec in res["pingpong"]:
-                if rec["bytes"] != n:
+                if rec["bytes"] != n or rec["tag"] != tag:
                     continue
                 if rec["role"] == "ping":
                     one_way += [rt / 2 for rt in rec["round_trips_s"]]
@@ -632,15 +665,14 @@ def _preset(
     hosts: int,
     sizes: list[int],
     repeats: int,
-    unshaped: list[dict[str, Any]],
-    shaped: list[dict[str, Any]],
+    results: list[dict[str, Any]],
     qdiscs: list[dict[str, Any]],
     started: datetime.datetime,
     wall_s: float,
 ) -> dict[str, Any]:
     """Fit the measurements and lay them out as a topology preset."""
-    un = _pingpong_rows(unshaped, sizes)
-    sh = _pingpong_rows(shaped, sizes) if shaped is not unshaped else un
+    un = _pingpong_rows(results, sizes, "unshaped")
+    sh = _pingpong_rows(results, sizes, "shaped") if rate is not None else un
     x = np.asarray(sizes, dtype=float)
     try:
         latency, goodput, net_fit = fit_latency_bandwidth(
@@ -655,7 +687,26 @@ def _preset(
         )
     except ValueError as err:
         raise CalibrationError(f"the measurements cannot be fitted: {err}") from None
-    compute = next(r["compute"] for r in unshaped if r.get("compute"))
+    burst = burst_payload_bytes(rate)
+    messenger = []
+    for n in MESSENGER_SIZES_BYTES:
+        rts = [
+            rt
+            for res in results
+            for rec in res.get("messenger", [])
+            if rec["role"] == "ping" and rec["bytes"] == 4 * _element_count(n)
+            for rt in rec["round_trips_s"]
+        ]
+        if rts:
+            one_way = _median(rts) / 2
+            wire = latency + max(0.0, n - burst) / goodput
+            messenger.append({"bytes": n, "one_way_s": one_way, "wire_s": wire})
+    # what a message through the runtime's messenger takes beyond the wire's time: the
+    # blocking send's wait for the receiver's buffer, the threads' wake-ups
+    handshake = (
+        max(0.0, _median([m["one_way_s"] - m["wire_s"] for m in messenger])) if messenger else 0.0
+    )
+    compute = next(r["compute"] for r in results if r.get("compute"))
     red_x = [c["bytes"] for c in compute["reduce"]]
     red_fit = fit_line(red_x, [c["cpu_s"] for c in compute["reduce"]])
     reduce_per_byte = red_fit.slope if red_fit.slope > 0 else _median(
@@ -665,7 +716,7 @@ def _preset(
     flops = compute["matmul_flops"]
     cpu = cpu_model()
     cores = _cores()
-    torch_version = next(r["torch"] for r in unshaped)
+    torch_version = next(r["torch"] for r in results)
     rate_name = (
         f"{cluster}-{_rate_name(rate)}-calibrated"
         if rate is not None
@@ -703,6 +754,7 @@ def _preset(
         "unshaped_residual_rel_max": wall_fit.residual_rel_max,
         "reduce_cpu_s_per_byte": reduce_per_byte,
         "reduce_residual_rel_max": red_fit.residual_rel_max,
+        "p2p_handshake_s": handshake,
     }
     measured: dict[str, Any] = {
         "date": date,
@@ -715,7 +767,8 @@ def _preset(
         "repeats": repeats,
         "wall_s": round(wall_s, 3),
         "p2p": p2p,
-        "allreduce": _allreduce_rows(shaped),
+        "messenger": messenger,
+        "allreduce": _allreduce_rows(results),
         "reduce": compute["reduce"],
         "copy_bytes_per_s": mem_bw,
         "matmul_flops": flops,
@@ -739,6 +792,7 @@ def _preset(
             "message_cpu_s": message_cpu,
             "copy_cpu_s_per_byte": copy_cpu,
             "reduce_cpu_s_per_byte": reduce_per_byte,
+            "p2p_handshake_s": handshake,
         },
         "gloo": {"segment_bytes": GLOO_SEGMENT, "threads": GLOO_THREADS},
         "box": {
@@ -850,6 +904,11 @@ def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
             f"{h['reduce_cpu_s_per_byte'] * 1e9:.3g} ns  (float32 add_, one thread)",
         ),
         (
+            "messenger handshake",
+            f"{h.get('p2p_handshake_s', 0.0) * 1e6:.3g} us per point-to-point message "
+            "beyond the wire's time",
+        ),
+        (
             "memory / compute",
             f"{preset['gpu']['memory_bandwidth']} copy, "
             f"{preset['gpu']['peak_flops'] / 1e9:.3g} GFLOP/s matmul (one thread)",
@@ -905,62 +964,67 @@ def _rank_main(job_path: str) -> int:  # pragma: no cover - runs in the rank pro
     result: dict[str, Any] = {"rank": rank, "torch": torch.__version__, "pingpong": [],
                               "allreduce": []}  # fmt: skip
     dist.barrier()
-    for a, b in job["pairs"]:
-        for n in sizes:
-            if rank in (a, b):
-                buf = torch.zeros(_element_count(n), dtype=torch.float32)
-                peer = b if rank == a else a
-                ping = rank == a
 
-                def once(buf: Any = buf, peer: int = peer, ping: bool = ping) -> None:
-                    if ping:
-                        dist.send(buf, peer)
-                        dist.recv(buf, peer)
-                    else:
-                        dist.recv(buf, peer)
-                        dist.send(buf, peer)
+    def pingpong(tag: str) -> None:
+        for a, b in job["pairs"]:
+            for n in sizes:
+                if rank in (a, b):
+                    result["pingpong"].append(_pingpong(dist, torch, rank, a, b, n, repeats,
+                                                        cpu_now, tag))  # fmt: skip
+                dist.barrier()
+                step(f"ping-pong {format_bytes(n)} h{a}-h{b}")
 
-                once()  # warm-up
-                rts = []
-                reps = repeats * (SMALL_FACTOR if n <= SMALL_BYTES else 1)
-                c0 = cpu_now()
-                for _ in range(reps):
-                    t0 = time.perf_counter()
-                    once()
-                    rts.append(time.perf_counter() - t0)
-                cpu = cpu_now() - c0
-                result["pingpong"].append(
-                    {
-                        "pair": [a, b],
-                        "bytes": 4 * buf.numel(),
-                        "role": "ping" if ping else "pong",
-                        "round_trips_s": rts,
-                        "cpu_s": cpu,
-                        "messages": 2 * reps,
-                    }
-                )
-            dist.barrier()
-            step(f"ping-pong {format_bytes(n)} h{a}-h{b}")
-    for p in job["allreduce_ranks"]:
-        group = dist.new_group(list(range(p)))
-        for n in sizes:
-            if rank < p:
-                buf = torch.ones(_element_count(n), dtype=torch.float32)
-                dist.barrier(group)
-                dist.all_reduce(buf, group=group)  # warm-up
-                times = []
-                for _ in range(repeats):
+    def allreduce() -> None:
+        for p in job["allreduce_ranks"]:
+            group = dist.new_group(list(range(p)))
+            for n in sizes:
+                if rank < p:
+                    buf = torch.ones(_element_count(n), dtype=torch.float32)
                     dist.barrier(group)
-                    t0 = time.perf_counter()
-                    dist.all_reduce(buf, group=group)
-                    times.append(time.perf_counter() - t0)
-                result["allreduce"].append({"ranks": p, "bytes": 4 * buf.numel(), "times_s": times})
+                    dist.all_reduce(buf, group=group)  # warm-up
+                    times = []
+                    for _ in range(repeats):
+                        dist.barrier(group)
+                        t0 = time.perf_counter()
+                        dist.all_reduce(buf, group=group)
+                        times.append(time.perf_counter() - t0)
+                    result["allreduce"].append(
+                        {"ranks": p, "bytes": 4 * buf.numel(), "times_s": times}
+                    )
+                dist.barrier()
+                step(f"all-reduce {format_bytes(n)} x{p}")
+
+    for what in job["steps"]:
+        kind, _, tag = what.partition(":")
+        if kind == "pingpong":
+            pingpong(tag)
+        elif kind == "allreduce":
+            allreduce()
+        elif kind == "messenger":
+            for n in MESSENGER_SIZES_BYTES:
+                if rank in (0, 1):
+                    result.setdefault("messenger", []).append(
+                        _messenger_pingpong(dist, torch, rank, world, n, repeats)
+                    )
+                dist.barrier()
+                step(f"messenger {format_bytes(n)}")
+        elif kind == "compute":
+            if rank == 0:
+                result["compute"] = _compute_benchmarks(torch, step)
             dist.barrier()
-            step(f"all-reduce {format_bytes(n)} x{p}")
-    if job["compute"]:
-        if rank == 0:
-            result["compute"] = _compute_benchmarks(torch, step)
-        dist.barrier()
+        elif kind == "shape":
+            # everybody idle while the parent shapes the links, then on together
+            dist.barrier()
+            step(SHAPE_LINE)
+            shaped = os.path.join(out_dir, SHAPED_FILE)
+            deadline = time.monotonic() + 60
+            while not os.path.exists(shaped):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the links were not shaped within 60 s")
+                time.sleep(0.01)
+            dist.barrier()
+        else:
+            raise ValueError(f"unknown calibration step {what!r}")
     dist.destroy_process_group()
     tmp = os.path.join(out_dir, f"result{rank}.json.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -969,6 +1033,101 @@ def _rank_main(job_path: str) -> int:  # pragma: no cover - runs in the rank pro
     if progress is not None:
         progress.close()
     return 0
+
+
+def _pingpong(
+    dist: Any,
+    torch: Any,
+    rank: int,
+    a: int,
+    b: int,
+    n: int,
+    repeats: int,
+    cpu_now: Callable[[], float],
+    tag: str,
+) -> dict[str, Any]:  # pragma: no cover - runs in the rank processes
+    """One size of the ping-pong between ranks ``a`` (sends first) and ``b``: one warm-up,
+    then the timed round trips and the CPU seconds this process spent on them."""
+    buf = torch.zeros(_element_count(n), dtype=torch.float32)
+    peer = b if rank == a else a
+    ping = rank == a
+
+    def once() -> None:
+        if ping:
+            dist.send(buf, peer)
+            dist.recv(buf, peer)
+        else:
+            dist.recv(buf, peer)
+            dist.send(buf, peer)
+
+    once()  # warm-up
+    rts = []
+    reps = repeats * (SMALL_FACTOR if n <= SMALL_BYTES else 1)
+    c0 = cpu_now()
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        once()
+        rts.append(time.perf_counter() - t0)
+    cpu = cpu_now() - c0
+    return {
+        "tag": tag,
+        "pair": [a, b],
+        "bytes": 4 * buf.numel(),
+        "role": "ping" if ping else "pong",
+        "round_trips_s": rts,
+        "cpu_s": cpu,
+        "messages": 2 * reps,
+    }
+
+
+def _messenger_pingpong(
+    dist: Any, torch: Any, rank: int, world: int, n: int, repeats: int
+) -> dict[str, Any]:  # pragma: no cover - runs in the rank processes
+    """Ping-pong of ``n``-byte messages between ranks 0 and 1 through the runtime's own
+    :class:`~realrun.runtime.Messenger` (the path every point-to-point scheme uses: a
+    sender thread, header then payload, a receiver thread per peer): one warm-up, then
+    ``4 * repeats`` timed round trips on rank 0."""
+    import threading
+
+    from realrun.runtime import ACT, Messenger, Recorder
+
+    numel = _element_count(n)
+    buf = torch.zeros(numel)
+    peer = 1 - rank
+    reps = 4 * repeats + 1
+    got = threading.Semaphore(0)
+    seen = [0]
+    done = threading.Event()
+
+    def on_message(_src: int, _kind: int, key: int, it: int, _payload: Any, _at: float) -> None:
+        if rank == 1:
+            box[0].send(0, ACT, key, it, buf)
+            seen[0] += 1
+            if seen[0] == reps:
+                done.set()
+        else:
+            got.release()
+
+    box = [
+        Messenger(
+            rank, world, [peer], Recorder(f"r{rank}"), dist.group.WORLD, on_message,
+            lambda _s, _k, _key: torch.empty(numel),
+        )
+    ]  # fmt: skip
+    box[0].start()
+    rts = []
+    if rank == 0:
+        for i in range(reps):
+            t0 = time.perf_counter()
+            box[0].send(1, ACT, i, 0, buf)
+            if not got.acquire(timeout=60):
+                raise RuntimeError("the messenger ping-pong got no answer within 60 s")
+            if i:
+                rts.append(time.perf_counter() - t0)
+    elif not done.wait(120):
+        raise RuntimeError("the messenger ping-pong stopped before its last message")
+    box[0].close()
+    return {"bytes": 4 * numel, "role": "ping" if rank == 0 else "pong", "round_trips_s": rts}
 
 
 def _compute_benchmarks(

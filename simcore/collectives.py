@@ -512,6 +512,7 @@ class _StepRunner:
                 d,
                 self.segments,
                 b if k < self.reducing else 0,
+                False,
             )
             k += 1
         self.next_send[pos] = k

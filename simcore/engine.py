@@ -283,7 +283,7 @@ def _result(
         messages=rec.messages,
         gpu_model=topology.gpu_spec.model,
         device_kind=topology.gpu_spec.kind,
-        trace_device=config.trace.meta.device,
+        trace_device=config.trace.meta.measured_on,
         compute_scale=config.compute_scale,
         device_names=tuple(g.name for g in ctx.gpus),
         spans=spans,

@@ -79,6 +79,9 @@ class HostSpec:
             copies).
         reduce_cpu_s_per_byte: CPU seconds to add one byte of a received buffer into
             another (a collective's reduction, a parameter server's aggregation).
+        p2p_handshake_s: how long a point-to-point message holds its sender before its
+            bytes move (a blocking send waits for the receiver to post its buffer); 0:
+            messages do not wait for each other at the sender.
     """
 
     cores: int = 1
@@ -86,6 +89,7 @@ class HostSpec:
     message_cpu_s: float = 0.0
     copy_cpu_s_per_byte: float = 0.0
     reduce_cpu_s_per_byte: float = 0.0
+    p2p_handshake_s: float = 0.0
 
     def message_cpu(self, nbytes: int, messages: int = 1) -> float:
         """CPU seconds one end spends on ``nbytes`` sent as ``messages`` messages."""
@@ -586,7 +590,14 @@ def _local(dev: str, rank_dev: str, box_devices: Mapping[str, str]) -> str:
 
 
 def _host_spec(d: Mapping[str, Any]) -> HostSpec:
-    allowed = {"cores", "shared", "message_cpu_s", "copy_cpu_s_per_byte", "reduce_cpu_s_per_byte"}
+    allowed = {
+        "cores",
+        "shared",
+        "message_cpu_s",
+        "copy_cpu_s_per_byte",
+        "reduce_cpu_s_per_byte",
+        "p2p_handshake_s",
+    }
     unknown = sorted(set(d) - allowed)
     if unknown:
         raise ValueError(f"host: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
@@ -596,6 +607,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         message_cpu_s=float(d.get("message_cpu_s", 0.0)),
         copy_cpu_s_per_byte=float(d.get("copy_cpu_s_per_byte", 0.0)),
         reduce_cpu_s_per_byte=float(d.get("reduce_cpu_s_per_byte", 0.0)),
+        p2p_handshake_s=float(d.get("p2p_handshake_s", 0.0)),
     )
 
 

@@ -74,6 +74,15 @@ def test_fits_stay_non_negative() -> None:
         fit_latency_bandwidth([4, 8, 16], [1.0, 0.9, 0.8])
 
 
+def test_a_few_scattered_points_still_give_a_bandwidth() -> None:
+    """Three loopback sizes measured on a busy machine: too few to call one an outlier,
+    so the plain fit is kept rather than a slope of zero."""
+    lat, goodput, fit = fit_latency_bandwidth([4, 65536, 1 << 20], [277e-6, 690e-6, 966e-6])
+    assert goodput > 0 and lat > 0 and fit.weights_min == 1.0
+    many = fit_line(SIZES[:4], [1.0, 1.0, 1.0, 9.0])  # four points: not robust either
+    assert many.slope > 0
+
+
 def test_fit_line_refuses_bad_input() -> None:
     with pytest.raises(ValueError, match="two distinct"):
         fit_line([5, 5, 5], [1, 2, 3])
@@ -245,6 +254,21 @@ def test_netns_calibration_measures_goodput_below_the_tbf_rate(
     # 4 MiB over 200 Mbit/s takes about 0.17 s one way; unshaped it is far faster
     assert big["shaped_s"] > 0.15 and big["unshaped_s"] < big["shaped_s"] / 5
     assert preset["measured"]["allreduce"] == []
+
+
+@pytest.mark.skipif(_REASON is not None, reason=f"network namespaces unavailable: {_REASON}")
+def test_set_rate_shapes_and_unshapes_an_open_cluster() -> None:
+    from realrun.netns import EmulatedCluster, measure_goodput
+
+    rate = parse_rate("100Mbps")
+    with EmulatedCluster(2, None, prefix=f"dtcb{secrets.token_hex(3)}") as emu:
+        assert emu.qdisc_stats()[0] == {"up": {}, "down": {}}
+        emu.set_rate(rate)
+        assert emu.rate_bytes_per_s == rate and "drops" in emu.qdisc_stats()[1]["down"]
+        assert 0.8 * rate < measure_goodput(emu, 0, 1, 2_000_000) <= rate
+        emu.set_rate(None)
+        assert emu.rate_bytes_per_s is None and emu.qdisc_stats()[1] == {"up": {}, "down": {}}
+        assert measure_goodput(emu, 1, 0, 8_000_000) > 3 * rate
 
 
 # ---------------------------------------------------------------------------------------
