@@ -109,6 +109,8 @@ class Case:
         iterations: measured iterations.
         warmup_iterations: iterations run first and left out.
         options: scheme options, as ``(key, value)`` pairs.
+        input_shape: per-sample input shape of a user model whose callable returns only
+            a module (``None`` otherwise).
     """
 
     scheme: str
@@ -119,6 +121,7 @@ class Case:
     iterations: int = ITERATIONS
     warmup_iterations: int = WARMUP_ITERATIONS
     options: tuple[tuple[str, Any], ...] = ()
+    input_shape: tuple[int, ...] | None = None
 
     @property
     def bandwidth(self) -> str:
@@ -139,12 +142,17 @@ class Case:
     def case_id(self) -> str:
         """A readable, stable name: scheme, model, bandwidth, ranks, plus a hash of the
         rest (batch, iterations, options)."""
-        rest = json.dumps(
-            [self.batch_size, self.iterations, self.warmup_iterations, list(self.options)],
-            default=str,
-        )
+        key: list[Any] = [
+            self.batch_size,
+            self.iterations,
+            self.warmup_iterations,
+            list(self.options),
+        ]
+        if self.input_shape is not None:
+            key.append(list(self.input_shape))
+        rest = json.dumps(key, default=str)
         digest = hashlib.sha256(rest.encode()).hexdigest()[:6]
-        model = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.model)
+        model = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.model.rsplit("/", 1)[-1])
         return f"{self.scheme}-{model}-{self.bandwidth}-{self.ranks}r-{digest}"
 
     def describe(self) -> str:
@@ -184,59 +192,33 @@ def parse_list(name: str, text: str | Sequence[Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-def check_model(model: str) -> None:
-    """``ConfigError`` unless ``model`` is a zoo model; a user reference (``FILE.py:NAME``,
-    ``module:NAME``) is resolved where the zoo can, and otherwise passed on unchanged."""
+def check_model(model: str, input_shape: tuple[int, ...] | None = None) -> str:
+    """The model reference a validation runs: a zoo name as it is, a user's model
+    (``FILE.py:NAME``, ``package.module:NAME``) resolved by :mod:`realrun.usermodel` (the
+    file made absolute, ``NAME`` checked to exist and to build a module, with
+    ``input_shape`` where it needs one). ``ConfigError`` (field ``models``) otherwise."""
     from realrun import zoo
 
-    if ":" in model:
-        resolve = getattr(zoo, "resolve_model", None)
-        if resolve is not None:
-            try:
-                resolve(model)
-            except Exception as exc:
-                raise ConfigError("models", model, " ".join(str(exc).split())) from None
-        else:
-            _check_model_file(model)
-        return
-    if model not in zoo.names():
+    if zoo.is_zoo(model):
+        return model
+    if not zoo.looks_like_reference(model):
         raise ConfigError(
             "models",
             model,
-            f"a validation runs the model for real; choose a zoo model ({', '.join(zoo.names())}) "
-            "or FILE.py:NAME",
+            "a validation runs the model for real; choose a zoo model "
+            f"({', '.join(zoo.names())}), FILE.py:NAME or package.module:NAME",
         )
-
-
-def _check_model_file(ref: str) -> None:
-    """For ``FILE.py:NAME``: the file exists, parses and defines ``NAME`` at top level
-    (read, not run; the real run and the profiler load it)."""
-    import ast
-
-    path, _, name = ref.rpartition(":")
-    if not path.endswith(".py"):
-        return  # module:NAME, resolved where the model is loaded
-    if not os.path.isfile(path):
-        raise ConfigError("models", ref, f"the model file {path} does not exist")
     try:
-        with open(path, encoding="utf-8") as fh:
-            tree = ast.parse(fh.read(), path)
-    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
-        raise ConfigError("models", ref, f"{path} cannot be read as Python ({exc})") from None
-    defined = set()
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            defined.add(node.name)
-        elif isinstance(node, ast.Assign):
-            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            defined.add(node.target.id)
-        elif isinstance(node, ast.ImportFrom | ast.Import):
-            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
-    if name not in defined:
-        raise ConfigError(
-            "models", ref, f"{path} does not define {name!r} (a model class or function)"
-        )
+        return str(zoo.resolve_model(model, input_shape).ref)
+    except ConfigError as exc:
+        raise ConfigError("models", model, f"{exc.field}: {exc.allowed}") from None
+
+
+def zoo_model(model: str) -> bool:
+    """Whether ``model`` names a zoo model (not a user's)."""
+    from realrun import zoo
+
+    return bool(zoo.is_zoo(model))
 
 
 def build_matrix(
@@ -246,6 +228,7 @@ def build_matrix(
     ranks: Sequence[int] = RANKS,
     *,
     every_rank: bool = False,
+    input_shape: tuple[int, ...] | None = None,
     batch_size: int = BATCH,
     iterations: int = ITERATIONS,
     warmup_iterations: int = WARMUP_ITERATIONS,
@@ -255,15 +238,15 @@ def build_matrix(
     By default each (scheme, model, bandwidth) gets one rank count, taken in turn from the
     counts the scheme allows, so that every count is covered without the whole cross
     product; ``every_rank`` takes every allowed count. ``ConfigError`` names an unknown
-    scheme or model, a bad bandwidth, a rank count no case may have, a scheme that allows
+    scheme or model (``input_shape``: for user models returning only a module), a bad
+    bandwidth, a rank count no case may have, a scheme that allows
     none of the counts, and a batch size the micro-batches do not divide.
     """
     schemes = tuple(schemes)
     for s in schemes:
         if s not in SCHEMES:
             raise ConfigError("schemes", s, f"choose from: {', '.join(SCHEMES)}")
-    for m in models:
-        check_model(m)
+    models = [check_model(m, input_shape) for m in models]
     rates = []
     for b in bandwidths:
         try:
@@ -310,6 +293,7 @@ def build_matrix(
                         iterations,
                         warmup_iterations,
                         _options_for(s, r),
+                        None if zoo_model(m) else input_shape,
                     )
                     cases.append(case)
     split = math.lcm(*(c.microbatches for c in cases))
@@ -367,22 +351,30 @@ def ensure_calibration(
     return path
 
 
-def trace_path(out_dir: str, model: str, batch: int) -> str:
+def trace_path(
+    out_dir: str, model: str, batch: int, input_shape: tuple[int, ...] | None = None
+) -> str:
     """Where the profiled trace of ``model`` at ``batch`` lives."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model.rsplit("/", 1)[-1])
+    if input_shape is not None:
+        safe += "-" + "x".join(map(str, input_shape))
+    if not zoo_model(model):  # two files of one name in different folders differ
+        safe += "-" + hashlib.sha256(model.encode()).hexdigest()[:6]
     return os.path.join(out_dir, "traces", f"{safe}-b{batch}.json")
 
 
-def ensure_trace(out_dir: str, model: str, batch: int) -> str:
+def ensure_trace(
+    out_dir: str, model: str, batch: int, input_shape: tuple[int, ...] | None = None
+) -> str:
     """The layer trace of ``model`` at ``batch`` profiled on this machine (one thread,
     process CPU time), reusing one already in ``out_dir``."""
-    path = trace_path(out_dir, model, batch)
+    path = trace_path(out_dir, model, batch, input_shape)
     if os.path.exists(path):
         return path
     from realrun.profiler import ProfileConfig, profile_model
     from traces.jsonfmt import save
 
-    trace = profile_model(model, ProfileConfig(batch_size=batch, progress=False))
+    trace = profile_model(model, ProfileConfig(batch_size=batch, progress=False), input_shape)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp.json"
     save(trace, tmp)
@@ -439,6 +431,7 @@ def make_job(case: Case, config: Any, *, timeout_s: float = 60.0) -> Any:
     return Job(
         scheme=case.scheme,
         model=case.model,
+        input_shape=case.input_shape,
         workers=case.ranks,
         options=opts,
         servers=servers,
@@ -708,7 +701,7 @@ def run_case(
     from simcore.engine import simulate
     from traces.atomic import write_text
 
-    trace_file = ensure_trace(out_dir, case.model, case.trace_batch)
+    trace_file = ensure_trace(out_dir, case.model, case.trace_batch, case.input_shape)
     config = sim_config(case, trace_file, topology_file)
     result = simulate(config)
     sim = result.to_dict()

@@ -95,14 +95,25 @@ def test_bad_matrix_names_the_setting(kwargs: dict, field: str, words: str) -> N
     assert words in str(exc.value)
 
 
-def test_model_file_must_define_the_name(tmp_path: Path) -> None:
+def test_user_models_pass_through_resolved(tmp_path: Path) -> None:
     f = tmp_path / "mymodel.py"
-    f.write_text("import torch\n\nclass Net(torch.nn.Module):\n    pass\n")
+    f.write_text(
+        "import torch\n\ndef make():\n    return torch.nn.Sequential(torch.nn.Linear(8, 4))\n"
+    )
     with pytest.raises(ConfigError, match="does not define 'Other'"):
         va.check_model(f"{f}:Other")
-    with pytest.raises(ConfigError, match="does not exist"):
-        va.check_model(f"{tmp_path}/missing.py:Net")
-    va.check_model(f"{f}:Net")  # passes through to the real run unchanged
+    with pytest.raises(ConfigError, match="no such file"):
+        va.check_model(f"{tmp_path}/missing.py:make")
+    with pytest.raises(ConfigError, match="input_shape"):
+        va.check_model(f"{f}:make")  # returns only a module: needs the input shape
+    ref = va.check_model(f"{f}:make", (8,))
+    assert ref.endswith("mymodel.py:make") and os.path.isabs(ref.split(":")[0])
+    (case,) = va.build_matrix(["dp"], [f"{f}:make"], ["1Gbps"], [2], input_shape=(8,))
+    assert case.model == ref and case.input_shape == (8,)
+    assert case.case_id.startswith("dp-mymodel.py_make-1Gbps-2r-")
+    # a zoo model ignores the shape
+    (zoo_case,) = va.build_matrix(["dp"], ["mlp_medium"], ["1Gbps"], [2], input_shape=(8,))
+    assert zoo_case.input_shape is None
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,13 @@ from dtsim.cli.output import table
     help="Zoo models (or FILE.py:NAME) to run. [default: mlp_medium,cnn_medium]",
 )
 @click.option(
+    "--input-shape",
+    default=None,
+    metavar="SHAPE",
+    help="Per-sample input shape (e.g. 3,32,32) of a FILE.py:NAME model whose NAME returns "
+    "only a module.",
+)
+@click.option(
     "--bandwidths",
     default=None,
     metavar="LIST",
@@ -104,6 +111,7 @@ def validate(
     quick: bool,
     schemes: str | None,
     models: str | None,
+    input_shape: str | None,
     bandwidths: str | None,
     ranks: str | None,
     every_rank: bool,
@@ -151,6 +159,7 @@ def validate(
                 ("--models", models),
                 ("--bandwidths", bandwidths),
                 ("--ranks", ranks),
+                ("--input-shape", input_shape),
             )
             if v is not None
         ] + (["--every-rank"] if every_rank else [])
@@ -173,9 +182,13 @@ def validate(
             va.parse_list("bandwidths", bandwidths) if bandwidths else va.BANDWIDTHS,
             tuple(rank_list),
         )
+        from realrun.usermodel import parse_input_shape
+
+        shape = parse_input_shape(input_shape)
         cases = va.build_matrix(
             *matrix,
             every_rank=every_rank,
+            input_shape=shape,
             batch_size=batch_size,
             iterations=iterations,
         )
@@ -195,6 +208,7 @@ def validate(
     command = _command_line(
         matrix,
         every_rank,
+        input_shape,
         repeats,
         iterations,
         batch_size,
@@ -269,6 +283,7 @@ def summary_table(rows: Any) -> str:
 def _command_line(
     matrix: tuple[tuple[Any, ...], ...],
     every_rank: bool,
+    input_shape: str | None,
     repeats: int,
     iterations: int,
     batch_size: int,
@@ -286,6 +301,8 @@ def _command_line(
             args += [flag, ",".join(map(str, values))]
         if every_rank:
             args.append("--every-rank")
+        if input_shape:
+            args += ["--input-shape", input_shape]
     args += [
         "--repeats",
         str(repeats),
