@@ -1208,7 +1208,8 @@ def _calibration_summary(path: str) -> str:
     walk("", data)
     from analysis.report import md_table
 
-    return md_table(["setting", "value"], rows) if rows else "(empty)"
+    head = f"{data['summary']}\n\n" if isinstance(data.get("summary"), str) else ""
+    return head + (md_table(["setting", "value"], rows) if rows else "(empty)")
 
 
 def format_summary(summary: ValidationSummary) -> str:
