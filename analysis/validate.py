@@ -38,11 +38,12 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from simcore.config import ConfigError
 from simcore.units import parse_rate
+from traces.atomic import write_text
 
 SCHEMES = ("dp", "ps", "p3", "gossip", "mp", "gpipe", "pipedream", "spectrain")
 """Every scheme with a real runtime (the same list as :data:`realrun.job.REAL_SCHEMES`)."""
@@ -67,6 +68,8 @@ BATCH = 24
 ITERATIONS = 4
 WARMUP_ITERATIONS = 1
 REPEATS = 3
+PROFILE_ITERATIONS, PROFILE_WARMUP = 8, 2
+"""Iterations of the one-rank run a case's compute is measured in (medians over them)."""
 
 HIT = 0.05
 """A case whose |relative error| is within this is a hit; ``why`` explains the others."""
@@ -351,34 +354,92 @@ def ensure_calibration(
     return path
 
 
+def profile_scheme(scheme: str) -> str:
+    """The runtime a case's compute is profiled in: the pipeline's own (its stage calls,
+    weight copies and stashing are part of its compute), else the data-parallel one."""
+    return scheme if scheme in PIPELINES else "dp"
+
+
 def trace_path(
-    out_dir: str, model: str, batch: int, input_shape: tuple[int, ...] | None = None
+    out_dir: str,
+    model: str,
+    batch: int,
+    input_shape: tuple[int, ...] | None = None,
+    runtime: str = "dp",
 ) -> str:
-    """Where the profiled trace of ``model`` at ``batch`` lives."""
+    """Where the trace of ``model`` at ``batch`` measured in ``runtime`` lives."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model.rsplit("/", 1)[-1])
     if input_shape is not None:
         safe += "-" + "x".join(map(str, input_shape))
     if not zoo_model(model):  # two files of one name in different folders differ
         safe += "-" + hashlib.sha256(model.encode()).hexdigest()[:6]
-    return os.path.join(out_dir, "traces", f"{safe}-b{batch}.json")
+    return os.path.join(out_dir, "traces", f"{safe}-{runtime}-b{batch}.json")
 
 
-def ensure_trace(
-    out_dir: str, model: str, batch: int, input_shape: tuple[int, ...] | None = None
-) -> str:
-    """The layer trace of ``model`` at ``batch`` profiled on this machine (one thread,
-    process CPU time), reusing one already in ``out_dir``."""
-    path = trace_path(out_dir, model, batch, input_shape)
-    if os.path.exists(path):
-        return path
+def ensure_trace(out_dir: str, case: Case, topology_file: str) -> tuple[str, float]:
+    """The layer trace of ``case``'s model, measured on this machine now inside the
+    runtime the case uses, and the memory bandwidth its optimizer step reached; reused
+    when ``out_dir`` already has them.
+
+    A real run of ONE rank (:func:`profile_scheme`'s runtime, the case's micro-batch, no
+    communication, no other rank on the cores) is turned into the trace by
+    :func:`realrun.metrics.trace_from_run`, so what the runtime does around each layer is
+    part of the layer's time; the per-layer profiler's trace only gives the structure
+    (parameters, activations, the graph)."""
+    runtime = profile_scheme(case.scheme)
+    path = trace_path(out_dir, case.model, case.trace_batch, case.input_shape, runtime)
+    rate_path = path.removesuffix(".json") + ".update.json"
+    if os.path.exists(path) and os.path.exists(rate_path):
+        with open(rate_path, encoding="utf-8") as fh:
+            return path, float(json.load(fh)["memory_bandwidth_bytes_per_s"])
+    import tempfile
+
+    from realrun.launch import launch
+    from realrun.metrics import trace_from_run, update_bytes_per_s
     from realrun.profiler import ProfileConfig, profile_model
+    from simcore.config import OPTIMIZERS
     from traces.jsonfmt import save
 
-    trace = profile_model(model, ProfileConfig(batch_size=batch, progress=False), input_shape)
+    base = profile_model(
+        case.model, ProfileConfig(batch_size=case.trace_batch, progress=False), case.input_shape
+    )
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp.json"
-    save(trace, tmp)
-    os.replace(tmp, path)
+    base_path = path.removesuffix(".json") + ".layers.json"
+    save(base, base_path)  # the per-layer profile: the structure, kept for reference
+    one = replace(
+        case,
+        scheme=runtime,
+        ranks=1,
+        iterations=PROFILE_ITERATIONS,
+        warmup_iterations=PROFILE_WARMUP,
+        options=case.options if runtime in PIPELINES else (),
+    )
+    config = sim_config(one, base_path, topology_file, record_spans=False)
+    job = make_job(one, config)
+    with tempfile.TemporaryDirectory(prefix="dtsim-validate-profile-") as tmp:
+        records = launch(job, tmp)
+    trace = trace_from_run(records, base)
+    rate = update_bytes_per_s(records, base.param_bytes, OPTIMIZERS[job.optimizer][1])
+    tmp_path = path + ".tmp.json"
+    save(trace, tmp_path)
+    os.replace(tmp_path, path)
+    write_text(rate_path, json.dumps({"memory_bandwidth_bytes_per_s": rate}))
+    return path, rate
+
+
+def case_topology(out_dir: str, topology_file: str, trace_file: str, rate: float) -> str:
+    """The calibrated preset with the optimizer step's memory bandwidth measured with the
+    trace (next to the trace; the calibration itself is left as measured)."""
+    from analysis.resolve import load_preset
+
+    preset = dict(load_preset(topology_file))
+    preset["gpu"] = {**dict(preset.get("gpu") or {}), "memory_bandwidth": f"{rate:.6g}B/s"}
+    stem = os.path.basename(topology_file).removesuffix(".yaml")
+    path = trace_file.removesuffix(".json") + f"-{stem}.yaml"
+    if not os.path.exists(path):
+        import yaml
+
+        write_text(path, yaml.safe_dump(preset, sort_keys=False))
     return path
 
 
@@ -701,7 +762,8 @@ def run_case(
     from simcore.engine import simulate
     from traces.atomic import write_text
 
-    trace_file = ensure_trace(out_dir, case.model, case.trace_batch, case.input_shape)
+    trace_file, update_rate = ensure_trace(out_dir, case, topology_file)
+    topology_file = case_topology(out_dir, topology_file, trace_file, update_rate)
     config = sim_config(case, trace_file, topology_file)
     result = simulate(config)
     sim = result.to_dict()

@@ -107,6 +107,12 @@ def summarize(
                 by_rank[r["rank"]] += nbytes / iters
                 by_msg_kind[kind] = by_msg_kind.get(kind, 0) + nbytes / iters
     headers = sum(r["header_bytes"] for r in ranks)
+    # CPU seconds each rank's process (all its threads) spent per measured iteration
+    cpu_per_it = []
+    for r in ranks:
+        marks = r.get("cpu_at_end") or {}
+        a, b = marks.get(str(first - 1)), marks.get(str(last))
+        cpu_per_it.append((b - a) / iters if a is not None and b is not None else None)
     peaks = [int(r["cuda_peak_bytes"] or r["peak_rss_bytes"]) for r in workers]
     batch = int(job["batch_size"])
     samples = batch if pipeline else batch * w  # a pipeline's ranks share one batch
@@ -141,6 +147,7 @@ def summarize(
         "comm_bytes_by_link": by_link,
         "peak_memory_bytes": max(peaks) if peaks else 0,
         "per_gpu_peak_memory_bytes": peaks,
+        "cpu_s_per_iteration_by_rank": cpu_per_it,
         "events": sum(len(r["spans"]) for r in ranks),
         "wall_s": wall_s,
         "device_names": [r["device"] for r in ranks],

@@ -87,6 +87,9 @@ class Recorder:
         self.sent: list[tuple[int, int, int, str]] = []  # (dst rank, iteration, bytes, kind)
         self.header_bytes = 0
         self.iteration_end: dict[int, float] = {}
+        self.cpu_at_end: dict[int, float] = {}
+        """The process's CPU seconds (every thread) when it first marked an iteration
+        done: what a rank costs the machine's cores, beyond its compute spans."""
         self._lock = threading.Lock()
 
     def start_clock(self) -> None:
@@ -125,6 +128,7 @@ class Recorder:
         t = self.now() if t is None else t
         with self._lock:
             self.iteration_end[iteration] = max(t, self.iteration_end.get(iteration, 0.0))
+            self.cpu_at_end.setdefault(iteration, time.process_time())
 
     def record(self, **extra: Any) -> dict[str, Any]:
         """Everything recorded, as a JSON-able dictionary."""
@@ -134,6 +138,7 @@ class Recorder:
             "sent": [list(s) for s in self.sent],
             "header_bytes": self.header_bytes,
             "iteration_end": {str(k): v for k, v in sorted(self.iteration_end.items())},
+            "cpu_at_end": {str(k): v for k, v in sorted(self.cpu_at_end.items())},
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             **extra,
         }
@@ -254,13 +259,21 @@ def batch(
     return inputs, labels
 
 
+_OUTPUT_SHAPES: dict[tuple[str, Any], tuple[int, tuple[int, ...]]] = {}
+
+
 def output_shape(job: Job) -> tuple[int, tuple[int, ...]]:
-    """``(classes, label shape per sample)`` of the model's (first) output."""
-    resolved = job_model(job)
-    with torch.device("meta"):
-        m = resolved.build()
-    out = next(iter(tensors_in(m(*resolved.example_inputs(1, "meta")))))
-    return int(out.shape[-1]), tuple(int(s) for s in out.shape[1:-1])
+    """``(classes, label shape per sample)`` of the model's (first) output, worked out on
+    the meta device once per model (a pipeline's first stage asks every iteration)."""
+    key = (job.model, job.input_shape)
+    shape = _OUTPUT_SHAPES.get(key)
+    if shape is None:
+        resolved = job_model(job)
+        with torch.device("meta"):
+            m = resolved.build()
+        out = next(iter(tensors_in(m(*resolved.example_inputs(1, "meta")))))
+        shape = _OUTPUT_SHAPES[key] = (int(out.shape[-1]), tuple(int(s) for s in out.shape[1:-1]))
+    return shape
 
 
 def loss_of(output: Any, labels: torch.Tensor) -> torch.Tensor:
