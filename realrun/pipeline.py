@@ -74,6 +74,7 @@ from realrun.runtime import (
 )
 from realrun.stages import StageModule, split_model
 from simcore import schedule as sch
+from simcore.collectives import ring_bytes_sent
 from simcore.records import BACKWARD, COMM, COMPUTE, FORWARD, PREDICT, RECOMPUTE, UPDATE
 
 KEY_STRIDE = 1024
@@ -558,7 +559,8 @@ class PipelineRuntime:
         )
         ranks = self.schedule.stages[self.stage]
         nxt = ranks[(ranks.index(self.rank) + 1) % len(ranks)]
-        self.rec.count_sent(nxt, it, 2 * (self.replicas - 1) * nbytes // self.replicas, "allreduce")
+        pos = ranks.index(self.rank)
+        self.rec.count_sent(nxt, it, ring_bytes_sent(pos, self.replicas, nbytes), "allreduce")
 
     # ---- the loop ----------------------------------------------------------------------
     def run(self) -> None:

@@ -61,6 +61,16 @@ def ring_step(q: int, n: int, s: int = 0) -> Step:
     return [(i, (i + 1) % q, seg[(i - s) % q]) for i in range(q)]
 
 
+def ring_bytes_sent(position: int, q: int, n: int) -> int:
+    """Bytes position ``position`` of a ``q``-position ring all-reduce of ``n`` bytes sends
+    (its ``2(q-1)`` segments, each ``n/q`` rounded as :func:`ring_step` cuts them): what a
+    real rank counts for the collective, exactly as the simulated messages carry."""
+    if q <= 1:
+        return 0
+    seg = _split(n, q)
+    return sum(seg[(position - s) % q] for s in range(2 * (q - 1)))
+
+
 def ring_allreduce_steps(q: int, n: int) -> list[Step]:
     """Ring all-reduce: ``2(q-1)`` steps; position ``i`` sends to ``i+1``."""
     return [ring_step(q, n, s) for s in range(2 * (q - 1))]

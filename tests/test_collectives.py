@@ -132,3 +132,18 @@ def test_single_rank_and_empty_collectives_finish_immediately():
 def test_unknown_algorithm():
     with pytest.raises(ValueError, match="ring, tree, hierarchical"):
         run_collective(ring_topology(2, B, LAT), "detailed", "allreduce", 1, algorithm="star")
+
+
+@pytest.mark.parametrize("q", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("n", [0, 1, 10, 1000, 4_000_006])
+def test_ring_bytes_sent_is_what_the_ring_messages_carry(q, n):
+    """Per position, the bytes of its sends in the ring's steps; over the ring, exactly
+    2(q-1) n / q... rounded as the steps cut the segments (a real rank counts this)."""
+    from simcore.collectives import ring_allreduce_steps, ring_bytes_sent
+
+    per_pos = [0] * q
+    for step in ring_allreduce_steps(q, n) if q > 1 else []:
+        for src, _dst, b in step:
+            per_pos[src] += b
+    assert [ring_bytes_sent(i, q, n) for i in range(q)] == per_pos
+    assert sum(per_pos) == 2 * (q - 1) * n

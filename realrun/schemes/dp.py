@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from realrun.runtime import make_optimizer
 from realrun.schemes.base import WorkerLoop
 from realrun.worker import RankContext
+from simcore.collectives import ring_bytes_sent
 from simcore.records import COMM, COMPUTE, UPDATE
 from simcore.schemes.dp import ddp_bucket_layout
 
@@ -59,7 +60,7 @@ class DPRuntime(WorkerLoop):
         ctx.extra["buckets_planned_bytes"] = self.bucket_bytes
 
     def _ring_bytes(self, nbytes: int) -> int:
-        return 2 * (self.p - 1) * nbytes // self.p
+        return ring_bytes_sent(self.ctx.rank, self.p, nbytes)
 
     def _hook(self, _state, bucket):  # unannotated: DDP checks the annotations
         buf = bucket.buffer()
