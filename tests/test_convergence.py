@@ -1,0 +1,161 @@
+"""Convergence under staleness: the staleness emulator (realrun/emulate.py) against the
+multi-process pipeline runtime on real data, the weight-version gaps the schedules
+prescribe, SpecTrain's prediction at distance 0, the shared data order, and ``sim train``."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="real runs need torch (make test installs it)")
+pytest.importorskip("sklearn", reason="the digits data ship with scikit-learn")
+
+from analysis.convergence import training_job  # noqa: E402
+from realrun import data  # noqa: E402
+from realrun.emulate import emulate  # noqa: E402
+from realrun.job import Job  # noqa: E402
+from realrun.pipeline import make_schedule, microbatch, prescribed_versions  # noqa: E402
+from realrun.runtime import build_model  # noqa: E402
+from simcore import schedule as sch  # noqa: E402
+
+
+def _job(scheme: str, gpus: int = 3, batch: int = 96, epochs: int = 1, **kw: Any) -> Job:
+    kw.setdefault("lr", 0.02)
+    return training_job("digits_mlp", scheme, gpus=gpus, epochs=epochs, batch=batch, **kw)
+
+
+def _assert_weights(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=2e-6, rtol=1e-5, msg=k)
+
+
+# ---- the emulator equals the distributed run ------------------------------------------------
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("scheme", ["pipedream", "vanilla", "spectrain"])
+def test_emulator_equals_the_multi_process_run_after_an_epoch(tmp_path: Path, scheme: str) -> None:
+    from realrun.launch import launch
+
+    job = _job(scheme)
+    job = dataclasses.replace(job, save_weights=True, timeout_s=60.0)
+    records = launch(job, str(tmp_path))
+    real: dict[str, Any] = {}
+    for r in records["ranks"]:
+        epochs = torch.load(tmp_path / f"epoch-weights-rank{r['rank']}.pt")
+        real.update(epochs[1])
+    em = emulate(job, epochs=1, keep_weights=True)
+    _assert_weights(real, em.epoch_weights[1])
+    init = dict(build_model(job, torch.device("cpu")).model.named_parameters())
+    assert all(not torch.equal(real[k], init[k]) for k in real)
+    # every pass ran on the version the schedule prescribes, in both
+    p = job.pipeline
+    sched = make_schedule(
+        job.scheme, job.options, p["replicas"], p["microbatches"], job.total_iterations + p["tail"]
+    )
+    u = data.updates_per_epoch(job)
+    for r in records["ranks"]:
+        want = prescribed_versions(sched, r["rank"])
+        assert [tuple(x) for x in r["passes"]] == want
+        got = sorted(tuple(x) for x in em.passes[r["stage"]])
+        assert got == sorted(w for w in want if w[0] < u)
+
+
+# ---- staleness as the schedules prescribe it -------------------------------------------------
+
+
+@pytest.mark.parametrize("gpus", [3, 4])
+def test_pipedream_stage_k_sees_a_gap_of_n_minus_k_minus_1(gpus: int) -> None:
+    job = _job("pipedream", gpus=gpus, batch=64)
+    em = emulate(job, epochs=1)
+    assert len(em.gaps) == gpus
+    for k, gaps in enumerate(em.gaps):
+        # the first micro-batches fill the pipeline; from then on the gap is constant
+        assert gaps[:gpus] == [min(i, gpus - k - 1) for i in range(gpus)], k
+        assert set(gaps[gpus:]) == {gpus - k - 1}, k
+
+
+def test_emulator_passes_use_the_schedules_versions() -> None:
+    for scheme in ("vanilla", "spectrain"):
+        job = _job(scheme, gpus=4, batch=64)
+        em = emulate(job, epochs=1)
+        p = job.pipeline
+        sched = make_schedule(
+            job.scheme, job.options, p["replicas"], p["microbatches"], job.total_iterations
+        )
+        u = data.updates_per_epoch(job)
+        for k in range(4):
+            want = sorted(w for w in prescribed_versions(sched, k) if w[0] < u)
+            assert sorted(tuple(x) for x in em.passes[k]) == want
+            backward_gap = [
+                b[2] - f[2]
+                for f, b in zip(
+                    (x for x in em.passes[k] if x[1] == sch.FORWARD),
+                    (x for x in em.passes[k] if x[1] == sch.BACKWARD),
+                )
+            ]
+            if scheme == "vanilla":  # the backward runs on weights N-k-1 updates newer
+                assert set(backward_gap[4:]) == {4 - k - 1}
+            else:  # once the pipeline is full, both passes predict the same version
+                assert set(backward_gap[4:]) == {0}
+
+
+def test_spectrain_with_prediction_distance_zero_is_vanilla_pipelining() -> None:
+    vanilla = _job("vanilla", gpus=3, batch=96)
+    d = vanilla.to_dict()
+    d["scheme"] = "spectrain"
+    d["options"] = {"microbatches": vanilla.pipeline["microbatches"]}
+    spectrain = Job.from_dict(d)
+    a = emulate(vanilla, epochs=1, keep_weights=True)
+    b = emulate(spectrain, epochs=1, keep_weights=True, spectrain_distance=lambda *_: 0)
+    for k in a.epoch_weights[1]:
+        torch.testing.assert_close(a.epoch_weights[1][k], b.epoch_weights[1][k], rtol=0, atol=0)
+    assert a.epochs == b.epochs
+    c = emulate(spectrain, epochs=1, keep_weights=True)  # real prediction: different
+    assert any(
+        not torch.equal(a.epoch_weights[1][k], c.epoch_weights[1][k]) for k in a.epoch_weights[1]
+    )
+
+
+# ---- the same data for every scheme ----------------------------------------------------------
+
+
+def test_every_scheme_sees_the_same_update_batches_in_the_same_order() -> None:
+    b = 32
+    split = data.load("digits", 0)
+    jobs = {s: _job(s, gpus=4, batch=b) for s in ("dp", "gossip", "gpipe", "pipedream")}
+    u = data.updates_per_epoch(jobs["dp"])
+    assert all(data.updates_per_epoch(j) == u for j in jobs.values())
+    assert u == len(split.train_y) // b
+    seen = []
+    for i in range(u + 3):
+        ref = data.update_indices("digits", 0, b, i)
+        want = split.train_y[ref]
+        dp = torch.cat([data.batch(jobs["dp"], r, i)[1] for r in range(4)])
+        gpipe = data.batch(jobs["gpipe"], 0, i)[1]
+        pd = jobs["pipedream"]
+        m = pd.pipeline["microbatches"]
+        piped = microbatch(pd, i, m, {})[1]
+        assert torch.equal(dp, want) and torch.equal(gpipe, want) and torch.equal(piped, want)
+        x = torch.cat([data.batch(jobs["gossip"], r, i)[0][0] for r in range(4)])
+        torch.testing.assert_close(x, split.train_x[ref], rtol=0, atol=0)
+        if i < u:
+            seen.append(ref)
+    first = torch.cat(seen)
+    assert sorted(first.tolist()) == sorted(set(first.tolist()))  # no sample twice an epoch
+    assert not torch.equal(
+        data.update_indices("digits", 0, b, 0), data.update_indices("digits", 0, b, u)
+    )
+
+
+def test_split_is_standardised_and_disjoint() -> None:
+    s = data.load("digits", 3)
+    assert len(s.train_y) + len(s.val_y) == 1797
+    assert abs(float(s.train_x.mean())) < 1e-4
+    assert set(s.train_y.tolist()) == set(range(10))
+    with pytest.raises(ValueError, match="digits"):
+        data.load("mnist", 0)
