@@ -12,6 +12,8 @@ iteration time for the same model, scheme and GPUs on a cluster the user names.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 CONVERGENCE_SCHEMES = (
@@ -31,6 +33,35 @@ DIGITS_MODELS = ("digits_cnn", "digits_mlp", "digits_lstm", "digits_transformer"
 """The zoo's models of the paper's four families sized for the digits data."""
 
 PIPELINES = ("mp", "gpipe", "pipedream", "vanilla", "spectrain")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The settings of ``sim train`` and the README's convergence study, declared once.
+
+    Attributes:
+        models: zoo models (the digits models of the paper's four families).
+        schemes: convergence schemes (:data:`CONVERGENCE_SCHEMES`).
+        seeds: each seeds the split, the initial weights and the data order.
+        gpus: workers of the data-parallel schemes, stages of the pipelines.
+        epochs: passes over the training split.
+        batch: samples per weight update, over all workers.
+        lr: learning rate of SGD with momentum.
+        momentum: its momentum.
+        target_accuracy: validation accuracy (0-1) for epochs and time to target.
+        topology: the cluster of ``sim run`` for time to accuracy.
+    """
+
+    models: tuple[str, ...] = DIGITS_MODELS
+    schemes: tuple[str, ...] = CONVERGENCE_SCHEMES
+    seeds: tuple[int, ...] = (0,)
+    gpus: int = 4
+    epochs: int = 10
+    batch: int = 32
+    lr: float = 0.01
+    momentum: float = 0.9
+    target_accuracy: float = 0.95
+    topology: str = "pcie"
 
 
 def scheme_of(name: str) -> tuple[str, dict[str, Any]]:
@@ -117,3 +148,370 @@ def training_job(
     d = job.to_dict()
     d["iterations"] = -(-epochs * u // k)
     return Job.from_dict(d)
+
+
+# ---- running a grid ---------------------------------------------------------------------
+
+CURVE_COLUMNS = (
+    "model",
+    "scheme",
+    "seed",
+    "epoch",
+    "updates",
+    "samples",
+    "train_loss",
+    "val_loss",
+    "val_accuracy",
+)
+"""Columns of the per-epoch curves :func:`train` returns."""
+
+
+def train(
+    models: Sequence[str],
+    schemes: Sequence[str],
+    seeds: Sequence[int],
+    gpus: int = 4,
+    epochs: int = 10,
+    batch: int = 32,
+    lr: float = 0.01,
+    momentum: float = 0.9,
+    real: bool = False,
+    workdir: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Any:
+    """Per-epoch curves (a DataFrame with :data:`CURVE_COLUMNS`) of every model x scheme x
+    seed, from the staleness emulator, or with ``real`` from multi-process runs (in
+    ``workdir``; see :func:`real_curves`). ``progress`` is called with 1 per epoch done."""
+    import pandas as pd
+    import torch
+
+    from realrun.emulate import emulate
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is fastest and leaves the rest
+    rows: list[dict[str, Any]] = []
+    try:
+        for model in models:
+            for scheme in schemes:
+                for seed in seeds:
+                    job = training_job(model, scheme, gpus, epochs, batch, lr, momentum, seed)
+                    head = {"model": model, "scheme": scheme, "seed": seed}
+                    if real:
+                        got = real_curves(job, epochs, workdir, progress)
+                    else:
+                        got = emulate(
+                            job, epochs, on_epoch=(lambda _r: progress(1)) if progress else None
+                        ).epochs
+                    rows += [{**head, **r} for r in got]
+    finally:
+        torch.set_num_threads(threads)
+    return pd.DataFrame(rows, columns=list(CURVE_COLUMNS))
+
+
+def real_curves(
+    job: Any,
+    epochs: int,
+    workdir: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[dict[str, float]]:
+    """The curves of one multi-process run of ``job``: a pipeline's ranks keep their
+    stage's weights at every epoch's end, which are put together and evaluated; the
+    training loss is the last stage's per micro-batch. The data-parallel schemes keep
+    only their final weights: one row, for the last epoch (training loss not recorded)."""
+    import dataclasses
+    import math
+    import os
+    import tempfile
+
+    import torch
+
+    from realrun import data
+    from realrun.emulate import evaluator
+    from realrun.job import PIPELINE_SCHEMES
+    from realrun.launch import launch
+
+    job = dataclasses.replace(job, save_weights=True, record_layers=False)
+    ev = evaluator(job)
+    u = data.updates_per_epoch(job)
+    b = data.update_batch(job)
+    with tempfile.TemporaryDirectory(dir=workdir) as out:
+        records = launch(job, out)
+        rows = []
+        if job.scheme in PIPELINE_SCHEMES:
+            weights: dict[int, dict[str, Any]] = {}
+            losses: dict[int, list[float]] = {}
+            for r in records["ranks"]:
+                path = os.path.join(out, f"epoch-weights-rank{r['rank']}.pt")
+                for e, w in torch.load(path).items():
+                    weights.setdefault(e, {}).update(w)
+                for mb, loss in r.get("losses", []):
+                    per = data.updates_per_iteration(job)
+                    upd = mb if per > 1 else mb // int(job.pipeline["microbatches"])
+                    losses.setdefault(upd // u, []).append(loss)
+            for e in range(1, epochs + 1):
+                vl, va = ev(weights[e])
+                tl = losses.get(e - 1, [])
+                rows.append(_row(e, u, b, sum(tl) / len(tl) if tl else math.nan, vl, va))
+                if progress:
+                    progress(1)
+        else:
+            w = torch.load(os.path.join(out, "weights-rank0.pt"))
+            vl, va = ev(w)
+            rows.append(_row(epochs, u, b, math.nan, vl, va))
+            if progress:
+                progress(epochs)
+    return rows
+
+
+def _row(e: int, u: int, b: int, tl: float, vl: float, va: float) -> dict[str, float]:
+    return {
+        "epoch": e,
+        "updates": e * u,
+        "samples": e * u * b,
+        "train_loss": tl,
+        "val_loss": vl,
+        "val_accuracy": va,
+    }
+
+
+# ---- summaries --------------------------------------------------------------------------
+
+
+def paper_table(curves: Any) -> Any:
+    """The SpecTrain paper's table: per model and scheme, the minimum training loss, the
+    minimum validation loss and the maximum validation accuracy over the epochs, as mean
+    and standard deviation over the seeds (``seeds`` says how many)."""
+    per_seed = curves.groupby(["model", "scheme", "seed"], sort=False).agg(
+        min_train_loss=("train_loss", "min"),
+        min_val_loss=("val_loss", "min"),
+        max_val_accuracy=("val_accuracy", "max"),
+    )
+    g = per_seed.groupby(level=["model", "scheme"], sort=False)
+    out = g.mean().add_suffix("_mean").join(g.std(ddof=0).add_suffix("_std"))
+    out["seeds"] = g.size()
+    return out.reset_index()
+
+
+def to_target(curves: Any, target: float) -> Any:
+    """Per model, scheme and seed, the first epoch whose validation accuracy reaches
+    ``target`` (0-1), and the updates and samples until then (NaN: never reached)."""
+    import pandas as pd
+
+    rows = []
+    for (model, scheme, seed), g in curves.groupby(["model", "scheme", "seed"], sort=False):
+        hit = g[g["val_accuracy"] >= target].sort_values("epoch").head(1)
+        rows.append(
+            {
+                "model": model,
+                "scheme": scheme,
+                "seed": seed,
+                "target": target,
+                "epoch": float(hit["epoch"].iloc[0]) if len(hit) else math.nan,
+                "updates": float(hit["updates"].iloc[0]) if len(hit) else math.nan,
+                "samples": float(hit["samples"].iloc[0]) if len(hit) else math.nan,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def markdown_table(table: Any) -> str:
+    """:func:`paper_table`'s output as Markdown, ``mean ± std`` per cell."""
+    lines = [
+        "| model | scheme | min train loss | min val loss | max val accuracy | seeds |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in table.itertuples(index=False):
+        lines.append(
+            f"| {r.model} | {r.scheme} "
+            f"| {r.min_train_loss_mean:.4f} ± {r.min_train_loss_std:.4f} "
+            f"| {r.min_val_loss_mean:.4f} ± {r.min_val_loss_std:.4f} "
+            f"| {100 * r.max_val_accuracy_mean:.2f}% ± {100 * r.max_val_accuracy_std:.2f} "
+            f"| {r.seeds} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(curves: Any, model: str, path: str) -> None:
+    """A seaborn figure of ``model``'s curves: training loss, validation loss and
+    validation accuracy against the epoch, one line per scheme (the mean over seeds, the
+    band their spread), written atomically to ``path`` (PNG)."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from traces.atomic import atomic_path
+
+    d = curves[curves["model"] == model]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, col, label in zip(
+        axes,
+        ("train_loss", "val_loss", "val_accuracy"),
+        ("training loss", "validation loss", "validation accuracy"),
+    ):
+        sns.lineplot(
+            data=d, x="epoch", y=col, hue="scheme", errorbar="sd", ax=ax, legend=ax is axes[-1]
+        )
+        ax.set_ylabel(label)
+        if col != "val_accuracy":
+            ax.set_yscale("log")
+    axes[-1].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"{model}: convergence per scheme (mean and spread over seeds)")
+    fig.tight_layout()
+    with atomic_path(path, ".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+
+
+# ---- time to accuracy -------------------------------------------------------------------
+
+
+def seconds_per_update(
+    model: str,
+    scheme: str,
+    gpus: int,
+    batch: int,
+    topology: str = "pcie",
+    bandwidth: str | None = None,
+) -> dict[str, Any]:
+    """``sim run``'s steady-state time per weight update of convergence scheme ``scheme``
+    for zoo model ``model`` (an analytic trace of it for a V100-class GPU, rescaled to the
+    topology's GPU as ``sim run`` rescales any trace) on ``gpus`` GPUs of ``topology``:
+    its iteration time over the updates per iteration (the micro-batches of
+    ``pipedream``/``spectrain``, 1 otherwise). Returns ``{"seconds_per_update",
+    "iteration_time_s", "updates_per_iteration", "device"}``."""
+    import os
+    import tempfile
+
+    from analysis.resolve import build_config
+    from realrun import data
+    from realrun.profiler import ProfileConfig, profile_model
+    from simcore.engine import simulate
+    from simcore.spec import RunSpec
+    from traces.jsonfmt import save
+
+    job = training_job(model, scheme, gpus, 1, batch)
+    trace = profile_model(
+        model,
+        ProfileConfig(
+            batch_size=job.batch_size, analytic=True, device_flops=15.7e12, progress=False
+        ),
+    )
+    settings: dict[str, Any] = {
+        "scheme": job.scheme,
+        "gpus": gpus,
+        "topology": topology,
+        "batch_size": job.batch_size,
+        "iterations": 3,
+        "warmup_iterations": 1,
+    }
+    if bandwidth:
+        settings["bandwidth"] = bandwidth
+    settings.update({f"scheme.{k}": v for k, v in job.options.items()})
+    if job.scheme in ("mp", "gpipe", "pipedream", "spectrain"):
+        settings["scheme.partition"] = "antichain"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"{model}.json")
+        save(trace, path)
+        settings["model"] = path
+        result = simulate(build_config(RunSpec().replace(**settings), record_spans=False))
+    k = data.updates_per_iteration(job)
+    return {
+        "seconds_per_update": result.iteration_time_s / k,
+        "iteration_time_s": result.iteration_time_s,
+        "updates_per_iteration": k,
+        "device": result.gpu_model,
+    }
+
+
+def time_to_accuracy(
+    curves: Any,
+    target: float,
+    gpus: int,
+    batch: int,
+    topology: str = "pcie",
+    bandwidth: str | None = None,
+) -> Any:
+    """Per model and scheme: the updates to reach ``target`` validation accuracy (mean
+    over the seeds that reach it, and how many do), ``sim run``'s seconds per update on
+    ``gpus`` GPUs of ``topology`` (:func:`seconds_per_update`) and their product, the
+    simulated time to accuracy."""
+    import pandas as pd
+
+    hits = to_target(curves, target)
+    rows = []
+    for (model, scheme), g in hits.groupby(["model", "scheme"], sort=False):
+        reached = g["updates"].dropna()
+        t = seconds_per_update(model, scheme, gpus, batch, topology, bandwidth)
+        ups = float(reached.mean()) if len(reached) else math.nan
+        rows.append(
+            {
+                "model": model,
+                "scheme": scheme,
+                "target": target,
+                "seeds_reached": len(reached),
+                "seeds": len(g),
+                "epochs_to_target": float(g["epoch"].dropna().mean()) if len(reached) else math.nan,
+                "updates_to_target": ups,
+                "samples_to_target": float(g["samples"].dropna().mean())
+                if len(reached)
+                else math.nan,
+                "seconds_per_update": t["seconds_per_update"],
+                "time_to_target_s": ups * t["seconds_per_update"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def time_sentences(tta: Any, gpus: int, topology: str) -> list[str]:
+    """One line per model: "on 4 GPUs of pcie, digits_cnn reaches 95% with spectrain in
+    X s, ...", fastest first; schemes that never reach the target are named apart."""
+    out = []
+    for model, g in tta.groupby("model", sort=False):
+        target = float(g["target"].iloc[0])
+        ok = g.dropna(subset=["time_to_target_s"]).sort_values("time_to_target_s")
+        parts = [
+            f"{r.scheme} in {_seconds(r.time_to_target_s)} ({r.epochs_to_target:.1f} epochs"
+            + (f", {r.seeds_reached} of {r.seeds} seeds" if r.seeds_reached < r.seeds else "")
+            + ")"
+            for r in ok.itertuples(index=False)
+        ]
+        never = [r.scheme for r in g.itertuples(index=False) if r.scheme not in set(ok["scheme"])]
+        line = f"on {gpus} GPUs of {topology}, {model} reaches {100 * target:g}% with " + (
+            ", ".join(parts) if parts else "no scheme"
+        )
+        if never:
+            line += f"; never within the epochs run: {', '.join(never)}"
+        out.append(line)
+    return out
+
+
+def _seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s * 1e6:.0f} µs"
+
+
+def markdown_time_table(tta: Any) -> str:
+    """:func:`time_to_accuracy`'s output as Markdown."""
+    if not len(tta):
+        return ""
+    target = float(tta["target"].iloc[0])
+    lines = [
+        f"| model | scheme | epochs to {100 * target:g}% | samples | time per update "
+        "| time to accuracy |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in tta.itertuples(index=False):
+        reached = r.seeds_reached > 0
+        note = (
+            f" ({r.seeds_reached}/{r.seeds} seeds)" if reached and r.seeds_reached < r.seeds else ""
+        )
+        lines.append(
+            f"| {r.model} | {r.scheme} "
+            f"| {f'{r.epochs_to_target:.1f}' if reached else 'not reached'}{note} "
+            f"| {f'{r.samples_to_target:,.0f}' if reached else '-'} "
+            f"| {_seconds(r.seconds_per_update)} "
+            f"| {_seconds(r.time_to_target_s) if reached else '-'} |"
+        )
+    return "\n".join(lines) + "\n"

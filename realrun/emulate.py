@@ -71,6 +71,12 @@ def epochs_of(job: Job) -> int:
 # ---- evaluation -------------------------------------------------------------------------
 
 
+def evaluator(job: Job) -> Callable[[Mapping[str, torch.Tensor]], tuple[float, float]]:
+    """A function of a model's weights (parameter name -> tensor) that returns its
+    ``(loss, accuracy)`` on the job's validation split."""
+    return _Evaluator(job)
+
+
 class _Evaluator:
     def __init__(self, job: Job) -> None:
         torch.manual_seed(job.seed)
