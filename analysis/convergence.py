@@ -12,7 +12,7 @@ iteration time for the same model, scheme and GPUs on a cluster the user names.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +47,8 @@ class TrainSettings:
         epochs: passes over the training split.
         batch: samples per weight update, over all workers.
         lr: learning rate of SGD with momentum.
+        model_lr: learning rates of models that need another (the LSTM learns slowly at
+            the others' rate).
         momentum: its momentum.
         target_accuracy: validation accuracy (0-1) for epochs and time to target.
         topology: the cluster of ``sim run`` for time to accuracy.
@@ -58,7 +60,8 @@ class TrainSettings:
     gpus: int = 4
     epochs: int = 10
     batch: int = 32
-    lr: float = 0.01
+    lr: float = 0.02
+    model_lr: tuple[tuple[str, float], ...] = (("digits_lstm", 0.1),)
     momentum: float = 0.9
     target_accuracy: float = 0.95
     topology: str = "pcie"
@@ -166,22 +169,28 @@ CURVE_COLUMNS = (
 """Columns of the per-epoch curves :func:`train` returns."""
 
 
+SAME_NUMERICS = ("dp", "ps", "p3", "mp", "gpipe")
+"""Schemes whose training is SGD on the whole update batch (:mod:`realrun.emulate`): the
+emulator trains the first of them asked for once and gives the others its curves."""
+
+
 def train(
     models: Sequence[str],
     schemes: Sequence[str],
     seeds: Sequence[int],
-    gpus: int = 4,
-    epochs: int = 10,
-    batch: int = 32,
-    lr: float = 0.01,
-    momentum: float = 0.9,
+    gpus: int = TrainSettings.gpus,
+    epochs: int = TrainSettings.epochs,
+    batch: int = TrainSettings.batch,
+    lr: float | Mapping[str, float] = TrainSettings.lr,
+    momentum: float = TrainSettings.momentum,
     real: bool = False,
     workdir: str | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> Any:
     """Per-epoch curves (a DataFrame with :data:`CURVE_COLUMNS`) of every model x scheme x
     seed, from the staleness emulator, or with ``real`` from multi-process runs (in
-    ``workdir``; see :func:`real_curves`). ``progress`` is called with 1 per epoch done."""
+    ``workdir``; see :func:`real_curves`). ``lr`` is one learning rate or one per model.
+    ``progress`` is called with the epochs done."""
     import pandas as pd
     import torch
 
@@ -192,16 +201,25 @@ def train(
     rows: list[dict[str, Any]] = []
     try:
         for model in models:
-            for scheme in schemes:
-                for seed in seeds:
-                    job = training_job(model, scheme, gpus, epochs, batch, lr, momentum, seed)
+            rate = lr[model] if isinstance(lr, Mapping) else lr
+            for seed in seeds:
+                shared: list[dict[str, float]] | None = None
+                for scheme in schemes:
                     head = {"model": model, "scheme": scheme, "seed": seed}
+                    if not real and scheme in SAME_NUMERICS and shared is not None:
+                        rows += [{**head, **r} for r in shared]
+                        if progress:
+                            progress(epochs)
+                        continue
+                    job = training_job(model, scheme, gpus, epochs, batch, rate, momentum, seed)
                     if real:
                         got = real_curves(job, epochs, workdir, progress)
                     else:
                         got = emulate(
                             job, epochs, on_epoch=(lambda _r: progress(1)) if progress else None
                         ).epochs
+                        if scheme in SAME_NUMERICS:
+                            shared = got
                     rows += [{**head, **r} for r in got]
     finally:
         torch.set_num_threads(threads)

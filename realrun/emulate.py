@@ -227,7 +227,6 @@ def _pipeline(
     from realrun.pipeline import (
         features,
         make_schedule,
-        microbatch,
         pass_seed,
         prescribed_versions,
     )
@@ -330,17 +329,29 @@ def _pipeline(
             out[name] = x.requires_grad_()
         return out
 
+    def microbatch(mb: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        # realrun.pipeline.microbatch's slicing, on the data set's batches
+        it, j = divmod(mb, M)
+        if it not in cache:
+            cache.clear()
+            cache[it] = data.batch(job, 0, it)
+        inputs, labels = cache[it]
+        size = job.batch_size // M
+        sl = slice(j * size, (j + 1) * size)
+        return tuple(t[sl] for t in inputs), labels[sl]
+
     def run_stage(k: int, w: dict[str, torch.Tensor], x: tuple[torch.Tensor, ...], mb: int) -> Any:
-        torch.manual_seed(pass_seed(job, mb, k))
+        # the distributed run's dropout masks (the CPU generator is all a CPU run draws from)
+        torch.random.default_generator.manual_seed(pass_seed(job, mb, k))
         out = split.stages[k].call(w, *x)
         if split.stages[k].is_last:
-            loss = loss_of(out, microbatch(job, mb, M, cache)[1])
+            loss = loss_of(out, microbatch(mb)[1])
             out = (loss,)
         return out
 
     for mb in range(total):
         xs, outs, ws = [], [], []
-        x = microbatch(job, mb, M, cache)[0]
+        x = microbatch(mb)[0]
         for k in range(n):
             v = ver[k][(mb, sch.FORWARD)]
             w = weights(k, v, True, (mb, sch.FORWARD) in pred[k])
@@ -366,8 +377,12 @@ def _pipeline(
             ]
             x_req = [t for t in xs[k] if t.requires_grad]
             wl = [w[name] for name in names[k]]
-            got = torch.autograd.grad(
-                [o for o, _ in sel], x_req + wl, [g for _, g in sel], allow_unused=True
+            got = (
+                torch.autograd.grad(
+                    [o for o, _ in sel], x_req + wl, [g for _, g in sel], allow_unused=True
+                )
+                if sel and x_req + wl
+                else [None] * (len(x_req) + len(wl))
             )
             grads[k][mb] = [
                 torch.zeros_like(t) if g is None else g for t, g in zip(wl, got[len(x_req) :])

@@ -159,3 +159,96 @@ def test_split_is_standardised_and_disjoint() -> None:
     assert set(s.train_y.tolist()) == set(range(10))
     with pytest.raises(ValueError, match="digits"):
         data.load("mnist", 0)
+
+
+# ---- sim train ------------------------------------------------------------------------------
+
+
+def _main(capsys: Any, *args: str) -> tuple[int, str, str]:
+    from dtsim.cli import main
+
+    with pytest.raises(SystemExit) as ex:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(ex.value.code or 0), out, err
+
+
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["--scheme", "pipedreem"], "--scheme: 'pipedreem' is not allowed"),
+        (["--model", "resnet50"], "--model: 'resnet50' is not allowed"),
+        (["--model", "nope"], "--model: 'nope' is not allowed"),
+        (["--lr", "fast"], "--lr: 'fast' is not allowed"),
+        (["--lr", "digits_rnn=0.1"], "--lr: 'digits_rnn=0.1' is not allowed"),
+        (["--seed", "x"], "--seed: 'x' is not allowed"),
+        (["--epochs", "0"], "--epochs: 0 is not allowed"),
+        (["--batch", "30", "--scheme", "dp"], "batch: 30 is not allowed with 4"),
+        (["--batch", "5000"], "batch: 5000 is not allowed"),
+        (["--scheme", "gossip", "--gpus", "3"], "gpus: 3 is not allowed"),
+        (["--target-accuracy", "120"], "--target-accuracy: 120"),
+        (["--momentum", "1.5"], "--momentum: 1.5 is not allowed"),
+        (["--topology", "moon"], "--topology: 'moon' is not allowed"),
+    ],
+)
+def test_train_bad_input_is_one_line(
+    capsys: Any, tmp_path: Path, args: list[str], names: str
+) -> None:
+    out_dir = tmp_path / "out"
+    code, _out, err = (
+        _main(
+            capsys, "train", "--model", "digits_mlp", *args, "--epochs", "1", "--out", str(out_dir)
+        )
+        if "--epochs" not in args
+        else _main(capsys, "train", *args, "--out", str(out_dir))
+    )
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and names in lines[0], err
+    assert "Traceback" not in err
+    assert not out_dir.exists() or not any(out_dir.iterdir())
+
+
+def test_train_writes_curves_table_and_figures(capsys: Any, tmp_path: Path) -> None:
+    code, out, err = _main(
+        capsys,
+        "train",
+        "--model",
+        "digits_mlp",
+        "--scheme",
+        "dp,ps,gossip,pipedream,vanilla,spectrain",
+        "--epochs",
+        "2",
+        "--batch",
+        "64",
+        "--seed",
+        "0,1",
+        "--target-accuracy",
+        "80",
+        "--out",
+        str(tmp_path),
+    )
+    assert code == 0, err
+    assert "| digits_mlp | spectrain |" in out and "max val accuracy" in out
+    assert "reaches 80% with" in out
+    import pandas as pd
+
+    curves = pd.read_parquet(tmp_path / "curves.parquet")
+    assert len(curves) == 6 * 2 * 2
+    assert curves["val_accuracy"].between(0, 1).all()
+    dp = curves[curves["scheme"] == "dp"].reset_index(drop=True)
+    ps = curves[curves["scheme"] == "ps"].reset_index(drop=True)
+    assert dp.drop(columns="scheme").equals(ps.drop(columns="scheme"))  # same numerics
+    table = pd.read_csv(tmp_path / "table.csv")
+    assert set(table["seeds"]) == {2}
+    assert (tmp_path / "table.md").read_text().startswith("| model |")
+    assert (tmp_path / "convergence-digits_mlp.png").stat().st_size > 10_000
+    tta = pd.read_csv(tmp_path / "time_to_accuracy.csv")
+    assert (tta["seconds_per_update"] > 0).all()
+    done = tta.dropna(subset=["time_to_target_s"])
+    assert (
+        len(done)
+        and (
+            done["time_to_target_s"] == done["updates_to_target"] * done["seconds_per_update"]
+        ).all()
+    )

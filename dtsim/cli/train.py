@@ -31,6 +31,30 @@ def _split(values: Sequence[str], what: str, allowed: Sequence[str] | None) -> l
     return out
 
 
+def _rates(values: Sequence[str], models: Sequence[str]) -> dict[str, float]:
+    """Learning rate per model: the defaults, then a bare value for all, then MODEL=LR."""
+    base = _D.lr
+    per = dict(_D.model_lr)
+    own: dict[str, float] = {}
+    for item in _split(values, "--lr", None):
+        name, _, value = item.rpartition("=")
+        try:
+            rate = float(value)
+        except ValueError:
+            rate = -1.0
+        if not rate > 0 or (name and name not in models):
+            allowed = ", ".join(models)
+            raise BadInput(
+                f"--lr: {item!r} is not allowed; give a positive rate (0.02) or "
+                f"MODEL=RATE for one of: {allowed}"
+            )
+        if name:
+            own[name] = rate
+        else:
+            base, per = rate, {}
+    return {m: own.get(m, per.get(m, base)) for m in models}
+
+
 def _seeds(values: Sequence[str]) -> list[int]:
     out = []
     for item in _split(values, "--seed", None):
@@ -75,7 +99,12 @@ def _seeds(values: Sequence[str]) -> list[int]:
     help="Passes over the training split.",
 )
 @click.option(
-    "--lr", type=float, default=_D.lr, show_default=True, help="Learning rate (SGD with momentum)."
+    "--lr",
+    "lrs",
+    multiple=True,
+    metavar="LR|MODEL=LR",
+    help="Learning rate of SGD with momentum, for every model or one (repeatable). "
+    f"[default: {_D.lr:g}, {', '.join(f'{m}={v:g}' for m, v in _D.model_lr)}]",
 )
 @click.option("--momentum", type=float, default=_D.momentum, show_default=True, help="Momentum.")
 @click.option(
@@ -130,7 +159,7 @@ def train(
     schemes: tuple[str, ...],
     gpus: int,
     epochs: int,
-    lr: float,
+    lrs: tuple[str, ...],
     momentum: float,
     batch: int,
     seeds: tuple[str, ...],
@@ -166,8 +195,7 @@ def train(
     for name, value, low in (("--gpus", gpus, 1), ("--epochs", epochs, 1), ("--batch", batch, 1)):
         if value < low:
             raise BadInput(f"{name}: {value} is not allowed; give {low} or more")
-    if not lr > 0:
-        raise BadInput(f"--lr: {lr} is not allowed; give a positive learning rate, e.g. 0.01")
+    lr = _rates(lrs, model_list)
     if not 0 <= momentum < 1:
         raise BadInput(f"--momentum: {momentum} is not allowed; give a value in [0, 1)")
     if 1 < target_accuracy <= 100:
@@ -209,7 +237,7 @@ def train(
     try:  # every job first, so a bad combination fails before any training
         for m in model_list:
             for s in scheme_list:
-                cv.training_job(m, s, gpus, 1, batch, lr, momentum, seed_list[0])
+                cv.training_job(m, s, gpus, 1, batch, lr[m], momentum, seed_list[0])
     except ValueError as exc:
         raise BadInput(" ".join(str(exc).split())) from None
 
@@ -241,7 +269,8 @@ def train(
     tta = cv.time_to_accuracy(curves, target_accuracy, gpus, batch, topology)
     click.echo(
         f"{'real runs' if real else 'staleness emulator'}: digits, {gpus} GPUs, {epochs} "
-        f"epochs, {batch} samples per update, lr {lr:g}, momentum {momentum:g}, "
+        f"epochs, {batch} samples per update, lr "
+        f"{', '.join(f'{m} {v:g}' for m, v in lr.items())}, momentum {momentum:g}, "
         f"seeds {','.join(map(str, seed_list))}"
     )
     click.echo(cv.markdown_table(table))
