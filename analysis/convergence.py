@@ -232,10 +232,11 @@ def real_curves(
     workdir: str | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[dict[str, float]]:
-    """The curves of one multi-process run of ``job``: a pipeline's ranks keep their
-    stage's weights at every epoch's end, which are put together and evaluated; the
-    training loss is the last stage's per micro-batch. The data-parallel schemes keep
-    only their final weights: one row, for the last epoch (training loss not recorded)."""
+    """The curves of one multi-process run of ``job``: every worker keeps its weights at
+    every epoch's end (a pipeline's ranks their stage's), which are put together and
+    evaluated (for ``gossip``, worker 0's); the training loss is the mean of the losses
+    the run computed in the epoch (a pipeline's last stage's per micro-batch, the
+    workers' per batch)."""
     import dataclasses
     import math
     import os
@@ -254,30 +255,29 @@ def real_curves(
     b = data.update_batch(job)
     with tempfile.TemporaryDirectory(dir=workdir) as out:
         records = launch(job, out)
-        rows = []
-        if job.scheme in PIPELINE_SCHEMES:
-            weights: dict[int, dict[str, Any]] = {}
-            losses: dict[int, list[float]] = {}
-            for r in records["ranks"]:
-                path = os.path.join(out, f"epoch-weights-rank{r['rank']}.pt")
-                for e, w in torch.load(path).items():
+        weights: dict[int, dict[str, Any]] = {}
+        losses: dict[int, list[float]] = {}
+        per = data.updates_per_iteration(job)
+        m = int(job.pipeline.get("microbatches", 1))
+        for r in records["ranks"]:
+            if r["rank"] >= job.workers:
+                continue
+            path = os.path.join(out, f"epoch-weights-rank{r['rank']}.pt")
+            for e, w in torch.load(path).items():
+                # a worker's own weights (gossip: worker 0's, as the emulator evaluates)
+                if job.scheme in PIPELINE_SCHEMES or r["rank"] == 0:
                     weights.setdefault(e, {}).update(w)
-                for mb, loss in r.get("losses", []):
-                    per = data.updates_per_iteration(job)
-                    upd = mb if per > 1 else mb // int(job.pipeline["microbatches"])
-                    losses.setdefault(upd // u, []).append(loss)
-            for e in range(1, epochs + 1):
-                vl, va = ev(weights[e])
-                tl = losses.get(e - 1, [])
-                rows.append(_row(e, u, b, sum(tl) / len(tl) if tl else math.nan, vl, va))
-                if progress:
-                    progress(1)
-        else:
-            w = torch.load(os.path.join(out, "weights-rank0.pt"))
-            vl, va = ev(w)
-            rows.append(_row(epochs, u, b, math.nan, vl, va))
+            for step, loss in r.get("losses", []):
+                # pipelines: per micro-batch; the others: per iteration (= update)
+                upd = step if per > 1 or job.scheme not in PIPELINE_SCHEMES else step // m
+                losses.setdefault(int(upd) // u, []).append(loss)
+        rows = []
+        for e in range(1, epochs + 1):
+            vl, va = ev(weights[e])
+            tl = losses.get(e - 1, [])
+            rows.append(_row(e, u, b, sum(tl) / len(tl) if tl else math.nan, vl, va))
             if progress:
-                progress(epochs)
+                progress(1)
     return rows
 
 

@@ -252,3 +252,18 @@ def test_train_writes_curves_table_and_figures(capsys: Any, tmp_path: Path) -> N
             done["time_to_target_s"] == done["updates_to_target"] * done["seconds_per_update"]
         ).all()
     )
+
+
+@pytest.mark.real
+def test_gossip_emulator_equals_the_multi_process_run(tmp_path: Path) -> None:
+    """Pairwise averaging with the sample shuffle, over two epochs: the emulator's curves
+    are the real run's (worker 0's weights evaluated after each epoch)."""
+    from analysis.convergence import real_curves
+
+    job = _job("gossip", gpus=4, batch=192, epochs=2)
+    real = real_curves(job, 2, str(tmp_path))
+    em = emulate(job, 2).epochs
+    assert [r["epoch"] for r in real] == [1, 2]
+    for a, b in zip(real, em):
+        for key in ("val_loss", "val_accuracy", "train_loss"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
