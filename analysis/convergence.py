@@ -352,13 +352,18 @@ def markdown_table(table: Any) -> str:
 def plot_curves(curves: Any, model: str, path: str) -> None:
     """A seaborn figure of ``model``'s curves: training loss, validation loss and
     validation accuracy against the epoch, one line per scheme (the mean over seeds, the
-    band their spread), written atomically to ``path`` (PNG)."""
+    band their spread; one line for the schemes of :data:`SAME_NUMERICS`, whose curves
+    are the same), written atomically to ``path`` (PNG)."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
     from traces.atomic import atomic_path
 
     d = curves[curves["model"] == model]
+    same = [s for s in SAME_NUMERICS if s in set(d["scheme"])]
+    if len(same) > 1:  # one line for the schemes with identical curves
+        label = f"{same[0]} (= {', '.join(same[1:])})"
+        d = d[~d["scheme"].isin(same[1:])].replace({"scheme": {same[0]: label}})
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, col, label in zip(
         axes,
