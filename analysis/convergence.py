@@ -332,13 +332,25 @@ def to_target(curves: Any, target: float) -> Any:
     return pd.DataFrame(rows)
 
 
+def merge_same(df: Any) -> Any:
+    """``df`` (with a ``scheme`` column) with the schemes of :data:`SAME_NUMERICS` after
+    the first present dropped and the first named ``dp (= ps, p3, mp, gpipe)``: their
+    curves are the same by construction."""
+    same = [s for s in SAME_NUMERICS if s in set(df["scheme"])]
+    if len(same) < 2:
+        return df
+    label = f"{same[0]} (= {', '.join(same[1:])})"
+    return df[~df["scheme"].isin(same[1:])].replace({"scheme": {same[0]: label}})
+
+
 def markdown_table(table: Any) -> str:
-    """:func:`paper_table`'s output as Markdown, ``mean ± std`` per cell."""
+    """:func:`paper_table`'s output as Markdown, ``mean ± std`` per cell (the schemes
+    with identical curves in one row, :func:`merge_same`)."""
     lines = [
         "| model | scheme | min train loss | min val loss | max val accuracy | seeds |",
         "|---|---|---:|---:|---:|---:|",
     ]
-    for r in table.itertuples(index=False):
+    for r in merge_same(table).itertuples(index=False):
         lines.append(
             f"| {r.model} | {r.scheme} "
             f"| {r.min_train_loss_mean:.4f} ± {r.min_train_loss_std:.4f} "
@@ -347,6 +359,44 @@ def markdown_table(table: Any) -> str:
             f"| {r.seeds} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def ordering(table: Any, baseline: str = "dp") -> list[str]:
+    """Per model, each asynchronous scheme's maximum validation accuracy against
+    ``baseline``'s (mean over seeds, in points, with the larger of the two spreads), and
+    whether the paper's ordering holds there: SpecTrain above both PipeDream and vanilla
+    pipelining, and both of them below ``baseline`` (with the margin, and whether it is
+    within the spread over the seeds)."""
+    out = []
+    for model, g in table.groupby("model", sort=False):
+        acc = dict(zip(g["scheme"], 100 * g["max_val_accuracy_mean"]))
+        sd = dict(zip(g["scheme"], 100 * g["max_val_accuracy_std"]))
+        if baseline not in acc:
+            continue
+        parts = []
+        for s in ("spectrain", "pipedream", "vanilla", "gossip"):
+            if s in acc:
+                parts.append(f"{s} {acc[s] - acc[baseline]:+.2f} (±{max(sd[s], sd[baseline]):.2f})")
+        order = ""
+        if all(s in acc for s in ("spectrain", "pipedream", "vanilla")):
+            stale = max(acc["pipedream"], acc["vanilla"])
+            holds = acc["spectrain"] > stale and stale < acc[baseline]
+            spread = max(sd[s] for s in ("spectrain", "pipedream", "vanilla", baseline))
+            gap = min(acc["spectrain"] - stale, acc[baseline] - stale)
+            order = "; the paper's ordering (spectrain above pipedream and vanilla, both " + (
+                f"below {baseline}) {'holds' if holds else 'does not hold'}"
+            )
+            if holds:
+                order += f", by {gap:.2f} points" + (
+                    " (within the seeds' spread)" if gap <= spread else ""
+                )
+        out.append(
+            f"{model}: max val accuracy against {baseline} ({acc[baseline]:.2f}%): "
+            + ", ".join(parts)
+            + " points"
+            + order
+        )
+    return out
 
 
 def plot_curves(curves: Any, model: str, path: str) -> None:
@@ -359,11 +409,7 @@ def plot_curves(curves: Any, model: str, path: str) -> None:
 
     from traces.atomic import atomic_path
 
-    d = curves[curves["model"] == model]
-    same = [s for s in SAME_NUMERICS if s in set(d["scheme"])]
-    if len(same) > 1:  # one line for the schemes with identical curves
-        label = f"{same[0]} (= {', '.join(same[1:])})"
-        d = d[~d["scheme"].isin(same[1:])].replace({"scheme": {same[0]: label}})
+    d = merge_same(curves[curves["model"] == model])
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, col, label in zip(
         axes,
@@ -605,4 +651,6 @@ def report_section(out_dir: str, quick: bool, target: float = 0.9) -> str:
         + markdown_time_table(tta)
         + "\n"
         + "".join(f"- {line}\n" for line in time_sentences(tta, d.gpus, d.topology))
+        + "\n"
+        + "".join(f"- {line}\n" for line in ordering(paper_table(curves)))
     )

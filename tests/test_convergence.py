@@ -267,3 +267,48 @@ def test_gossip_emulator_equals_the_multi_process_run(tmp_path: Path) -> None:
     for a, b in zip(real, em):
         for key in ("val_loss", "val_accuracy", "train_loss"):
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
+
+
+def test_table_target_and_ordering_from_known_curves() -> None:
+    import pandas as pd
+
+    from analysis.convergence import ordering, paper_table, to_target
+
+    rows = []
+    # accuracy per epoch for two seeds; dp best, spectrain next, the stale ones behind
+    acc = {
+        "dp": [(0.80, 0.96), (0.82, 0.98)],
+        "spectrain": [(0.79, 0.95), (0.81, 0.97)],
+        "pipedream": [(0.70, 0.90), (0.72, 0.92)],
+        "vanilla": [(0.60, 0.85), (0.62, 0.89)],
+    }
+    for scheme, seeds in acc.items():
+        for seed, (a1, a2) in enumerate(seeds):
+            for epoch, a in ((1, a1), (2, a2)):
+                rows.append(
+                    {
+                        "model": "m",
+                        "scheme": scheme,
+                        "seed": seed,
+                        "epoch": epoch,
+                        "updates": 10 * epoch,
+                        "samples": 320 * epoch,
+                        "train_loss": 1.0 / epoch + seed,
+                        "val_loss": 2.0 / epoch,
+                        "val_accuracy": a,
+                    }
+                )
+    curves = pd.DataFrame(rows)
+    table = paper_table(curves).set_index("scheme")
+    assert table.loc["dp", "max_val_accuracy_mean"] == pytest.approx((0.96 + 0.98) / 2)
+    assert table.loc["dp", "max_val_accuracy_std"] == pytest.approx(0.01)
+    assert table.loc["dp", "min_train_loss_mean"] == pytest.approx((0.5 + 1.5) / 2)
+    assert (table["seeds"] == 2).all()
+    hits = to_target(curves, 0.95).set_index(["scheme", "seed"])
+    assert hits.loc[("dp", 0), "epoch"] == 2 and hits.loc[("dp", 0), "samples"] == 640
+    assert pd.isna(hits.loc[("vanilla", 1), "updates"])
+    (line,) = ordering(paper_table(curves))
+    assert "spectrain -1.00" in line and "pipedream -6.00" in line and "holds" in line
+    worse = curves.copy()
+    worse.loc[worse["scheme"] == "spectrain", "val_accuracy"] -= 0.2
+    assert "does not hold" in ordering(paper_table(worse))[0]

@@ -277,6 +277,8 @@ def train(
     click.echo(cv.markdown_time_table(tta))
     for line in cv.time_sentences(tta, gpus, topology):
         click.echo(line)
+    for line in cv.ordering(table):
+        click.echo(line)
     if out_dir is not None:
         _write(out_dir, curves, table, hits, tta, model_list)
         click.echo(f"wrote {out_dir}/ (curves, table, to_target, time_to_accuracy, figures)")
