@@ -58,7 +58,7 @@ class TrainSettings:
     schemes: tuple[str, ...] = CONVERGENCE_SCHEMES
     seeds: tuple[int, ...] = (0,)
     gpus: int = 4
-    epochs: int = 10
+    epochs: int = 8
     batch: int = 32
     lr: float = 0.02
     model_lr: tuple[tuple[str, float], ...] = (("digits_lstm", 0.1),)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -130,6 +131,7 @@ def _seeds(values: Sequence[str]) -> list[int]:
 )
 @click.option(
     "--topology",
+    metavar="NAME|FILE",
     default=_D.topology,
     show_default=True,
     help="Cluster of sim run for time to accuracy (sim topologies).",
@@ -245,6 +247,7 @@ def train(
 
     show = sys.stderr.isatty() if progress is None else progress
     runs = len(model_list) * len(scheme_list) * len(seed_list)
+    t0 = time.perf_counter()
     with tqdm(
         total=runs * epochs,
         desc=f"{'real runs' if real else 'emulator'}: {runs} runs",
@@ -271,7 +274,8 @@ def train(
         f"{'real runs' if real else 'staleness emulator'}: digits, {gpus} GPUs, {epochs} "
         f"epochs, {batch} samples per update, lr "
         f"{', '.join(f'{m} {v:g}' for m, v in lr.items())}, momentum {momentum:g}, "
-        f"seeds {','.join(map(str, seed_list))}"
+        f"seeds {','.join(map(str, seed_list))} ({runs} runs in "
+        f"{time.perf_counter() - t0:.0f} s)"
     )
     click.echo(cv.markdown_table(table))
     click.echo(cv.markdown_time_table(tta))
