@@ -333,10 +333,27 @@ def to_target(curves: Any, target: float) -> Any:
 
 
 def merge_same(df: Any) -> Any:
-    """``df`` (with a ``scheme`` column) with the schemes of :data:`SAME_NUMERICS` after
-    the first present dropped and the first named ``dp (= ps, p3, mp, gpipe)``: their
-    curves are the same by construction."""
-    same = [s for s in SAME_NUMERICS if s in set(df["scheme"])]
+    """``df`` (with a ``scheme`` column) with the schemes of :data:`SAME_NUMERICS` whose
+    numbers equal the first's dropped and the first named ``dp (= ps, p3, mp, gpipe)``:
+    the emulator gives them the same curves by construction (real runs are merged only
+    where their numbers agree exactly)."""
+    import numpy as np
+
+    present = [s for s in SAME_NUMERICS if s in set(df["scheme"])]
+    if len(present) < 2:
+        return df
+    numeric = [c for c in df.columns if c != "scheme" and df[c].dtype.kind == "f"]
+
+    def values(s: str) -> Any:
+        return df[df["scheme"] == s][numeric].to_numpy()
+
+    first = values(present[0])
+    same = [present[0]] + [
+        s
+        for s in present[1:]
+        if values(s).shape == first.shape
+        and np.allclose(values(s), first, rtol=0, atol=1e-9, equal_nan=True)
+    ]
     if len(same) < 2:
         return df
     label = f"{same[0]} (= {', '.join(same[1:])})"
