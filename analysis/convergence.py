@@ -170,8 +170,9 @@ CURVE_COLUMNS = (
 
 
 SAME_NUMERICS = ("dp", "ps", "p3", "mp", "gpipe")
-"""Schemes whose training is SGD on the whole update batch (:mod:`realrun.emulate`): the
-emulator trains the first of them asked for once and gives the others its curves."""
+"""Schemes whose training is SGD on the whole update batch
+(:data:`realrun.emulate.SYNC_SCHEMES`): the emulator trains the first of them asked for
+once and gives the others its curves."""
 
 
 def train(

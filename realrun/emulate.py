@@ -85,6 +85,9 @@ class _Evaluator:
 
     @torch.no_grad()
     def __call__(self, weights: Mapping[str, torch.Tensor]) -> tuple[float, float]:
+        missing = sorted({n for n, _p in self.model.named_parameters()} - set(weights))
+        if missing:
+            raise ValueError(f"no weights for {', '.join(missing)}")
         self.model.load_state_dict(dict(weights), strict=False)
         out = self.model(*self.x)
         loss = float(loss_of(out, self.y))
@@ -128,8 +131,8 @@ def emulate(
     spectrain_distance: Callable[[int, int, bool], int] | None = None,
 ) -> Emulation:
     """Train ``job`` (a job with ``data``; :func:`analysis.convergence.training_job`
-    makes one) for ``epochs``
-    epochs (default: all its iterations cover) in this process (see module docs).
+    makes one) for ``epochs`` epochs (default: all its iterations cover) in this process
+    (see module docs).
     ``on_epoch`` is called with each epoch's row; ``spectrain_distance(stage, stages,
     forward)`` replaces :func:`simcore.schedule.version_difference` in SpecTrain's
     prediction (tests: distance 0 must give vanilla pipelining)."""

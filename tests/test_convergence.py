@@ -152,6 +152,13 @@ def test_every_scheme_sees_the_same_update_batches_in_the_same_order() -> None:
     )
 
 
+def test_the_schemes_merged_as_one_are_those_the_emulator_trains_as_sgd() -> None:
+    from analysis.convergence import SAME_NUMERICS
+    from realrun.emulate import SYNC_SCHEMES
+
+    assert SAME_NUMERICS == SYNC_SCHEMES
+
+
 def test_split_is_standardised_and_disjoint() -> None:
     s = data.load("digits", 3)
     assert len(s.train_y) + len(s.val_y) == 1797
