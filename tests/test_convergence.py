@@ -319,3 +319,22 @@ def test_table_target_and_ordering_from_known_curves() -> None:
     worse = curves.copy()
     worse.loc[worse["scheme"] == "spectrain", "val_accuracy"] -= 0.2
     assert "does not hold" in ordering(paper_table(worse))[0]
+
+
+def test_report_section_has_the_table_figures_and_time_to_accuracy(tmp_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from analysis.convergence import report_section
+
+    for sub in ("data", "figures"):
+        (tmp_path / sub).mkdir()
+    md = report_section(str(tmp_path), quick=True)
+    assert md.startswith("## Convergence under staleness and time to accuracy")
+    assert "| digits_mlp | spectrain |" in md and "time to accuracy |" in md
+    assert "reaches 90% with" in md and "the paper's ordering" in md
+    assert (tmp_path / "figures" / "convergence-digits_mlp.png").exists()
+    data_file = tmp_path / "data" / "convergence-curves.csv"
+    before = data_file.stat().st_mtime_ns
+    assert report_section(str(tmp_path), quick=True) == md  # reused, not retrained
+    assert data_file.stat().st_mtime_ns == before
