@@ -218,14 +218,6 @@ def train(
             f"--model: {bad[0]!r} is not allowed; it cannot read 8x8 digits; choose from: "
             f"{', '.join(DIGITS_MODELS)}"
         )
-    if out_dir is not None:
-        try:
-            os.makedirs(out_dir, exist_ok=True)
-        except OSError as exc:
-            raise BadInput(
-                f"--out: {out_dir!r} cannot be used as the output folder: {exc.strerror}; "
-                "give a folder that can be created or written"
-            ) from None
     try:
         import sklearn  # noqa: F401
         import torch  # noqa: F401
@@ -243,6 +235,14 @@ def train(
     except ValueError as exc:
         raise BadInput(" ".join(str(exc).split())) from None
 
+    if out_dir is not None:
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError as exc:
+            raise BadInput(
+                f"--out: {out_dir!r} cannot be used as the output folder: {exc.strerror}; "
+                "give a folder that can be created or written"
+            ) from None
     from tqdm import tqdm
 
     show = sys.stderr.isatty() if progress is None else progress
