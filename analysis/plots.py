@@ -406,11 +406,18 @@ def read_chrome_trace(path: str) -> dict[str, Any]:
 
 
 def gantt_plot(
-    trace: Mapping[str, Any], *, where: Mapping[str, str] | None = None, title: str | None = None
+    trace: Mapping[str, Any],
+    *,
+    where: Mapping[str, str] | None = None,
+    title: str | None = None,
+    ax: Any = None,
+    xlabel: str = "simulated time (ms)",
 ) -> Any:
     """A timeline: one row per device and stream (lanes of one stream merged), one bar per
     slice, coloured by kind (forward, backward, send, allreduce...). ``where`` filters
-    slices by ``device``, ``stream``, ``kind`` or ``iteration``."""
+    slices by ``device``, ``stream``, ``kind`` or ``iteration``. ``ax``: draw into these
+    axes (e.g. one panel of a side-by-side figure) instead of a new figure; the figure is
+    returned either way."""
     events = trace["traceEvents"]
     procs = {
         e["pid"]: e["args"]["name"]
@@ -457,14 +464,17 @@ def gantt_plot(
     colours = sns.color_palette("tab10" if len(fixed) <= 10 else "husl", len(fixed))
     palette = {k: colours[fixed.index(k)] for k in kinds}
     height = min(0.32 * len(order) + 1.4, 40.0)
-    fig, ax = plt.subplots(figsize=(11, height))
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(11, height))
+    else:
+        fig = ax.figure
     for i, r in enumerate(order):
         for kind, spans in rows[r].items():
             ax.broken_barh(spans, (i - 0.4, 0.8), facecolors=palette[kind], linewidth=0)
     ax.set_yticks(range(len(order)))
     ax.set_yticklabels([f"{procs.get(p, p)} {s}" for p, s in order])
     ax.set_ylim(len(order) - 0.5, -0.5)
-    ax.set_xlabel("simulated time (ms)")
+    ax.set_xlabel(xlabel)
     ax.grid(axis="y", visible=False)
     ax.legend(
         handles=[Patch(color=palette[k], label=k) for k in kinds],

@@ -9,8 +9,10 @@ names here.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import re
 from collections.abc import Mapping
 from functools import cache
 from importlib import resources
@@ -111,6 +113,101 @@ def device_scale(trace: TraceMeta | str, gpu_model: str, gpu_peak: float) -> flo
     return gpu_peak / table[trace_device]
 
 
+DATE_DRIFT_S = 24 * 3600.0
+"""Traces and calibrations measured further apart than this get a warning: compute on a
+shared machine has been seen to drift by 40% between days."""
+
+
+def same_device(a: str, b: str) -> bool:
+    """Whether two device names name the same model: equal up to case and spaces, or one a
+    run of whole words of the other (``A100`` and ``NVIDIA A100-SXM4-40GB``)."""
+    na, nb = (" ".join(x.lower().split()) for x in (a, b))
+    if not na or not nb:
+        return False
+    if na == nb:
+        return True
+    short, long = sorted((na, nb), key=len)
+    return re.search(rf"(?<![\w.]){re.escape(short)}(?![\w.])", long) is not None
+
+
+def parse_when(value: Any) -> datetime.datetime | None:
+    """An ISO date or date-time (text, or what YAML made of it) as an aware UTC
+    date-time; ``None`` when absent or unreadable (a date alone is its midnight, UTC; a
+    time without zone is taken as UTC)."""
+    if isinstance(value, datetime.datetime):
+        when = value
+    elif isinstance(value, datetime.date):
+        when = datetime.datetime(value.year, value.month, value.day)
+    elif isinstance(value, str) and value.strip():
+        try:
+            when = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    else:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=datetime.UTC)
+
+
+def trace_origin_warnings(
+    meta: TraceMeta,
+    preset: Mapping[str, Any],
+    compute_scale: float | None = None,
+) -> list[str]:
+    """Warnings (one line each, ``warning: ...``) when a trace's compute times were
+    measured somewhere other than where the topology ``preset`` says its devices are.
+
+    * **Device.** The trace's device (:attr:`TraceMeta.measured_on`: its GPU model, or its
+      CPU model for a CPU trace) against the preset's ``gpu.model`` (for a calibrated CPU
+      cluster, ``gpu: {kind: cpu, model: <CPU model name>}``) and ``measured.cpu``. No
+      warning where the times are rescaled on purpose: an analytic trace (computed for a
+      peak rate), a trace from a GPU of the table ``sim run`` rescales by peak FLOP/s, or
+      an explicit ``compute_scale``.
+    * **Date.** A measured trace's ``date`` and the preset's ``measured.date`` more than
+      :data:`DATE_DRIFT_S` apart (compute drifts between days), whatever the scaling.
+      ``measured.cpu`` is compared with CPU-measured traces only.
+    """
+    out: list[str] = []
+    name = meta.model or "the trace"
+    topo = str(preset.get("name", "the topology"))
+    gpu = preset.get("gpu") or {}
+    measured = preset.get("measured") or {}
+    if not isinstance(gpu, Mapping):
+        gpu = {}
+    if not isinstance(measured, Mapping):
+        measured = {}
+    target = str(gpu.get("model") or "")
+    claimed_cpu = str(measured.get("cpu") or "")
+    on = meta.measured_on
+    rescaled = meta.peak_flop_per_s > 0 or compute_scale is not None
+    if not rescaled and target and not same_device(on, target):
+        table = gpu_peak_flops()
+        peak = gpu.get("peak_flops", table.get(target, 0))
+        rescaled = on in table and bool(peak)
+    if not rescaled:
+        on_cpu = not meta.gpu and meta.device.lower() == "cpu"
+        claims = [c for c in (target, claimed_cpu if on_cpu else "") if c]
+        wrong = [c for c in claims if not same_device(on, c)]
+        if wrong:
+            vague = " (the trace does not record which CPU)" if on.lower() == "cpu" else ""
+            out.append(
+                f"warning: {name} was measured on {on!r}{vague} but topology {topo} "
+                f"claims {wrong[0]!r}; its compute times are used as measured (profile on "
+                "the claimed machine, or --set compute_scale=X to rescale)"
+            )
+    if meta.peak_flop_per_s > 0:
+        return out  # computed from FLOPs, not measured: no day to drift from
+    t_trace, t_topo = parse_when(meta.date), parse_when(measured.get("date"))
+    if t_trace and t_topo and abs((t_trace - t_topo).total_seconds()) > DATE_DRIFT_S:
+        days = abs((t_trace - t_topo).total_seconds()) / 86400
+        out.append(
+            f"warning: {name} was measured on {t_trace.isoformat(timespec='minutes')} and "
+            f"topology {topo} on {t_topo.isoformat(timespec='minutes')}, {days:.1f} days "
+            "apart; compute on a shared machine drifts between days, so profile the model "
+            "again (sim profile, or sim real --profile-out) when the topology is calibrated"
+        )
+    return out
+
+
 def build_config(spec: RunSpec, *, record_spans: bool = True) -> SimConfig:
     """The :class:`SimConfig` for ``spec``; ``ConfigError`` (or a trace error) names any
     bad value and what is allowed."""
@@ -181,10 +278,13 @@ def zoo_config(
     optimizer: str = "momentum",
     iterations: int = 5,
     warmup_iterations: int = 1,
+    input_shape: tuple[int, ...] | None = None,
 ) -> SimConfig:
-    """The configuration ``sim run`` makes for zoo model ``model`` on an analytic trace of it
-    (the real model's layers, names and bytes; times from FLOPs), one GPU per host on the
-    ``ethernet`` preset: what a real run of that model is compared with."""
+    """The configuration ``sim run`` makes for model ``model`` (a zoo name, ``FILE.py:NAME``
+    or ``package.module:NAME``, see :func:`realrun.usermodel.resolve_model`, with
+    ``input_shape`` where it needs one) on an analytic trace of it (the real model's
+    layers, names and bytes; times from FLOPs), one GPU per host on the ``ethernet``
+    preset: what a real run of that model is compared with."""
     import tempfile
 
     from realrun.profiler import ProfileConfig, profile_model
@@ -193,6 +293,7 @@ def zoo_config(
     trace = profile_model(
         model,
         ProfileConfig(batch_size=batch_size, analytic=True, device_flops=1e12, progress=False),
+        input_shape,
     )
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
@@ -218,10 +319,13 @@ def pipeline_plan(
     scheme: str,
     options: Mapping[str, Any],
     optimizer: str = "momentum",
+    input_shape: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
-    """The stages and micro-batches ``sim run`` would use to run zoo model ``model`` with a
-    pipeline scheme (:func:`realrun.pipeline.plan` of :func:`zoo_config`): what ``sim
-    real`` runs."""
+    """The stages and micro-batches ``sim run`` would use to run model ``model`` (a zoo name
+    or a reference, as in :func:`zoo_config`) with a pipeline scheme
+    (:func:`realrun.pipeline.plan` of :func:`zoo_config`): what ``sim real`` runs."""
     from realrun.pipeline import plan
 
-    return plan(zoo_config(model, batch_size, gpus, scheme, options, optimizer))
+    return plan(
+        zoo_config(model, batch_size, gpus, scheme, options, optimizer, input_shape=input_shape)
+    )

@@ -56,7 +56,10 @@ class Job:
         scheme: ``dp``, ``ps``, ``p3`` or ``gossip``.
         options: the scheme's options, already validated, as plain values (the fields of
             the simulator's options dataclass for the scheme).
-        model: zoo model name (:mod:`realrun.zoo`).
+        model: the model reference (:mod:`realrun.usermodel`): a zoo model name, or
+            ``/absolute/path/file.py:NAME`` or ``package.module:NAME`` for a user's model.
+        input_shape: the per-sample shape of a user model's one input when its callable
+            returns only a module (``None`` otherwise).
         workers: data-parallel workers (``--gpus``).
         servers: parameter-server ranks (0 unless ``ps``/``p3``).
         dedicated_servers: servers on hosts of their own rather than on the workers'.
@@ -104,6 +107,7 @@ class Job:
     save_weights: bool = False
     fault: str = ""
     pipeline: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    input_shape: tuple[int, ...] | None = None
     data: str = ""
     momentum: float = 0.9
 
@@ -138,6 +142,8 @@ class Job:
                     f"gpus: {self.workers} ranks, but the plan's stages take "
                     f"{sum(self.pipeline['replicas'])}"
                 )
+        if self.input_shape is not None:
+            object.__setattr__(self, "input_shape", tuple(int(d) for d in self.input_shape))
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
         object.__setattr__(self, "pipeline", MappingProxyType(dict(self.pipeline)))
 
@@ -180,6 +186,7 @@ class Job:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["options"] = dict(self.options)
         d["pipeline"] = dict(self.pipeline)
+        d["input_shape"] = list(self.input_shape) if self.input_shape is not None else None
         return d
 
     @classmethod

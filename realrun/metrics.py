@@ -24,11 +24,14 @@ same keys as ``sim run --json``. Pure functions; no torch.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from simcore import metrics
 from simcore.records import BACKWARD, COMPUTE, FORWARD, UPDATE
+from traces.model import Trace
 
 BUSY = (FORWARD, BACKWARD, UPDATE, "aggregate")
 
@@ -166,3 +169,91 @@ def spans(records: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """Every rank's spans (Span field order), workers first."""
     ranks = sorted(records["ranks"], key=lambda r: r["rank"])
     return [tuple(s) for r in ranks for s in r["spans"]]
+
+
+def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:
+    """The layer trace of ``base``'s model with the compute times a real run measured:
+    a profile taken inside the runtime itself.
+
+    A profiler that times each layer alone leaves out what the runtime does between two
+    layers (hooks, Python, a pipeline stage's functional call and its weight copies),
+    which on a CPU is a good part of a small layer's time. Here every forward or backward
+    span of the measured iterations is charged from the end of the span before it on the
+    same rank's compute stream (any kind: the previous layer, the loss, a wait) to its own
+    end, so a pass's layers add up to the pass; layers the runtime does not record (those
+    without parameters, in data-parallel runs) get the time in which they ran charged to
+    the next recorded layer and none themselves. Medians over the passes are used.
+
+    Meant for a run of one rank, alone on its machine: its compute, without contention
+    or communication, is what the simulator starts from. The trace's batch is the run's
+    samples per pass (its micro-batch for pipelines). Raises ``ValueError`` when the
+    records hold no layer spans or name layers ``base`` lacks.
+    """
+    job = records["job"]
+    warm = int(job["warmup_iterations"])
+    plan = job.get("pipeline") or {}
+    batch = int(job["batch_size"]) // int(plan.get("microbatches", 1) or 1)
+    index = {layer.name: i for i, layer in enumerate(base.layers)}
+    samples: dict[tuple[str, int], list[float]] = {}
+    for r in records["ranks"]:
+        if r.get("role", "worker") != "worker":
+            continue
+        stream = sorted(
+            (s for s in r["spans"] if s[1] == COMPUTE and s[6] >= warm), key=lambda s: s[4]
+        )
+        last_end = None
+        for s in stream:
+            kind, name, start, end = s[2], s[3], s[4], s[5]
+            if kind in (FORWARD, BACKWARD):
+                if name not in index:
+                    raise ValueError(f"the run recorded layer {name!r}, which the trace lacks")
+                begin = start if last_end is None else min(last_end, start)
+                samples.setdefault((kind, name), []).append(end - begin)
+            last_end = end
+    if not samples:
+        raise ValueError("the records hold no forward or backward spans of measured iterations")
+    layers = []
+    for layer in base.layers:
+        fwd = samples.get((FORWARD, layer.name))
+        bwd = samples.get((BACKWARD, layer.name))
+        layers.append(
+            replace(
+                layer,
+                forward_s=statistics.median(fwd) if fwd else 0.0,
+                backward_s=statistics.median(bwd) if bwd else 0.0,
+            )
+        )
+    meta = replace(
+        base.meta,
+        batch_size=batch,
+        provenance=f"measured inside a {job['scheme']} run of {len(records['ranks'])} "
+        f"rank(s) by dtsim (realrun.metrics.trace_from_run); medians of {warm}+ "
+        f"iterations' spans",
+    )
+    scaled = base.rescale_batch(batch)
+    return Trace(
+        meta,
+        tuple(
+            replace(x, activation_bytes=y.activation_bytes, flops=y.flops)
+            for x, y in zip(layers, scaled.layers)
+        ),
+        base.edges,
+    )
+
+
+def update_bytes_per_s(records: Mapping[str, Any], param_bytes: int, passes: int) -> float:
+    """The memory bandwidth an optimizer step reached in a real run: ``passes`` weight-sized
+    passes over ``param_bytes`` divided by the median update span of the measured
+    iterations (the simulator's model of an update, see ``SimContext.update_s``).
+    ``ValueError`` when the run recorded no update."""
+    warm = int(records["job"]["warmup_iterations"])
+    spans_s = [
+        s[5] - s[4]
+        for r in records["ranks"]
+        if r.get("role", "worker") == "worker"
+        for s in r["spans"]
+        if s[1] == COMPUTE and s[2] == UPDATE and s[6] >= warm
+    ]
+    if not spans_s:
+        raise ValueError("the records hold no update spans of measured iterations")
+    return passes * param_bytes / max(statistics.median(spans_s), 1e-9)

@@ -610,6 +610,26 @@ class EmulatedCluster:
             ]
         )
 
+    def set_rate(self, rate_bytes_per_s: float | None) -> None:
+        """Reshape every link to ``rate_bytes_per_s`` in each direction (None: remove the
+        shaping), with the tbf settings of :func:`shape_for_rate`, while the cluster is
+        open and its processes keep their connections. Used by ``sim calibrate`` to measure
+        the same namespaces with and without shaping."""
+        self._check_open()
+        shape = None if rate_bytes_per_s is None else shape_for_rate(rate_bytes_per_s)
+        ends = [
+            end
+            for host, port in zip(self._hosts, self._switch_ports, strict=True)
+            for end in ((host.namespace, host.ifname), (self.switch_namespace, port))
+        ]
+        if self._shape is not None:
+            for ns, dev in ends:
+                _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"])
+        self._shape = shape
+        if shape is not None:
+            for ns, dev in ends:
+                self._add_tbf(ns, dev)
+
     # -- using -------------------------------------------------------------------------
 
     @property

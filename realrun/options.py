@@ -18,4 +18,17 @@ DEFAULT_EFFICIENCY = 0.5
 """Fraction of peak FLOP/s the analytic model's layers reach by default. Calibrated in
 docs/traces.md against PipeDream's measured V100 profiles of ResNet-50 and Inception-v3."""
 
-__all__ = ["DEFAULT_EFFICIENCY", "DEVICES", "DTYPES", "FLOP_RATE_EXAMPLES", "parse_flop_rate"]
+INPUT_SHAPE_HELP = (
+    "shape of one input sample (float32, batch dimension left out), such as 3,32,32 or 64; "
+    "needed when --model FILE.py:NAME returns only a module"
+)
+"""Help of the input-shape option of ``sim profile`` and ``sim real`` (one wording)."""
+
+__all__ = [
+    "DEFAULT_EFFICIENCY",
+    "DEVICES",
+    "DTYPES",
+    "FLOP_RATE_EXAMPLES",
+    "INPUT_SHAPE_HELP",
+    "parse_flop_rate",
+]

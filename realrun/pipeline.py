@@ -59,7 +59,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from realrun import zoo
 from realrun.runtime import (
     ACT,
     ACT_GRAD,
@@ -68,6 +67,7 @@ from realrun.runtime import (
     Recorder,
     Slots,
     batch,
+    job_model,
     loss_of,
     make_optimizer,
     output_shape,
@@ -247,7 +247,7 @@ class PipelineRuntime:
         self.n_stages = len(self.schedule.stages)
         micro = job.batch_size // self.M
         split = split_model(
-            ctx.setup.model, pipe["stage_layers"], zoo.example_inputs(job.model, micro, "meta")
+            ctx.setup.model, pipe["stage_layers"], job_model(job).example_inputs(micro, "meta")
         )
         self.mod: StageModule = split.stages[self.stage]
         self.params = self.mod.stage_parameters()
@@ -681,7 +681,7 @@ def replay_reference(job: Any) -> tuple[dict[str, Any], list[list[Any]]]:
     split = split_model(
         setup.model,
         pipe["stage_layers"],
-        zoo.example_inputs(job.model, job.batch_size // M, "meta"),
+        job_model(job).example_inputs(job.batch_size // M, "meta"),
     )
     n = len(split.stages)
     scale = 1.0 if not feat.flush else 1.0 / M

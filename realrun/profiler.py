@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -40,9 +39,10 @@ import torch
 import torch.fx as fx
 from torch.utils.flop_counter import FlopCounterMode
 
-from realrun import zoo
 from realrun.graph import LayerGraph, LayerNode, layer_graph, nbytes, tensors_in, used_output
+from realrun.machine import cpu_model, trace_fields
 from realrun.options import DEFAULT_EFFICIENCY, DEVICES, DTYPES
+from realrun.usermodel import resolve_model
 from traces.model import Layer, Trace, TraceMeta
 
 
@@ -106,15 +106,19 @@ class ProfileConfig:
 # ---- entry points ------------------------------------------------------------------------
 
 
-def profile_model(name: str, config: ProfileConfig) -> Trace:
-    """Profile zoo model ``name`` (see :mod:`realrun.zoo`) and return its trace."""
-    zoo.get(name)
+def profile_model(
+    name: str, config: ProfileConfig, input_shape: tuple[int, ...] | None = None
+) -> Trace:
+    """Profile the model ``name`` refers to (a zoo model, ``FILE.py:NAME`` or
+    ``package.module:NAME``, see :mod:`realrun.usermodel`; ``input_shape`` for a callable
+    returning only a module) and return its trace."""
+    resolved = resolve_model(name, input_shape)
     device = "meta" if config.analytic else _torch_device(config)
     torch.manual_seed(config.seed)
     with torch.device(device):
-        model = zoo.build(name)
-    inputs = zoo.example_inputs(name, config.batch_size, device, seed=config.seed)
-    return profile_module(model, inputs, config, name)
+        model = resolved.build()
+    inputs = resolved.example_inputs(config.batch_size, device, seed=config.seed)
+    return profile_module(model, inputs, config, resolved.name)
 
 
 def profile_module(
@@ -143,16 +147,19 @@ def profile_module(
         bar.set_postfix_str(node.name[-30:], refresh=False)
         layers.append(_profile_layer(graph, node, config, clock))
     bar.close()
+    where: dict[str, Any] = {"date": datetime.date.today().isoformat()}
+    if not config.analytic:  # a measurement: record the machine and when
+        where = trace_fields(torch.cuda.get_device_name() if config.device == "cuda" else "")
     meta = TraceMeta(
         model=name,
         device=_device_name(config),
         batch_size=config.batch_size,
         dtype=config.dtype,
         framework=f"PyTorch {torch.__version__}",
-        date=datetime.date.today().isoformat(),
         provenance=_provenance(config, clock.method),
         source_format="dtsim",
         peak_flop_per_s=config.device_flops if config.analytic else 0.0,
+        **where,
     )
     return Trace(meta, tuple(layers), _edge_indices(graph))
 
@@ -395,8 +402,7 @@ def _provenance(config: ProfileConfig, clock: str) -> str:
             f"({config.device_flops:.4g} FLOP/s x efficiency {config.efficiency:g})"
             f"{mem}"
         )
-    host = platform.processor() or platform.machine()
-    where = torch.cuda.get_device_name() if config.device == "cuda" else f"CPU {host}"
+    where = torch.cuda.get_device_name() if config.device == "cuda" else f"CPU {cpu_model()}"
     return (
         f"measured by dtsim (realrun.profiler): isolated layer timing on a torch.fx "
         f"layer graph; per layer {config.warmup} warm-up calls, then the median of "

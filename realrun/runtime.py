@@ -41,9 +41,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from realrun import zoo
 from realrun.graph import layer_graph, tensors_in
 from realrun.job import Job
+from realrun.usermodel import ResolvedModel, resolve_model
 from simcore.records import BACKWARD, COMPUTE, FORWARD, RECV, SEND
 
 HEADER_WORDS = 8
@@ -211,14 +211,21 @@ class ModelSetup:
     device: torch.device
 
 
+def job_model(job: Job) -> ResolvedModel:
+    """The model ``job`` names (a zoo model or the user's own, see
+    :mod:`realrun.usermodel`)."""
+    return resolve_model(job.model, job.input_shape)
+
+
 def build_model(job: Job, device: torch.device) -> ModelSetup:
     """The zoo model of ``job`` with initial weights from ``job.seed`` (equal on every
     rank) and its layers (see module docs)."""
+    resolved = job_model(job)
     torch.manual_seed(job.seed)
-    model = zoo.build(job.model)
+    model = resolved.build()
     with torch.device("meta"):
-        meta_model = zoo.build(job.model)
-    meta_inputs = zoo.example_inputs(job.model, job.batch_size, "meta")
+        meta_model = resolved.build()
+    meta_inputs = resolved.example_inputs(job.batch_size, "meta")
     graph = layer_graph(meta_model, meta_inputs)
     params = dict(model.named_parameters())
     modules = dict(model.named_modules())
@@ -247,7 +254,7 @@ def batch(
         from realrun import data
 
         return data.batch(job, rank, iteration)
-    inputs = zoo.example_inputs(job.model, job.batch_size, seed=_seed(job, rank, iteration, 1))
+    inputs = job_model(job).example_inputs(job.batch_size, seed=_seed(job, rank, iteration, 1))
     gen = torch.Generator().manual_seed(_seed(job, rank, iteration, 2))
     labels = torch.randint(0, num_classes, (job.batch_size, *label_shape), generator=gen)
     return inputs, labels
@@ -255,20 +262,22 @@ def batch(
 
 def output_shape(job: Job) -> tuple[int, tuple[int, ...]]:
     """``(classes, label shape per sample)`` of the model's (first) output."""
+    resolved = job_model(job)
     with torch.device("meta"):
-        m = zoo.build(job.model)
-    out = next(iter(tensors_in(m(*zoo.example_inputs(job.model, 1, "meta")))))
+        m = resolved.build()
+    out = next(iter(tensors_in(m(*resolved.example_inputs(1, "meta")))))
     return int(out.shape[-1]), tuple(int(s) for s in out.shape[1:-1])
 
 
 def loss_of(output: Any, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of every output shaped like the labels plus a class dimension (the
-    mean over samples); any other output adds its mean square."""
+    """Cross-entropy of every output shaped like the labels plus a class dimension of at
+    least two classes (the mean over samples); any other output (a user model's scalar per
+    sample, a last dimension of one) adds its mean square."""
     total: torch.Tensor | None = None
     for out in tensors_in(output):
         if not out.is_floating_point():
             continue
-        if tuple(out.shape[:-1]) == tuple(labels.shape):
+        if out.dim() and out.shape[-1] >= 2 and tuple(out.shape[:-1]) == tuple(labels.shape):
             term = F.cross_entropy(
                 out.reshape(-1, out.shape[-1]).float(), labels.reshape(-1).to(out.device)
             )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from realrun.job import BACKENDS, CLUSTERS, DEFAULT_REAL_BATCH
+from realrun.options import INPUT_SHAPE_HELP
 from simcore.settings import setting
 from simcore.spec import RunSpec
 
@@ -16,7 +17,19 @@ class RealSpec(RunSpec):
     """A real run, as a person describes it."""
 
     model: str | None = setting(
-        None, "zoo model (sim profile --help lists them)", auto="resnet18", flag=3, metavar="NAME"
+        None,
+        "zoo model (sim profile --help lists them), or your own: FILE.py:NAME or "
+        "package.module:NAME, a callable returning an nn.Module or (module, example_input)",
+        auto="resnet18",
+        flag=3,
+        metavar="NAME|FILE.py:NAME",
+    )
+    input_shape: str | None = setting(
+        None,
+        INPUT_SHAPE_HELP,
+        auto="the zoo model's input, or the example your callable returns",
+        flag=19,
+        metavar="SHAPE",
     )
     batch_size: int | None = setting(
         None,

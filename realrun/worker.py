@@ -89,6 +89,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+SWITCH_INTERVAL_S = 2e-4
+"""How often the interpreter offers the GIL to another thread (Python's default: 5 ms)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one rank (see module docs); returns the exit code."""
     args = _parse(argv)
@@ -112,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         torch.set_num_threads(1)
         device = torch.device("cpu")
+    # The rank's communication threads (realrun.runtime.Messenger) need the GIL to hand a
+    # message to gloo; with Python's default 5 ms switch interval a message waits up to
+    # that long behind the compute thread's Python code between two kernels.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     timeout = datetime.timedelta(seconds=max(30.0, job.timeout_s * 4))
     dist.init_process_group(job.backend, rank=rank, world_size=world, timeout=timeout)
     group = (
@@ -178,5 +186,6 @@ def _profile(job: Job) -> dict[str, Any]:
     trace = profile_model(
         job.model,
         ProfileConfig(batch_size=job.batch_size, device=device, seed=job.seed, progress=False),
+        job.input_shape,
     )
     return to_dict(trace)

@@ -282,10 +282,12 @@ class Collectives:
             ev = env.timeout(0)
             ev.callbacks.append(lambda _e: finish(env.now))
             return
-        if self.analytic:
+        if self.analytic and self.net.cpu is None:
             self._run_analytic(op, ranks, n, finish)
         else:
-            _StepRunner(
+            # On CPU hosts every message costs processor time that competes with the
+            # ranks' compute: collectives always run as their messages there.
+            runner = _StepRunner(
                 self.net,
                 self.topology.gpus,
                 ranks,
@@ -293,7 +295,13 @@ class Collectives:
                 finish,
                 tag,
                 iteration,
-            ).start()
+            )
+            gloo = self.topology.gloo
+            if self.net.cpu is not None and op in ("allreduce-ring", "ring-half"):
+                q = len(ranks)
+                runner.segments = gloo.segments(n, q) // q if gloo is not None else 1
+                runner.reducing = q - 1  # the reduce-scatter's sends are summed on arrival
+            runner.start()
 
     # analytic fidelity
     def _run_analytic(
@@ -449,6 +457,8 @@ class _StepRunner:
         "next_send",
         "plan",
         "ranks",
+        "reducing",
+        "segments",
         "tag",
     )
 
@@ -469,6 +479,10 @@ class _StepRunner:
         self.next_send = [0] * q
         self.arrived = [0] * q
         self.left = total
+        self.segments = 1
+        """Transport messages each send travels as (CPU hosts: a gloo ring's segments)."""
+        self.reducing = 0
+        """Each position's first sends whose payload the receiver sums into its buffer."""
 
     def start(self) -> None:
         if self.left == 0:
@@ -485,7 +499,21 @@ class _StepRunner:
         while k < len(sends) and sends[k][0] <= have:
             _, d, b = sends[k]
             rs, rd = ranks[pos], ranks[d]
-            send(gpus[rs], gpus[rd], b, self._arrived, 0.0, self.tag, rs, rd, self.iteration, d)
+            send(
+                gpus[rs],
+                gpus[rd],
+                b,
+                self._arrived,
+                0.0,
+                self.tag,
+                rs,
+                rd,
+                self.iteration,
+                d,
+                self.segments,
+                b if k < self.reducing else 0,
+                False,
+            )
             k += 1
         self.next_send[pos] = k
 

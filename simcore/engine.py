@@ -16,6 +16,7 @@ from simcore.clock import scheduled_events
 from simcore.collectives import Collectives
 from simcore.config import ConfigError, SimConfig
 from simcore.device import Gpu, JitteryGpu
+from simcore.host import CommCpu, CpuPool, CpuRank
 from simcore.network import make_network
 from simcore.records import COMM, RECV, SEND, LinkRecord, RunRecords, compute_span
 from simcore.result import RunResult, _frozen
@@ -83,7 +84,21 @@ def simulate(config: SimConfig, progress: Callable[[float], None] | None = None)
         ]
     else:
         gpus = [Gpu(env, r, d, names[r], gpu_log) for r, d in enumerate(topology.gpus)]
+    pool_of = None
+    if topology.host_spec is not None:
+        if config.compute_jitter > 0:
+            raise ConfigError(
+                "compute_jitter",
+                config.compute_jitter,
+                "is for GPU clusters; CPU hosts share cores (set it to 0)",
+            )
+        pool_of = cpu_pools(env, topology)
+        net.cpu = CommCpu(topology.host_spec, pool_of)
+        gpus = [
+            CpuRank(env, r, d, names[r], gpu_log, pool_of(d)) for r, d in enumerate(topology.gpus)
+        ]
     ctx = SimContext(env, config, options, trace, topology, net, coll, gpus, compute_log, rng)
+    ctx.cpu_pool_of = pool_of
     scheme = cls(ctx)
     scheme.start()
     _run_without_gc(
@@ -100,6 +115,28 @@ def simulate(config: SimConfig, progress: Callable[[float], None] | None = None)
                     f"(simulated time {env.now:.6g} s)"
                 )
     return _result(config, cls.name, scheme, ctx, topology, trace, events, wall0)
+
+
+def cpu_pools(env: Environment, topology: Topology) -> Callable[[int], CpuPool]:
+    """The machines of a cluster of CPU hosts: one :class:`CpuPool` for all devices when
+    the host is shared (the emulated cluster), else one per box and one per device
+    outside the boxes (dedicated server hosts, switches)."""
+    spec = topology.host_spec
+    assert spec is not None
+    if spec.shared:
+        pool = CpuPool(env, spec.cores)
+        return lambda _device: pool
+    pools: dict[int, CpuPool] = {}
+    devices = topology.devices
+
+    def pool_of(device: int) -> CpuPool:
+        box = devices[device].box
+        key = box if box >= 0 else -1 - device
+        if key not in pools:
+            pools[key] = CpuPool(env, spec.cores)
+        return pools[key]
+
+    return pool_of
 
 
 PROGRESS_EVERY = 50_000
@@ -245,7 +282,8 @@ def _result(
         simulated_s=rec.end_s,
         messages=rec.messages,
         gpu_model=topology.gpu_spec.model,
-        trace_device=config.trace.meta.device,
+        device_kind=topology.gpu_spec.kind,
+        trace_device=config.trace.meta.measured_on,
         compute_scale=config.compute_scale,
         device_names=tuple(g.name for g in ctx.gpus),
         spans=spans,

@@ -33,12 +33,15 @@ from __future__ import annotations
 import heapq
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simpy import Environment, Timeout
 
 from simcore.clock import EventQueue, FastEvent
 from simcore.topology import Link, Topology
+
+if TYPE_CHECKING:
+    from simcore.host import CommCpu
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 """Default chunk size of the detailed model (1 MiB)."""
@@ -174,6 +177,10 @@ class Network(ABC):
         self._record = self.messages.append
         self._hops: dict[tuple[int, int], tuple[LinkState, ...]] = {}
         self._next_id = 0
+        self.cpu: CommCpu | None = None
+        """The CPU side of messages on CPU hosts (:class:`~simcore.host.CommCpu`), or
+        ``None``: a message then costs no processor time."""
+        self._senders: dict[int, _Sender] = {}
 
     def hops(self, src: int, dst: int) -> tuple[LinkState, ...]:
         """The link directions from device ``src`` to ``dst`` (cached)."""
@@ -196,11 +203,19 @@ class Network(ABC):
         rank_dst: int = -1,
         iteration: int = -1,
         payload: Any = None,
+        segments: int = 1,
+        reduce_bytes: int = 0,
+        p2p: bool = True,
     ) -> Message:
         """Start moving ``nbytes`` from device ``src`` to device ``dst`` now.
 
         Returns the :class:`Message`; ``on_arrival(msg)`` runs when it has arrived. A
         message between a device and itself (or of zero bytes) arrives after no time.
+        On CPU hosts (:attr:`cpu`) it arrives once its ends' CPU work is done too: it
+        travels as ``segments`` messages of the transport, and the receiver adds
+        ``reduce_bytes`` of it into a buffer of its own; and a point-to-point message
+        (``p2p``, not a collective's) waits for the device's sender (see
+        :class:`_Sender`).
         """
         hops = self._hops.get((src, dst))
         if hops is None:
@@ -226,8 +241,33 @@ class Network(ABC):
             ev = Timeout(self.env, 0, msg)
             ev.callbacks.append(self._deliver_local)
             return msg
+        if self.cpu is not None:
+            if p2p and self.cpu.spec.p2p_handshake_s > 0:
+                sender = self._senders.get(src)
+                if sender is None:
+                    sender = self._senders[src] = _Sender(self, self.cpu.spec.p2p_handshake_s)
+                sender.queue(msg, segments, reduce_bytes)
+                return msg
+            self._join_cpu(msg, segments, reduce_bytes)
         self._inject(msg)
         return msg
+
+    def _join_cpu(self, msg: Message, segments: int, reduce_bytes: int) -> None:
+        """Deliver ``msg`` only when the wire and both ends' CPU work are done."""
+        assert self.cpu is not None
+        deliver = msg.on_arrival
+        left, start = self.cpu.join(msg.src, msg.dst, msg.nbytes, segments, reduce_bytes)
+        count = [left]
+
+        def one() -> None:
+            count[0] -= 1
+            if count[0] == 0:
+                msg.end_s = self.env.now
+                if deliver is not None:
+                    deliver(msg)
+
+        msg.on_arrival = lambda _m: one()
+        start(one)
 
     def _deliver_local(self, ev: Any) -> None:
         msg: Message = ev.value
@@ -257,6 +297,49 @@ class Network(ABC):
     def link_bytes(self) -> list[tuple[Link, int, int, float]]:
         """``(link, sent_bytes, received_bytes, busy_s)`` for every link direction."""
         return [(s.link, s.sent_bytes, s.recv_bytes, s.sent_bytes * s.service) for s in self.state]
+
+
+class _Sender:
+    """A device's sending thread on a CPU host (a rank's messenger): it hands gloo one
+    point-to-point message at a time, lowest priority number first, and a blocking send
+    returns once the receiver has posted its buffer and the bytes are out. So each
+    message holds the sender for a handshake (``handshake_s``, calibrated) and then
+    until it is delivered; the next one waits."""
+
+    __slots__ = ("busy", "handshake_s", "heap", "net", "seq")
+
+    def __init__(self, net: Network, handshake_s: float) -> None:
+        self.net, self.handshake_s = net, handshake_s
+        self.heap: list[tuple[float, int, Message, int, int]] = []
+        self.busy = False
+        self.seq = 0
+
+    def queue(self, msg: Message, segments: int, reduce_bytes: int) -> None:
+        heapq.heappush(self.heap, (msg.priority, self.seq, msg, segments, reduce_bytes))
+        self.seq += 1
+        if not self.busy:
+            self._next()
+
+    def _next(self) -> None:
+        if not self.heap:
+            self.busy = False
+            return
+        self.busy = True
+        _prio, _seq, msg, segments, reduce_bytes = heapq.heappop(self.heap)
+        ev = Timeout(self.net.env, self.handshake_s)
+        ev.callbacks.append(lambda _e: self._go(msg, segments, reduce_bytes))
+
+    def _go(self, msg: Message, segments: int, reduce_bytes: int) -> None:
+        deliver = msg.on_arrival
+
+        def delivered(m: Message) -> None:
+            self._next()
+            if deliver is not None:
+                deliver(m)
+
+        msg.on_arrival = delivered
+        self.net._join_cpu(msg, segments, reduce_bytes)
+        self.net._inject(msg)
 
 
 class DetailedNetwork(Network):

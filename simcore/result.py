@@ -92,6 +92,9 @@ class RunResult:
     fits_in_memory: bool = field(init=False)
     """Whether every GPU's peak stays within its capacity."""
     gpu_model: str
+    device_kind: str
+    """``gpu``, or ``cpu`` for ranks on CPU hosts (the per-GPU fields then describe the
+    ranks' CPUs)."""
     trace_device: str
     compute_scale: float
     device_names: tuple[str, ...]

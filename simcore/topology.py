@@ -43,10 +43,13 @@ class TopologyError(ValueError):
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """What the simulator needs to know about a GPU model.
+    """What the simulator needs to know about a rank's compute device (a GPU model, or
+    a CPU on a cluster of CPU hosts).
 
     Attributes:
         model: short model name (``V100``, ``A100``), matched against a trace's device.
+        kind: ``gpu``, or ``cpu``: the ranks compute on the cores of their machine (the
+            preset's ``host`` section), their devices are named ``cpu<i>``.
         memory_bytes: device memory capacity.
         memory_bandwidth_bytes_per_s: DRAM bandwidth, used for weight-sized vector work
             (optimizer updates, SpecTrain's weight prediction).
@@ -55,9 +58,66 @@ class GpuSpec:
     """
 
     model: str = "V100"
+    kind: str = "gpu"
     memory_bytes: int = 16 * 2**30
     memory_bandwidth_bytes_per_s: float = 900e9
     peak_flop_per_s: float = 15.7e12
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """The CPU side of a cluster's machines (a preset's ``host`` section).
+
+    Attributes:
+        cores: cores of one machine, shared by every rank and server on it.
+        shared: every box of the cluster runs on one machine (the emulated cluster:
+            network namespaces of one computer); otherwise each box has ``cores`` of its
+            own.
+        message_cpu_s: CPU seconds a point-to-point message costs each end (framing,
+            system calls, the runtime's code), on top of its bytes.
+        copy_cpu_s_per_byte: CPU seconds per byte a message costs each end (socket
+            copies).
+        reduce_cpu_s_per_byte: CPU seconds to add one byte of a received buffer into
+            another (a collective's reduction, a parameter server's aggregation).
+        p2p_handshake_s: how long a point-to-point message holds its sender before its
+            bytes move (a blocking send waits for the receiver to post its buffer); 0:
+            messages do not wait for each other at the sender.
+    """
+
+    cores: int = 1
+    shared: bool = True
+    message_cpu_s: float = 0.0
+    copy_cpu_s_per_byte: float = 0.0
+    reduce_cpu_s_per_byte: float = 0.0
+    p2p_handshake_s: float = 0.0
+
+    def message_cpu(self, nbytes: int, messages: int = 1) -> float:
+        """CPU seconds one end spends on ``nbytes`` sent as ``messages`` messages."""
+        return messages * self.message_cpu_s + nbytes * self.copy_cpu_s_per_byte
+
+
+@dataclass(frozen=True)
+class GlooSpec:
+    """How the collective library behaves (a preset's ``gloo`` section).
+
+    Attributes:
+        segment_bytes: an all-reduce's ring moves its buffer in segments of at most this
+            many bytes, at least two per rank and a multiple of the ranks (each segment is
+            a message with its own per-message cost).
+        threads: collectives that can be in flight at once (gloo runs them on a pool of
+            worker threads; two in torch's process group).
+    """
+
+    segment_bytes: int = 1 << 20
+    threads: int = 2
+
+    def segments(self, nbytes: int, ranks: int) -> int:
+        """Segments an all-reduce of ``nbytes`` over ``ranks`` cuts its buffer into."""
+        if ranks <= 1 or nbytes <= 0:
+            return 1
+        by_size = -(-nbytes // self.segment_bytes)
+        n = max(2 * ranks, by_size)
+        return -(-n // ranks) * ranks
 
 
 @dataclass(frozen=True)
@@ -123,6 +183,9 @@ class Topology:
         ring_order: ranks in the order a ring collective visits them.
         gateway: for each device index that has one, the NIC its inter-box traffic uses.
         summary: one line describing the topology.
+        host_spec: the machines' CPU model (:class:`HostSpec`): ranks and communication
+            share their cores; ``None`` on GPU clusters.
+        gloo: how collectives behave on CPU hosts (:class:`GlooSpec`), or ``None``.
     """
 
     name: str
@@ -135,6 +198,8 @@ class Topology:
     ring_order: list[int] = field(default_factory=list)
     gateway: dict[int, int] = field(default_factory=dict)
     summary: str = ""
+    host_spec: HostSpec | None = None
+    gloo: GlooSpec | None = None
 
     def __post_init__(self) -> None:
         self._adj: list[list[Link]] = [[] for _ in self.devices]
@@ -374,8 +439,10 @@ def build_topology(spec: TopologySpec) -> Topology:
 def _build_topology(spec: TopologySpec) -> Topology:
     """Build a cluster from a preset.
 
-    A preset is a mapping with keys ``name``, ``summary``, ``gpu`` (model, memory,
-    memory_bandwidth, peak_flops), ``box`` (``gpus`` per box, ``devices`` name -> kind,
+    A preset is a mapping with keys ``name``, ``summary``, ``gpu`` (model, kind, memory,
+    memory_bandwidth, peak_flops), optionally ``host`` (:class:`HostSpec`'s fields) and
+    ``gloo`` (:class:`GlooSpec`'s, ``segment_bytes`` as a size), ``box`` (``gpus`` per
+    box, ``devices`` name -> kind,
     ``links`` as ``[a, b, kind, bandwidth, latency]`` or with a fifth ``count``, ``host``,
     ``nic_attach``, optional ``ring_order``) and ``network`` (``kind``, ``bandwidth``,
     ``latency``, ``nic_link`` with kind/bandwidth/latency). GPUs inside a box are the
@@ -406,11 +473,22 @@ def _build_topology(spec: TopologySpec) -> Topology:
         host_name = str(box.get("host", ""))
         nic_attach = str(box.get("nic_attach", host_name))
         ring_local = list(box.get("ring_order", range(per_box)))
+        host_spec = _host_spec(p["host"]) if p.get("host") else None
+        gloo = _gloo_spec(p["gloo"]) if p.get("gloo") else None
     except (KeyError, TypeError, ValueError, AttributeError, UnitError) as exc:
         # AttributeError: a section that is not a mapping (``network: 3``).
         raise TopologyError(f"preset {name!r} is malformed: {exc}") from None
     if per_box < 1:
         raise TopologyError(f"preset {name!r}: box.gpus must be at least 1")
+    if gpu.kind not in ("gpu", "cpu"):
+        raise TopologyError(
+            f"preset {name!r}: gpu.kind {gpu.kind!r} is not allowed; use gpu or cpu"
+        )
+    if gpu.kind == "cpu" and host_spec is None:
+        raise TopologyError(f"preset {name!r}: gpu.kind cpu needs a 'host' section (cores)")
+    if host_spec is not None and host_spec.cores < 1:
+        raise TopologyError(f"preset {name!r}: host.cores must be at least 1")
+    rank_dev = "cpu" if gpu.kind == "cpu" else "gpu"
     if sorted(ring_local) != list(range(per_box)):
         raise TopologyError(f"preset {name!r}: box.ring_order must list 0..{per_box - 1}")
 
@@ -428,7 +506,7 @@ def _build_topology(spec: TopologySpec) -> Topology:
         local_gpus = {f"gpu{i}": i for i in range(n_here)}
         first_rank = len(gpus)
         for i in range(n_here):
-            gpus.append(b.device(f"{pre}gpu{i}", "gpu", bi))
+            gpus.append(b.device(f"{pre}{_rank_name(rank_dev, i, box_devices)}", "gpu", bi))
         for dname, kind in box_devices.items():
             b.device(pre + dname, str(kind), bi)
         parent: dict[str, str] = {}
@@ -439,8 +517,8 @@ def _build_topology(spec: TopologySpec) -> Topology:
                 continue  # the GPU is beyond this (partial) box
             try:
                 b.link(
-                    pre + a,
-                    pre + c,
+                    pre + _local(a, rank_dev, box_devices),
+                    pre + _local(c, rank_dev, box_devices),
                     kind,
                     parse_rate(bw),
                     parse_time(lat),
@@ -459,7 +537,8 @@ def _build_topology(spec: TopologySpec) -> Topology:
             if spec.nic_per_gpu:
                 for i in range(n_here):
                     nic = b.device(f"{pre}nic{i}", "nic", bi)
-                    b.link(nic, pre + parent.get(f"gpu{i}", nic_attach), nic_kind, nic_bw, nic_lat)
+                    at = _local(parent.get(f"gpu{i}", nic_attach), rank_dev, box_devices)
+                    b.link(nic, pre + at, nic_kind, nic_bw, nic_lat)
                     nics.append(nic)
                     gateway[gpus[first_rank + i]] = nic
                 for dname in box_devices:
@@ -489,14 +568,62 @@ def _build_topology(spec: TopologySpec) -> Topology:
         ring_order=ring,
         gateway=gateway,
         summary=str(p.get("summary", "")),
+        host_spec=host_spec,
+        gloo=gloo,
     )
     return topo
+
+
+def _rank_name(rank_dev: str, i: int, box_devices: Mapping[str, str]) -> str:
+    """The name of a box's ``i``-th rank device: ``gpu<i>``, or on CPU hosts ``cpu<i>``
+    (``rank<i>`` where the preset already names a device ``cpu<i>``)."""
+    name = f"{rank_dev}{i}"
+    return f"rank{i}" if rank_dev == "cpu" and name in box_devices else name
+
+
+def _local(dev: str, rank_dev: str, box_devices: Mapping[str, str]) -> str:
+    """A preset's ``gpu<i>`` in a box's link list, named as :func:`_rank_name` does."""
+    dev = str(dev)
+    if dev.startswith("gpu") and dev[3:].isdigit():
+        return _rank_name(rank_dev, int(dev[3:]), box_devices)
+    return dev
+
+
+def _host_spec(d: Mapping[str, Any]) -> HostSpec:
+    allowed = {
+        "cores",
+        "shared",
+        "message_cpu_s",
+        "copy_cpu_s_per_byte",
+        "reduce_cpu_s_per_byte",
+        "p2p_handshake_s",
+    }
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        raise ValueError(f"host: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+    return HostSpec(
+        cores=int(d.get("cores", 1)),
+        shared=bool(d.get("shared", True)),
+        message_cpu_s=float(d.get("message_cpu_s", 0.0)),
+        copy_cpu_s_per_byte=float(d.get("copy_cpu_s_per_byte", 0.0)),
+        reduce_cpu_s_per_byte=float(d.get("reduce_cpu_s_per_byte", 0.0)),
+        p2p_handshake_s=float(d.get("p2p_handshake_s", 0.0)),
+    )
+
+
+def _gloo_spec(d: Mapping[str, Any]) -> GlooSpec:
+    base = GlooSpec()
+    return GlooSpec(
+        segment_bytes=parse_size(d.get("segment_bytes", base.segment_bytes)),
+        threads=int(d.get("threads", base.threads)),
+    )
 
 
 def _gpu_spec(d: Mapping[str, Any]) -> GpuSpec:
     base = GpuSpec()
     return GpuSpec(
         model=str(d.get("model", base.model)),
+        kind=str(d.get("kind", base.kind)),
         memory_bytes=parse_size(d.get("memory", base.memory_bytes)),
         memory_bandwidth_bytes_per_s=parse_rate(
             d.get("memory_bandwidth", base.memory_bandwidth_bytes_per_s)

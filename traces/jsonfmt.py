@@ -6,7 +6,9 @@ Schema (version 1)::
       "format": "dtsim-trace",
       "version": 1,
       "meta": {"model": str, "device": str, "batch_size": int > 0,
-               "dtype": str, "framework": str, "date": str, "provenance": str},
+               "dtype": str, "framework": str, "date": str, "provenance": str,
+               "peak_flop_per_s": number, "cpu": str, "cpu_cores": int, "gpu": str,
+               "machine": str},
       "layers": [{"name": str, "forward_s": number >= 0, "backward_s": number >= 0,
                   "param_bytes": int >= 0, "activation_bytes": int >= 0,
                   "op": str, "flops": number | null, "kind": "layer" | "input"}, ...],
@@ -15,7 +17,9 @@ Schema (version 1)::
 
 ``layers`` may come in any order; the loader sorts them topologically (keeping the file's
 order where the graph allows). Only ``meta.model``, ``meta.device``, ``meta.batch_size``
-and each layer's ``name``, ``forward_s`` and ``backward_s`` are required.
+and each layer's ``name``, ``forward_s`` and ``backward_s`` are required; the fields saying
+where a trace was measured (``cpu``, ``cpu_cores``, ``gpu``, ``machine``; ``date`` an ISO
+date or date-time) are written only when known, so older files load unchanged.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from traces.toposort import sort_layers
 FORMAT_NAME = "dtsim-trace"
 FORMAT_VERSION = 1
 
+_WHERE = ("cpu", "cpu_cores", "gpu", "machine")
+"""Meta fields saying where a trace was measured, written only when set."""
+
 
 def to_dict(trace: Trace) -> dict[str, Any]:
     """The JSON-ready dictionary of a trace (format version 1)."""
@@ -49,6 +56,7 @@ def to_dict(trace: Trace) -> dict[str, Any]:
             "date": m.date,
             "provenance": m.provenance,
             **({"peak_flop_per_s": m.peak_flop_per_s} if m.peak_flop_per_s else {}),
+            **{k: getattr(m, k) for k in _WHERE if getattr(m, k)},
         },
         "layers": [
             {
@@ -123,6 +131,10 @@ def from_dict(data: Any, source: str = "<dict>") -> Trace:
         peak_flop_per_s=(
             v.number(meta_d, "meta", "peak_flop_per_s") if "peak_flop_per_s" in meta_d else 0.0
         ),
+        cpu=v.string(meta_d, "meta", "cpu", default=""),
+        cpu_cores=v.integer(meta_d, "meta", "cpu_cores", default=0),
+        gpu=v.string(meta_d, "meta", "gpu", default=""),
+        machine=v.string(meta_d, "meta", "machine", default=""),
     )
     layers_l = data.get("layers")
     if not isinstance(layers_l, list) or not layers_l:

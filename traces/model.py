@@ -74,6 +74,12 @@ class TraceMeta:
             0 for a measured trace. Older files have only a device named
             ``analytic:<FLOP/s>``; the rate is read from that name
             (:func:`legacy_analytic_peak`).
+        cpu: the CPU model of the machine that measured it (``/proc/cpuinfo``'s "model
+            name"), if recorded.
+        cpu_cores: logical CPUs of that machine (0: not recorded).
+        gpu: the GPU model it was measured on, for a trace measured on CUDA.
+        machine: a fingerprint of that machine's hardware (CPU model, cores, memory,
+            GPU; no host name), if recorded: equal fingerprints, same kind of machine.
     """
 
     model: str
@@ -85,6 +91,20 @@ class TraceMeta:
     provenance: str = ""
     source_format: str = "dtsim"
     peak_flop_per_s: float = 0.0
+    cpu: str = ""
+    cpu_cores: int = 0
+    gpu: str = ""
+    machine: str = ""
+
+    @property
+    def measured_on(self) -> str:
+        """The device the times come from, as precisely as recorded: the GPU model, else
+        the CPU model for a trace measured on a CPU, else :attr:`device`."""
+        if self.gpu:
+            return self.gpu
+        if self.cpu and self.device.lower() == "cpu":
+            return self.cpu
+        return self.device
 
     def __post_init__(self) -> None:
         if not self.peak_flop_per_s:

@@ -17,6 +17,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("dtsim.cli.listing", "List the built-in models (traces)."),
     "topologies": ("dtsim.cli.listing", "List the topology presets."),
     "real": ("dtsim.cli.real", "Run a scheme for real with torch.distributed and measure it."),
+    "calibrate": (
+        "dtsim.cli.calibrate",
+        "Measure this machine's cluster (latency, goodput, CPU costs) into a topology file.",
+    ),
     "profile": ("dtsim.cli.profile", "Profile a zoo model into a layer trace (needs torch)."),
     "trace": ("dtsim.cli.trace", "Show or convert layer traces (dtsim, PipeDream, Kineto)."),
     "partition": ("dtsim.cli.partition", "Split a model into pipeline stages."),
@@ -25,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("dtsim.cli.plot", "Plot sweep results or a Chrome trace."),
     "report": ("dtsim.cli.report", "Reproduce the seed papers' comparisons as a report."),
     "train": ("dtsim.cli.train", "Convergence under staleness on real data, time to accuracy."),
+    "validate": ("dtsim.cli.validate", "Check the simulator against real runs over a matrix."),
 }
 """Subcommand -> (module, one-line help). The module defines a click command ``NAME``
 (``-`` in the name becomes ``_``)."""

@@ -28,8 +28,10 @@ def run_table(r: Any) -> str:
         for k, v in sorted(r.comm_bytes_by_link_kind.items())
     )
     fits = "fits" if r.fits_in_memory else "DOES NOT FIT"
+    cpu = getattr(r, "device_kind", "gpu") == "cpu"
+    unit, dev = ("rank", "CPU") if cpu else ("GPU", "GPU")
     head = (
-        f"{r.scheme} | {r.model} | {r.gpus} GPU{'s' if r.gpus != 1 else ''} "
+        f"{r.scheme} | {r.model} | {r.gpus} {unit}{'s' if r.gpus != 1 else ''} "
         f"({r.gpu_model}) | {r.topology} | {r.fidelity}"
     )
     rows = [
@@ -45,11 +47,11 @@ def run_table(r: Any) -> str:
         ),
         (
             "speedup",
-            f"{r.speedup:.2f}x  over 1 GPU at the same global batch "
+            f"{r.speedup:.2f}x  over 1 {unit} at the same global batch "
             f"({format_time(r.single_gpu_time_s)})",
         ),
         (
-            "GPU utilisation",
+            f"{dev} utilisation",
             f"{100 * r.gpu_utilization:.1f}%  (min {100 * min(util):.1f}%, "
             f"max {100 * max(util):.1f}%)",
         ),
@@ -62,7 +64,7 @@ def run_table(r: Any) -> str:
         (
             "peak memory",
             f"{format_bytes(r.peak_memory_bytes)} of "
-            f"{format_bytes(r.memory_capacity_bytes)} per GPU ({fits})",
+            f"{format_bytes(r.memory_capacity_bytes)} per {unit} ({fits})",
         ),
         ("simulation", f"{r.events:,} events in {format_time(r.wall_s)}"),
     ]

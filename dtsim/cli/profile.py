@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import click
 
 from dtsim.cli.errors import BadInput
 from realrun import zoo
-from realrun.options import DEFAULT_EFFICIENCY, DEVICES, DTYPES
+from realrun.options import DEFAULT_EFFICIENCY, DEVICES, DTYPES, INPUT_SHAPE_HELP
 from traces.atomic import check_writable
 
 
@@ -17,10 +18,11 @@ from traces.atomic import check_writable
     "--model",
     "model_name",
     required=True,
-    type=click.Choice(zoo.names()),
-    metavar="NAME",
-    help=f"Zoo model: {', '.join(zoo.names())}.",
+    metavar="NAME|FILE.py:NAME",
+    help=f"Zoo model ({', '.join(zoo.names())}), or your own: FILE.py:NAME or "
+    "package.module:NAME, a callable returning an nn.Module or (module, example_input).",
 )
+@click.option("--input-shape", default=None, metavar="SHAPE", help=INPUT_SHAPE_HELP + ".")
 @click.option(
     "--batch-size",
     type=click.IntRange(min=1),
@@ -105,6 +107,7 @@ from traces.atomic import check_writable
 )
 def profile(
     model_name: str,
+    input_shape: str | None,
     batch_size: int,
     device: str,
     dtype: str,
@@ -119,7 +122,7 @@ def profile(
     seed: int,
     progress: bool,
 ) -> None:
-    """Profile a model of the zoo into a layer trace (dtsim JSON).
+    """Profile a model of the zoo, or your own, into a layer trace (dtsim JSON).
 
     Every layer of the model's torch.fx graph is timed on its own, forward and backward
     (warm-up, then the median of repeats), with its parameter bytes, output activation
@@ -131,6 +134,11 @@ def profile(
       sim profile --model resnet18 --batch-size 8 --out resnet18.json
       sim run --model resnet18.json --gpus 4 --scheme dp
       sim profile --model vgg16 --batch-size 64 --analytic --device-flops 15.7TFLOPS
+      sim profile --model mynet.py:make_net --input-shape 3,32,32 --out mynet.json
+
+    A measured trace records where and when it was measured (CPU model, cores, GPU
+    model on CUDA, a hardware fingerprint, the date and time); 'sim run' warns when the
+    topology claims another device or a measurement more than a day apart.
     """
     from realrun.options import parse_flop_rate
     from simcore.units import format_bytes, format_time, parse_rate
@@ -141,14 +149,16 @@ def profile(
         raise BadInput("--device-flops and --memory-bandwidth only apply with --analytic")
     flops_rate = parse_flop_rate(device_flops) if device_flops else 0.0
     mem_rate = parse_rate(memory_bandwidth) if memory_bandwidth else 0.0
-    path = out or f"{model_name}-{'analytic' if analytic else device}-b{batch_size}.json"
+    resolved = _resolve(model_name, input_shape)
+    model_name, shape = resolved.ref, resolved.input_shape
+    path = out or f"{resolved.name}-{'analytic' if analytic else device}-b{batch_size}.json"
     check_writable(path)
     from realrun.profiler import ProfileConfig, ProfileError, profile_model
     from traces import save_trace
 
     started = time.perf_counter()
     if not analytic:
-        _check_memory(model_name, batch_size, device, dtype)
+        _check_memory(model_name, batch_size, device, dtype, shape)
     try:
         config = ProfileConfig(
             batch_size=batch_size,
@@ -164,7 +174,7 @@ def profile(
             seed=seed,
             progress=progress,
         )
-        trace = profile_model(model_name, config)
+        trace = profile_model(model_name, config, shape)
     except ProfileError as exc:
         raise BadInput(str(exc)) from None
     except (MemoryError, RuntimeError) as exc:
@@ -173,18 +183,35 @@ def profile(
             raise
         raise BadInput(
             f"--batch-size: {batch_size} does not fit in {device} memory while "
-            f"profiling {model_name} ({text[:160]}); use a smaller batch"
+            f"profiling {resolved.name} ({text[:160]}); use a smaller batch"
         ) from None
     save_trace(trace, path)
     click.echo(
-        f"wrote {path}: {model_name}, {len(trace.layers)} layers, batch {batch_size} on "
+        f"wrote {path}: {resolved.name}, {len(trace.layers)} layers, batch {batch_size} on "
         f"{trace.meta.device}; forward {format_time(trace.forward_s)} + backward "
         f"{format_time(trace.backward_s)} per batch; {trace.param_count / 1e6:.2f}M params "
         f"({format_bytes(trace.param_bytes)}); took {time.perf_counter() - started:.1f} s"
     )
 
 
-def _check_memory(model_name: str, batch_size: int, device: str, dtype: str) -> None:
+def _resolve(model: str, input_shape: str | None) -> Any:
+    """The model ``--model`` names (one-line ``BadInput`` naming the flag otherwise)."""
+    from realrun.usermodel import resolve_model
+    from simcore.settings import ConfigError
+
+    try:
+        return resolve_model(model, input_shape)
+    except ConfigError as exc:
+        raise BadInput(exc.describe("--" + exc.field.replace("_", "-"))) from None
+
+
+def _check_memory(
+    model_name: str,
+    batch_size: int,
+    device: str,
+    dtype: str,
+    input_shape: tuple[int, ...] | None = None,
+) -> None:
     """Refuse (exit 2) a batch whose inputs, layer outputs and parameters (counted on the
     meta device, where nothing is allocated) would not fit the device's memory: profiling
     keeps every layer's output, its gradient and the parameters' gradients."""
@@ -202,6 +229,7 @@ def _check_memory(model_name: str, batch_size: int, device: str, dtype: str) -> 
             ProfileConfig(
                 batch_size=batch_size, dtype=dtype, analytic=True, device_flops=1e12, progress=False
             ),
+            input_shape,
         )
     except ProfileError:
         return  # the real run reports it
@@ -214,7 +242,7 @@ def _check_memory(model_name: str, batch_size: int, device: str, dtype: str) -> 
         per_sample = max(1, need // batch_size)
         fits = max(1, have // per_sample)
         raise BadInput(
-            f"--batch-size: {batch_size} is too big to profile {model_name} on "
+            f"--batch-size: {batch_size} is too big to profile {model_name.rpartition('/')[2]} on "
             f"{device}: its activations and gradients need about "
             f"{format_bytes(need)}, and {format_bytes(have)} can be used; use "
             f"--batch-size {fits} or less, or --analytic"

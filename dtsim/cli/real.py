@@ -87,15 +87,17 @@ def real(
     """Run a training scheme for real (one process per rank) and print what was measured.
 
     Takes the same settings as 'sim run' (--gpus is the number of data-parallel workers;
-    ps and p3 add their server ranks). Models come from the zoo ('sim profile --list'):
-    mlp_small and cnn_small take seconds, resnet18 minutes on a CPU. The batch size
-    defaults to 8 per worker.
+    ps and p3 add their server ranks). Models come from the zoo ('sim profile --help'):
+    mlp_small and cnn_small take seconds, resnet18 minutes on a CPU; or give your own
+    with --model FILE.py:NAME (a function returning an nn.Module, with --input-shape, or
+    a pair (module, example_input)). The batch size defaults to 8 per worker.
 
     \b
     Examples:
       sim real --gpus 2 --scheme dp --model mlp_small
       sim real --gpus 3 --scheme p3 --model resnet18 --cluster netns --bandwidth 1Gbps
       sim real --gpus 4 --scheme gossip --model cnn_small --trace-out real.json
+      sim real --gpus 2 --scheme dp --model mynet.py:make_net --input-shape 3,32,32
     """
     for path in (trace_out, profile_out, write_job):
         if path:
@@ -149,11 +151,14 @@ def make_job(spec: Any, *, profile: bool = False) -> Job:
             f"{', '.join(REAL_SCHEMES)}"
         )
     model = spec.model or "resnet18"
-    if model not in zoo.names():
+    if not zoo.is_zoo(model) and not zoo.looks_like_reference(model):
         raise BadInput(
             f"--model: {model!r} is not a zoo model (a real run needs the model "
-            f"itself, not a trace); choose one of: {', '.join(zoo.names())}"
+            f"itself, not a trace); choose one of: {', '.join(zoo.names())}, or give "
+            "FILE.py:NAME or package.module:NAME"
         )
+    resolved = zoo.resolve_model(model, spec.input_shape)  # ConfigError: one line
+    model, input_shape = resolved.ref, resolved.input_shape
     scheme = get_scheme(spec.scheme)
     options = options_from_mapping(scheme.Options, spec.scheme_options, prefix="scheme.")
     opts = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
@@ -196,10 +201,13 @@ def make_job(spec: Any, *, profile: bool = False) -> Job:
     batch_size = spec.batch_size or DEFAULT_REAL_BATCH
     pipeline: dict[str, Any] = {}
     if spec.scheme in PIPELINE_SCHEMES:
-        pipeline = _pipeline_plan(model, batch_size, workers, spec.scheme, opts, spec.optimizer)
+        pipeline = _pipeline_plan(
+            model, batch_size, workers, spec.scheme, opts, spec.optimizer, input_shape
+        )
     return Job(
         scheme=spec.scheme,
         model=model,
+        input_shape=input_shape,
         workers=workers,
         options=opts,
         servers=servers,
@@ -219,7 +227,13 @@ def make_job(spec: Any, *, profile: bool = False) -> Job:
 
 
 def _pipeline_plan(
-    model: str, batch_size: int, gpus: int, scheme: str, opts: dict[str, Any], optimizer: str
+    model: str,
+    batch_size: int,
+    gpus: int,
+    scheme: str,
+    opts: dict[str, Any],
+    optimizer: str,
+    input_shape: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
     """The partition and micro-batches ``sim run`` would use (``BadInput`` if the case
     cannot be split or run for real)."""
@@ -227,7 +241,7 @@ def _pipeline_plan(
     from simcore.config import ConfigError
 
     try:
-        return pipeline_plan(model, batch_size, gpus, scheme, opts, optimizer)
+        return pipeline_plan(model, batch_size, gpus, scheme, opts, optimizer, input_shape)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
     except ValueError as exc:

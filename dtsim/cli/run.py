@@ -46,6 +46,12 @@ def run(ctx: click.Context, as_json: bool, trace_out: str | None, **params: Any)
         check_writable(trace_out)
     spec = spec_from_params(ctx, params)
     config = build_config(spec, record_spans=trace_out is not None)
+    from analysis.resolve import load_preset, trace_origin_warnings
+
+    for line in trace_origin_warnings(
+        config.trace.meta, load_preset(spec.topology), spec.compute_scale
+    ):
+        click.echo(line, err=True)
     check_work(config)
     with progress_bar() as progress:
         result = simulate(config, progress=progress)

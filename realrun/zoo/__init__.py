@@ -129,6 +129,20 @@ REGISTRY: dict[str, ZooModel] = dict(
             "Small CNN for quick real runs: two 3x3 convolutions on 1x16x16, 10 classes",
         ),
         _entry(
+            "mlp_medium",
+            "small",
+            "mlp_medium",
+            (InputSpec((256,)),),
+            "Validation MLP: 256-1024-1024-1024-10 (2.4M parameters)",
+        ),
+        _entry(
+            "cnn_medium",
+            "small",
+            "cnn_medium",
+            (InputSpec((3, 32, 32)),),
+            "Validation CNN: three 3x3 convolutions on 3x32x32, 256-unit hidden layer",
+        ),
+        _entry(
             "digits_cnn",
             "digits",
             "digits_cnn",
@@ -177,19 +191,52 @@ def get(name: str) -> ZooModel:
 
 
 def build(name: str) -> Any:
-    """A fresh ``torch.nn.Module`` for zoo model ``name``, on the current default device
-    (use ``with torch.device("meta"):`` for a model without memory)."""
+    """A fresh ``torch.nn.Module`` for zoo model ``name`` (or a user's model reference,
+    ``FILE.py:NAME`` or ``package.module:NAME``), on the current default device (use
+    ``with torch.device("meta"):`` for a model without memory)."""
+    if name not in REGISTRY and looks_like_reference(name):
+        from realrun.usermodel import build_reference
+
+        return build_reference(name)
     entry = get(name)
     module = importlib.import_module(f"realrun.zoo.{entry.module}")
     return getattr(module, entry.constructor)()
 
 
+def is_zoo(ref: str) -> bool:
+    """Whether ``ref`` names a zoo model."""
+    return ref in REGISTRY
+
+
+def looks_like_reference(ref: str) -> bool:
+    """Whether ``ref`` has the form of a user's model, ``FILE.py:NAME`` or
+    ``package.module:NAME`` (nothing is loaded)."""
+    left, sep, name = ref.rpartition(":")
+    return bool(sep and left and name)
+
+
+def resolve_model(ref: str, input_shape: Any = None) -> Any:
+    """The model a reference names (a zoo name, ``FILE.py:NAME`` or
+    ``package.module:NAME``): :func:`realrun.usermodel.resolve_model`."""
+    from realrun.usermodel import resolve_model as resolve
+
+    return resolve(ref, input_shape)
+
+
 def example_inputs(
-    name: str, batch_size: int, device: Any = "cpu", seed: int = 0
+    name: str,
+    batch_size: int,
+    device: Any = "cpu",
+    seed: int = 0,
+    input_shape: tuple[int, ...] | None = None,
 ) -> tuple[Any, ...]:
-    """A batch of ``batch_size`` random inputs for zoo model ``name`` on ``device``
-    (reproducible for a given ``seed``; the meta device gets shapes only)."""
+    """A batch of ``batch_size`` random inputs for zoo model ``name`` (or a user's model
+    reference, with ``input_shape`` where it needs one) on ``device`` (reproducible for a
+    given ``seed``; the meta device gets shapes only)."""
     import torch
+
+    if name not in REGISTRY and looks_like_reference(name):
+        return resolve_model(name, input_shape).example_inputs(batch_size, device, seed)
 
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")

@@ -8,6 +8,14 @@ validations can train them with several ranks on two cores.
   max-pooling after each), a linear classifier of 10 classes: 160 + 4,640 + 5,130 = 9,930
   parameters. No batch normalisation, so a data-parallel run equals one process on the
   concatenated batches (batch statistics would differ per replica).
+* ``mlp_medium``: the same MLP with 256 inputs and three hidden layers of 1,024 units:
+  2,372,618 parameters (9.5 MB of float32), enough that all-reducing them on a shaped
+  link of 200 Mbit/s to 1 Gbit/s costs as much as, or more than, computing a batch: the
+  validation matrix's MLP.
+* ``cnn_medium``: a 3x32x32 image, three 3x3 convolutions (32, 64 and 128 channels,
+  ReLU, 2x2 max-pooling after each), a hidden linear layer of 256 units and a classifier
+  of 10 classes: 896 + 18,496 + 73,856 + 524,544 + 2,570 = 620,362 parameters; compute
+  dominated by the convolutions: the validation matrix's CNN.
 """
 
 from __future__ import annotations
@@ -34,6 +42,25 @@ class SmallMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Class logits for a batch of feature vectors."""
         return self.head(self.body(x))
+
+
+class MediumCNN(nn.Module):
+    """Three convolution blocks, a hidden linear layer and a linear classifier."""
+
+    def __init__(self, channels: int = 3, num_classes: int = 10) -> None:
+        super().__init__()
+        blocks: list[nn.Module] = []
+        width = channels
+        for out in (32, 64, 128):
+            blocks += [nn.Conv2d(width, out, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+            width = out
+        self.features = nn.Sequential(*blocks)
+        self.hidden = nn.Sequential(nn.Linear(128 * 4 * 4, 256), nn.ReLU())
+        self.classifier = nn.Linear(256, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class logits for a batch of 32x32 images."""
+        return self.classifier(self.hidden(torch.flatten(self.features(x), 1)))
 
 
 class SmallCNN(nn.Module):
@@ -64,3 +91,13 @@ def mlp_small() -> SmallMLP:
 def cnn_small() -> SmallCNN:
     """The zoo's small CNN (1x16x16 -> 10 classes)."""
     return SmallCNN()
+
+
+def mlp_medium() -> SmallMLP:
+    """The validation matrix's MLP (256-1024-1024-1024-10)."""
+    return SmallMLP(in_features=256, hidden=1024, depth=3)
+
+
+def cnn_medium() -> MediumCNN:
+    """The validation matrix's CNN (3x32x32 -> 10 classes)."""
+    return MediumCNN()

@@ -60,6 +60,7 @@ measures both against the full model.
 
 from __future__ import annotations
 
+import math
 from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -67,6 +68,7 @@ from typing import Any, ClassVar
 from simpy import Event
 
 from simcore.config import ConfigError, SimConfig, option
+from simcore.host import CpuStream
 from simcore.network import Message, ShadowLink
 from simcore.schemes._ops import LayerOps
 from simcore.schemes.base import Scheme
@@ -191,6 +193,12 @@ def use_mean_field(config: SimConfig, options: Any, topology: Topology) -> MeanF
     mode = getattr(options, "mean_field", "off")
     if mode == "off":
         return None
+    if topology.host_spec is not None:
+        if mode == "on":
+            raise ConfigError(
+                "scheme.mean_field", "on", "CPU hosts share cores: every worker is simulated"
+            )
+        return None
     plan = mean_field_plan(config, options, topology)
     if isinstance(plan, str):
         if mode == "on":
@@ -259,6 +267,19 @@ class ParameterServerScheme(Scheme):
             self.server_twin = list(range(len(self.server_dev)))
         self.server_name = [f"{topo.devices[d].name}/ps{s}" for s, d in enumerate(self.server_dev)]
         self.server_busy = [0.0] * len(self.server_dev)
+        self.server_streams: list[CpuStream] | None = None
+        host = topo.host_spec
+        if host is not None and ctx.cpu_pool_of is not None:
+            # CPU hosts: a server is a thread on its machine's shared cores; it adds
+            # pushes at the host's reduction cost and updates at its memory bandwidth.
+            self.server_streams = [
+                CpuStream(ctx.cpu_pool_of(d), self._server_logger(s))
+                for s, d in enumerate(self.server_dev)
+            ]
+            self.add_s_per_byte = host.reduce_cpu_s_per_byte
+            self.update_s_per_byte = 1.0 / topo.gpu_spec.memory_bandwidth_bytes_per_s
+        else:
+            self.add_s_per_byte = self.update_s_per_byte = 1.0 / self.options.server_bandwidth
         # Server s's pushes of shard k per iteration: expected[k][s].
         self.expected: list[dict[int, int]] = []
         for parts in self.parts:
@@ -557,8 +578,22 @@ class ParameterServerScheme(Scheme):
             self.ctx.mark_iteration(r, it)
 
     # ---- server ----------------------------------------------------------------------
+    def _server_logger(self, s: int) -> Any:
+        def log(start: float, end: float, info: tuple[str, int]) -> None:
+            if self.ctx.config.record_spans:
+                kind, it = info
+                self.ctx.compute_log.append(
+                    (self.server_name[s], kind, kind, start, end, it, -1, -1)
+                )
+
+        return log
+
     def _server_time(self, s: int, seconds: float, kind: str, it: int) -> float:
-        """Queue ``seconds`` of work on server ``s``'s stream; returns when it ends."""
+        """Queue ``seconds`` of work on server ``s``'s stream; returns when it ends (on
+        CPU hosts, where that is not known yet, ``nan``)."""
+        if self.server_streams is not None:
+            self.server_streams[s].submit(seconds, (kind, it))
+            return math.nan
         start = max(self.ctx.env.now, self.server_busy[s], self.server_busy[self.server_twin[s]])
         end = start + seconds
         self.server_busy[s] = end
@@ -567,13 +602,17 @@ class ParameterServerScheme(Scheme):
         return end
 
     def _server_work(self, s: int, seconds: float, kind: str, it: int, then: Any, arg: Any) -> None:
+        if self.server_streams is not None:
+            done = _Finished(arg)
+            self.server_streams[s].submit(seconds, (kind, it), lambda _end: then(done))
+            return
         env = self.ctx.env
         ev = env.timeout(self._server_time(s, seconds, kind, it) - env.now, arg)
         ev.callbacks.append(then)
 
     def _push_arrived(self, msg: Message) -> None:
         k, s, r, it = msg.payload
-        secs = msg.nbytes / self.options.server_bandwidth
+        secs = msg.nbytes * self.add_s_per_byte
         if self.group_mult is not None:
             secs *= self.group_mult.get((k, self.rank_class[r], s), 1.0)
         key = (k, s, it)
@@ -617,7 +656,7 @@ class ParameterServerScheme(Scheme):
 
     def _update(self, key: tuple[int, int, int]) -> None:
         k, s, it = key
-        secs = self.update_passes * self.share[k] / self.options.server_bandwidth
+        secs = self.update_passes * self.share[k] * self.update_s_per_byte
         self._server_work(s, secs, "update", it, self._updated, key)
 
     def _updated(self, ev: Any) -> None:
@@ -682,6 +721,15 @@ class ParameterServerScheme(Scheme):
             out["mean_field"] = mf is not None
             out["simulated_workers"] = self.p if mf is None else 2 * mf.per_box
         return out
+
+
+class _Finished:
+    """What a server's finished work hands its continuation (an event's ``_value``)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: Any) -> None:
+        self._value = value
 
 
 def _never(_layer: int) -> bool:

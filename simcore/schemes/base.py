@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from simpy import Environment
 
@@ -14,6 +15,9 @@ from simcore.device import Gpu
 from simcore.network import Network
 from simcore.topology import Topology
 from traces.model import Trace
+
+if TYPE_CHECKING:
+    from simcore.host import CpuPool
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ class SimContext:
         self.spans: list[tuple[Any, ...]] = []
         self.iteration_end = [[-1.0] * len(gpus) for _ in range(config.total_iterations)]
         self.extra: dict[str, Any] = {}
+        self.cpu_pool_of: Callable[[int], CpuPool] | None = None
+        """On CPU hosts, the cores (:class:`~simcore.host.CpuPool`) a device's work runs
+        on; ``None`` on GPU clusters."""
         self.simulated_iterations = config.total_iterations
         """Iterations' worth of work the run simulates (a scheme that runs more than the
         warm-up and measured ones, like an asynchronous pipeline's lead-in and drain, says

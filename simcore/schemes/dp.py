@@ -22,7 +22,7 @@ from simpy import Event
 
 from simcore.collectives import ALLREDUCE_ALGORITHMS
 from simcore.config import option
-from simcore.records import UPDATE
+from simcore.records import BACKWARD, UPDATE
 from simcore.schemes._ops import LayerOps
 from simcore.schemes.base import Scheme
 from traces.model import Trace
@@ -106,11 +106,24 @@ class DataParallel(Scheme):
         nb = len(self.buckets)
         self.ready = [[0] * nb for _ in range(n_it)]
         self.next_bucket = [0] * n_it
-        self.inflight = [False] * n_it
+        self.inflight = [0] * n_it
+        self.finished = [0] * n_it
+        gloo = ctx.topology.gloo
+        self.collective_threads = gloo.threads if gloo is not None else 1
+        """Buckets reduced at once: one stream on GPUs; gloo's worker threads on CPUs."""
         self.reduced: list[Event] = [ctx.env.event() for _ in range(n_it)]
         self.ranks = list(ctx.topology.ring_order)
         self.num_ranks = p
         self.param_bytes = trace.param_bytes
+        host = ctx.topology.host_spec
+        copy_s_per_byte = (
+            1.0 / ctx.topology.gpu_spec.memory_bandwidth_bytes_per_s if host is not None else 0.0
+        )
+        # DDP's own work on a CPU rank: each gradient is copied into its bucket as it is
+        # ready, and once reduced the buckets are divided by the world size and copied
+        # back into the gradients (two more passes), all on the rank's thread.
+        self.copy_in_s = [nb * copy_s_per_byte for nb in self.bucket_bytes]
+        self.unpack_s = 2 * self.param_bytes * copy_s_per_byte if p > 1 else 0.0
         self.update_s = ctx.update_s(self.param_bytes)
         for r in range(p):
             mem = ctx.gpus[r].memory
@@ -137,9 +150,12 @@ class DataParallel(Scheme):
             mem.alloc("activations", activations)
             done = None
             for layer, run in ops.backward_runs(it, ends_bucket):
+                b = self.bucket_after(layer) if layer >= 0 else None
+                if b is not None and self.copy_in_s[b] > 0:
+                    run.append((self.copy_in_s[b], BACKWARD, f"bucket{b} copy", it, -1, -1))
                 done = gpu.compute_seq(run)
-                if layer >= 0:
-                    done.callbacks.append(self._ready_callback(it, self.bucket_after(layer)))
+                if b is not None:
+                    done.callbacks.append(self._ready_callback(it, b))
             if done is not None:
                 yield done
             mem.free("activations", activations)
@@ -148,6 +164,8 @@ class DataParallel(Scheme):
             if not self.buckets and not self.reduced[it].triggered:
                 self.reduced[it].succeed()  # a model without parameters has nothing to reduce
             yield self.reduced[it]
+            if self.unpack_s > 0:
+                yield gpu.compute(self.unpack_s, BACKWARD, "bucket unpack", it)
             yield gpu.compute(self.update_s, UPDATE, "optimizer step", it)
             ctx.mark_iteration(rank, it)
 
@@ -168,24 +186,32 @@ class DataParallel(Scheme):
             self._launch(it)
 
     def _launch(self, it: int) -> None:
-        b = self.next_bucket[it]
-        if self.inflight[it] or b >= len(self.buckets) or self.ready[it][b] < self.num_ranks:
-            return
-        self.inflight[it] = True
-
-        def done(_t: float) -> None:
-            self.inflight[it] = False
+        """Start the next buckets whose gradients every rank has, in bucket order, while
+        fewer than ``collective_threads`` are in flight."""
+        while (
+            self.inflight[it] < self.collective_threads
+            and self.next_bucket[it] < len(self.buckets)
+            and self.ready[it][self.next_bucket[it]] >= self.num_ranks
+        ):
+            b = self.next_bucket[it]
             self.next_bucket[it] += 1
-            if self.next_bucket[it] == len(self.buckets):
+            self.inflight[it] += 1
+            self.ctx.coll.allreduce(
+                self.ranks,
+                self.bucket_bytes[b],
+                self.options.algorithm,
+                self._done_callback(it),
+                tag=f"bucket{b}",
+                iteration=it,
+            )
+
+    def _done_callback(self, it: int) -> Any:
+        def done(_t: float) -> None:
+            self.inflight[it] -= 1
+            self.finished[it] += 1
+            if self.finished[it] == len(self.buckets):
                 self.reduced[it].succeed()
             else:
                 self._launch(it)
 
-        self.ctx.coll.allreduce(
-            self.ranks,
-            self.bucket_bytes[b],
-            self.options.algorithm,
-            done,
-            tag=f"bucket{b}",
-            iteration=it,
-        )
+        return done

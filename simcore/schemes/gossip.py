@@ -251,7 +251,7 @@ class Gossip(Scheme):
         self._updates: dict[int, dict[int, tuple[Any, ...]]] = {}
         self._partners: dict[int, tuple[list[int], list[int]]] = {}
         net = ctx.net
-        self.post = net.post if isinstance(net, AnalyticNetwork) else None
+        self.post = net.post if isinstance(net, AnalyticNetwork) and net.cpu is None else None
         # Arrival time of each slot per (rank, iteration), -1 until known; what is left;
         # who waits for which slot; when backward ended.
         self.arrival: dict[tuple[int, int], list[float]] = {}

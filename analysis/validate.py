@@ -1,0 +1,1246 @@
+"""Validation: the simulator's predictions against real runs of the same cases.
+
+A validation is a *matrix* of :class:`Case`\\ s (scheme x model x link bandwidth x ranks,
+plus batch size and iterations). For each case the harness
+
+1. **calibrates** the emulated cluster once per bandwidth (:func:`realrun.calibrate.calibrate`)
+   and keeps the fitted topology preset as ``calibration/<bandwidth>.yaml`` in the output
+   folder;
+2. **profiles** the model on this machine once per batch size, as the simulator needs it
+   (a pipeline's trace is profiled at its micro-batch: the simulator scales a trace's
+   times linearly with the batch and divides them among the micro-batches, so a trace of
+   the micro-batch gives each micro-batch pass its measured time), kept as
+   ``traces/<model>-b<batch>.json``;
+3. **simulates** the case in-process on the calibrated preset with that trace;
+4. **runs it for real** ``repeats`` times on an emulated cluster (network namespaces,
+   links shaped to the bandwidth) with the very stages the simulation used (a pipeline's
+   plan is made from the same configuration);
+5. appends one row (:func:`case_row`) to the store: measured iteration time (median, min,
+   max and spread over the repeats), the simulated one and the relative error, throughput,
+   bytes per link on both sides and whether they are equal, utilisation and bubble per
+   rank, and ``why`` a case misses.
+
+Rows live in a :class:`analysis.store.SweepStore` (journal plus table), so an interrupted
+validation loses no finished case and a rerun skips them. :func:`write_report` turns the
+rows into ``validation.parquet``/``.csv``, ``report.md``, a scatter of simulated against
+measured time and per-case side-by-side timelines.
+
+No click here; ``sim validate`` (:mod:`dtsim.cli.validate`) is the command line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from simcore.config import ConfigError
+from simcore.units import parse_rate
+
+SCHEMES = ("dp", "ps", "p3", "gossip", "mp", "gpipe", "pipedream", "spectrain")
+"""Every scheme with a real runtime (the same list as :data:`realrun.job.REAL_SCHEMES`)."""
+
+PIPELINES = ("mp", "gpipe", "pipedream", "spectrain")
+
+MODELS = ("mlp_medium", "cnn_medium")
+"""The default models: an MLP whose gradients are large next to its compute, and a CNN
+whose compute dominates."""
+
+BANDWIDTHS = ("200Mbps", "1Gbps")
+"""The default link rates of the emulated cluster."""
+
+RANKS = (2, 3, 4)
+MIN_RANKS, MAX_RANKS = 2, 4
+"""Ranks a validation case may have: at least two (something to communicate), at most four
+(a parameter-server case then has eight processes on this machine's cores)."""
+
+BATCH = 24
+"""Samples per iteration and worker (a pipeline's mini-batch): divisible by 2, 3 and 4."""
+
+ITERATIONS = 4
+WARMUP_ITERATIONS = 1
+REPEATS = 3
+
+HIT = 0.05
+"""A case whose |relative error| is within this is a hit; ``why`` explains the others."""
+
+QUICK: tuple[tuple[str, str, str, int], ...] = (
+    ("dp", "mlp_medium", "1Gbps", 2),
+    ("ps", "mlp_medium", "1Gbps", 2),
+    ("gpipe", "cnn_medium", "1Gbps", 2),
+    ("pipedream", "mlp_medium", "1Gbps", 3),
+)
+"""The ``--quick`` matrix: data parallelism, a parameter server and two pipelines."""
+
+
+# ---- the matrix -------------------------------------------------------------------------
+
+
+def _options_for(scheme: str, ranks: int) -> tuple[tuple[str, Any], ...]:
+    """Scheme options a validation case fixes so that the micro-batch is known up front:
+    GPipe four micro-batches, PipeDream and SpecTrain one per rank on straight stages
+    (replicated stages would need the micro-batches to be a multiple of the replicas)."""
+    if scheme == "gpipe":
+        return (("microbatches", 4),)
+    if scheme == "pipedream":
+        return (("microbatches", ranks), ("straight", True))
+    if scheme == "spectrain":
+        return (("microbatches", ranks),)
+    return ()
+
+
+@dataclass(frozen=True)
+class Case:
+    """One validation case.
+
+    Attributes:
+        scheme: one of :data:`SCHEMES`.
+        model: a zoo model name (or a user model reference ``FILE.py:NAME``).
+        bandwidth_bytes_per_s: the rate every emulated host link is shaped to.
+        ranks: workers (a pipeline's stages; ``ps``/``p3`` add as many servers).
+        batch_size: samples per worker per iteration (a pipeline: its mini-batch).
+        iterations: measured iterations.
+        warmup_iterations: iterations run first and left out.
+        options: scheme options, as ``(key, value)`` pairs.
+        input_shape: per-sample input shape of a user model whose callable returns only
+            a module (``None`` otherwise).
+    """
+
+    scheme: str
+    model: str
+    bandwidth_bytes_per_s: float
+    ranks: int
+    batch_size: int = BATCH
+    iterations: int = ITERATIONS
+    warmup_iterations: int = WARMUP_ITERATIONS
+    options: tuple[tuple[str, Any], ...] = ()
+    input_shape: tuple[int, ...] | None = None
+
+    @property
+    def bandwidth(self) -> str:
+        """The rate as text, e.g. ``1Gbps`` (file names and tables)."""
+        return bandwidth_label(self.bandwidth_bytes_per_s)
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per iteration (1 for the data-parallel schemes and ``mp``)."""
+        return int(dict(self.options).get("microbatches", 1))
+
+    @property
+    def trace_batch(self) -> int:
+        """The batch of the trace the simulator needs: the micro-batch for a pipeline."""
+        return self.batch_size // self.microbatches
+
+    @property
+    def case_id(self) -> str:
+        """A readable, stable name: scheme, model, bandwidth, ranks, plus a hash of the
+        rest (batch, iterations, options)."""
+        key: list[Any] = [
+            self.batch_size,
+            self.iterations,
+            self.warmup_iterations,
+            list(self.options),
+        ]
+        if self.input_shape is not None:
+            key.append(list(self.input_shape))
+        rest = json.dumps(key, default=str)
+        digest = hashlib.sha256(rest.encode()).hexdigest()[:6]
+        model = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.model.rsplit("/", 1)[-1])
+        return f"{self.scheme}-{model}-{self.bandwidth}-{self.ranks}r-{digest}"
+
+    def describe(self) -> str:
+        """One line: ``dp mlp_medium 1Gbps x2``."""
+        return f"{self.scheme} {self.model} {self.bandwidth} x{self.ranks}"
+
+
+def bandwidth_label(rate_bytes_per_s: float) -> str:
+    """``125e6`` -> ``1Gbps``, ``25e6`` -> ``200Mbps`` (bits per second, no spaces)."""
+    bits = rate_bytes_per_s * 8
+    for unit, scale in (("Gbps", 1e9), ("Mbps", 1e6), ("kbps", 1e3)):
+        if bits >= scale:
+            value = bits / scale
+            text = f"{value:.3f}".rstrip("0").rstrip(".")
+            return f"{text}{unit}"
+    return f"{bits:g}bps"
+
+
+def allowed_ranks(scheme: str, ranks: int) -> str | None:
+    """Why ``scheme`` cannot run with ``ranks`` in a validation, or ``None`` if it can."""
+    if not MIN_RANKS <= ranks <= MAX_RANKS:
+        return f"a validation case has {MIN_RANKS} to {MAX_RANKS} ranks"
+    if scheme == "gossip" and ranks & (ranks - 1):
+        return "pairs workers on a hypercube and needs a power of two (2 or 4)"
+    return None
+
+
+def parse_list(name: str, text: str | Sequence[Any]) -> tuple[str, ...]:
+    """``"dp, ps"`` -> ``("dp", "ps")`` (``ConfigError`` naming ``name`` if empty)."""
+    items = (
+        tuple(str(s).strip() for s in text)
+        if isinstance(text, list | tuple)
+        else tuple(s.strip() for s in str(text).split(","))
+    )
+    if not items or any(not s for s in items):
+        raise ConfigError(name, text, "expected a comma-separated list without empty items")
+    return tuple(dict.fromkeys(items))
+
+
+def check_model(model: str, input_shape: tuple[int, ...] | None = None) -> str:
+    """The model reference a validation runs: a zoo name as it is, a user's model
+    (``FILE.py:NAME``, ``package.module:NAME``) resolved by :mod:`realrun.usermodel` (the
+    file made absolute, ``NAME`` checked to exist and to build a module, with
+    ``input_shape`` where it needs one). ``ConfigError`` (field ``models``) otherwise."""
+    from realrun import zoo
+
+    if zoo.is_zoo(model):
+        return model
+    if not zoo.looks_like_reference(model):
+        raise ConfigError(
+            "models",
+            model,
+            "a validation runs the model for real; choose a zoo model "
+            f"({', '.join(zoo.names())}), FILE.py:NAME or package.module:NAME",
+        )
+    try:
+        return str(zoo.resolve_model(model, input_shape).ref)
+    except ConfigError as exc:
+        raise ConfigError("models", model, f"{exc.field}: {exc.allowed}") from None
+
+
+def zoo_model(model: str) -> bool:
+    """Whether ``model`` names a zoo model (not a user's)."""
+    from realrun import zoo
+
+    return bool(zoo.is_zoo(model))
+
+
+def build_matrix(
+    schemes: Sequence[str] = SCHEMES,
+    models: Sequence[str] = MODELS,
+    bandwidths: Sequence[str | float] = BANDWIDTHS,
+    ranks: Sequence[int] = RANKS,
+    *,
+    every_rank: bool = False,
+    input_shape: tuple[int, ...] | None = None,
+    batch_size: int = BATCH,
+    iterations: int = ITERATIONS,
+    warmup_iterations: int = WARMUP_ITERATIONS,
+) -> tuple[Case, ...]:
+    """The cases of schemes x models x bandwidths, each with a rank count from ``ranks``.
+
+    By default each (scheme, model, bandwidth) gets one rank count, taken in turn from the
+    counts the scheme allows, so that every count is covered without the whole cross
+    product; ``every_rank`` takes every allowed count. ``ConfigError`` names an unknown
+    scheme or model (``input_shape``: for user models returning only a module), a bad
+    bandwidth, a rank count no case may have, a scheme that allows
+    none of the counts, and a batch size the micro-batches do not divide.
+    """
+    schemes = tuple(schemes)
+    for s in schemes:
+        if s not in SCHEMES:
+            raise ConfigError("schemes", s, f"choose from: {', '.join(SCHEMES)}")
+    models = [check_model(m, input_shape) for m in models]
+    rates = []
+    for b in bandwidths:
+        try:
+            rate = parse_rate(b)
+        except ValueError as exc:
+            raise ConfigError(
+                "bandwidths", b, f"expected a rate such as 200Mbps or 1Gbps ({exc})"
+            ) from None
+        if not rate > 0:
+            raise ConfigError("bandwidths", b, "expected a positive rate such as 1Gbps")
+        rates.append(rate)
+    ranks = tuple(int(r) for r in ranks)
+    for r in ranks:
+        if not MIN_RANKS <= r <= MAX_RANKS:
+            raise ConfigError("ranks", r, f"a validation case has {MIN_RANKS} to {MAX_RANKS} ranks")
+    if batch_size < 1 or iterations < 1 or warmup_iterations < 0:
+        raise ConfigError(
+            "iterations", iterations, "batch and iterations must be positive, warm-up >= 0"
+        )
+    per_scheme: dict[str, list[int]] = {}
+    for s in schemes:
+        ok = [r for r in ranks if allowed_ranks(s, r) is None]
+        if not ok:
+            raise ConfigError(
+                "ranks",
+                ",".join(map(str, ranks)),
+                f"{s} {allowed_ranks(s, ranks[0])}",
+            )
+        per_scheme[s] = ok
+    cases: list[Case] = []
+    turn = 0
+    for s in schemes:
+        for m in models:
+            for rate in rates:
+                counts = per_scheme[s] if every_rank else [per_scheme[s][turn % len(per_scheme[s])]]
+                turn += 1
+                for r in counts:
+                    case = Case(
+                        s,
+                        m,
+                        rate,
+                        r,
+                        batch_size,
+                        iterations,
+                        warmup_iterations,
+                        _options_for(s, r),
+                        None if zoo_model(m) else input_shape,
+                    )
+                    cases.append(case)
+    split = math.lcm(*(c.microbatches for c in cases))
+    for case in cases:
+        if batch_size % case.microbatches:
+            raise ConfigError(
+                "batch_size",
+                batch_size,
+                f"{case.describe()} splits it into {case.microbatches} "
+                f"micro-batches; use a multiple of {split}",
+            )
+    return tuple(dict.fromkeys(cases))
+
+
+def quick_matrix(*, iterations: int = ITERATIONS, batch_size: int = BATCH) -> tuple[Case, ...]:
+    """The small matrix of ``--quick`` (:data:`QUICK`)."""
+    return tuple(
+        Case(s, m, parse_rate(b), r, batch_size, iterations, WARMUP_ITERATIONS, _options_for(s, r))
+        for s, m, b, r in QUICK
+    )
+
+
+# ---- artefacts: calibration and traces -------------------------------------------------
+
+
+Calibrator = Callable[[float], Mapping[str, Any]]
+"""``calibrator(rate_bytes_per_s) -> topology preset mapping``."""
+
+
+def default_calibrator(rate_bytes_per_s: float) -> Mapping[str, Any]:
+    """Calibrate the emulated cluster at this link rate (:mod:`realrun.calibrate`)."""
+    from realrun.calibrate import calibrate
+
+    return calibrate(cluster="netns", bandwidth_bytes_per_s=rate_bytes_per_s)
+
+
+def calibration_path(out_dir: str, rate_bytes_per_s: float) -> str:
+    """Where the calibrated preset of this rate lives in a validation's output folder."""
+    return os.path.join(out_dir, "calibration", f"{bandwidth_label(rate_bytes_per_s)}.yaml")
+
+
+def ensure_calibration(
+    out_dir: str, rate_bytes_per_s: float, calibrator: Calibrator = default_calibrator
+) -> str:
+    """The calibrated preset file for this rate: the one already in ``out_dir``, or a new
+    one (calibrated now, written atomically)."""
+    path = calibration_path(out_dir, rate_bytes_per_s)
+    if os.path.exists(path):
+        return path
+    from realrun.calibrate import write_calibration
+
+    preset = dict(calibrator(rate_bytes_per_s))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_calibration(preset, path)
+    return path
+
+
+def trace_path(
+    out_dir: str, model: str, batch: int, input_shape: tuple[int, ...] | None = None
+) -> str:
+    """Where the profiled trace of ``model`` at ``batch`` lives."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model.rsplit("/", 1)[-1])
+    if input_shape is not None:
+        safe += "-" + "x".join(map(str, input_shape))
+    if not zoo_model(model):  # two files of one name in different folders differ
+        safe += "-" + hashlib.sha256(model.encode()).hexdigest()[:6]
+    return os.path.join(out_dir, "traces", f"{safe}-b{batch}.json")
+
+
+def ensure_trace(
+    out_dir: str, model: str, batch: int, input_shape: tuple[int, ...] | None = None
+) -> str:
+    """The layer trace of ``model`` at ``batch`` profiled on this machine (one thread,
+    process CPU time), reusing one already in ``out_dir``."""
+    path = trace_path(out_dir, model, batch, input_shape)
+    if os.path.exists(path):
+        return path
+    from realrun.profiler import ProfileConfig, profile_model
+    from traces.jsonfmt import save
+
+    trace = profile_model(model, ProfileConfig(batch_size=batch, progress=False), input_shape)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp.json"
+    save(trace, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+# ---- one case ---------------------------------------------------------------------------
+
+
+def sim_config(
+    case: Case, trace_file: str, topology_file: str, *, record_spans: bool = True
+) -> Any:
+    """The simulator's configuration of ``case``: the profiled trace on the calibrated
+    preset (whose fitted link rate and latency are used as they are), no device
+    rescaling."""
+    from analysis.resolve import build_config
+    from simcore.spec import RunSpec
+
+    settings: dict[str, Any] = {
+        "scheme": case.scheme,
+        "gpus": case.ranks,
+        "model": trace_file,
+        "topology": topology_file,
+        "batch_size": case.batch_size,
+        "iterations": case.iterations,
+        "warmup_iterations": case.warmup_iterations,
+        "compute_scale": 1.0,
+    }
+    settings.update({f"scheme.{k}": v for k, v in case.options})
+    return build_config(RunSpec().replace(**settings), record_spans=record_spans)
+
+
+def make_job(case: Case, config: Any, *, timeout_s: float = 60.0) -> Any:
+    """The real run of ``case``; a pipeline gets the plan of the simulated configuration
+    ``config`` (:func:`realrun.pipeline.plan`), so both run the same stages."""
+    import dataclasses
+
+    from realrun.job import PIPELINE_SCHEMES, PS_SCHEMES, Job
+
+    opts = {f.name: getattr(config.options, f.name) for f in dataclasses.fields(config.options)}
+    servers, dedicated = 0, False
+    if case.scheme in PS_SCHEMES:
+        dedicated = opts["placement"] == "dedicated"
+        servers = int(opts["servers"]) or case.ranks
+    pipeline: dict[str, Any] = {}
+    if case.scheme in PIPELINE_SCHEMES:
+        from realrun.pipeline import plan
+
+        try:
+            pipeline = plan(config)
+        except ValueError as exc:
+            raise ConfigError("batch_size", case.batch_size, str(exc)) from None
+    return Job(
+        scheme=case.scheme,
+        model=case.model,
+        input_shape=case.input_shape,
+        workers=case.ranks,
+        options=opts,
+        servers=servers,
+        dedicated_servers=dedicated,
+        pipeline=pipeline,
+        batch_size=case.batch_size,
+        iterations=case.iterations,
+        warmup_iterations=case.warmup_iterations,
+        seed=0,
+        optimizer=config.optimizer,
+        backend="gloo",
+        timeout_s=timeout_s,
+    )
+
+
+RealRunner = Callable[[Any, float, int], list[dict[str, Any]]]
+"""``runner(job, rate_bytes_per_s, repeats) -> [records of each repeat]``."""
+
+
+def netns_runner(prefix: str | None = None) -> RealRunner:
+    """Runs a job ``repeats`` times on one emulated cluster shaped to the rate."""
+
+    def run(job: Any, rate: float, repeats: int) -> list[dict[str, Any]]:
+        import tempfile
+
+        from realrun.launch import Placement, launch
+        from realrun.netns import EmulatedCluster, terminate_as_interrupt
+
+        pre = prefix or os.environ.get("DTSIM_NETNS_PREFIX", "dtsim")
+        out: list[dict[str, Any]] = []
+        with (
+            tempfile.TemporaryDirectory(prefix="dtsim-validate-") as tmp,
+            terminate_as_interrupt(),
+            EmulatedCluster(job.hosts, rate, prefix=pre) as emu,
+        ):
+            placement = Placement(emu.command, emu.hosts[0].address, lambda h: emu.hosts[h].ifname)
+            for i in range(repeats):
+                out.append(launch(job, os.path.join(tmp, f"run{i}"), placement))
+        return out
+
+    return run
+
+
+_SWITCH_LINK = re.compile(r"^(n\d+)(?:\.[^-]*)?->switch$|^switch->(n\d+)(?:\.\S*)?$")
+
+
+def host_links(by_link: Mapping[str, Any]) -> dict[str, int]:
+    """Bytes on each host's link to the switch, named as a real run names them
+    (``n0->switch``, ``switch->n1``): the simulator's ``n0.nic0->switch`` becomes
+    ``n0->switch``; links inside a host are left out; links that carried nothing too."""
+    out: dict[str, int] = {}
+    for name, v in by_link.items():
+        m = _SWITCH_LINK.match(name)
+        if not m or not v:
+            continue
+        key = f"{m.group(1)}->switch" if m.group(1) else f"switch->{m.group(2)}"
+        out[key] = out.get(key, 0) + int(v)
+    return dict(sorted(out.items()))
+
+
+def _pair_links(pairs: Mapping[tuple[str, str], int]) -> dict[str, int]:
+    """Bytes between hosts (``(src, dst) -> bytes``, ``n<h>`` names) as bytes on the hosts'
+    links to the switch."""
+    out: dict[str, int] = {}
+    for (a, b), v in pairs.items():
+        if a == b or not v:
+            continue
+        for key in (f"{a}->switch", f"switch->{b}"):
+            out[key] = out.get(key, 0) + int(v)
+    return dict(sorted(out.items()))
+
+
+def measured_links_real(records: Mapping[str, Any]) -> dict[str, int]:
+    """Bytes on each host link in the measured iterations of a real run (by the iteration
+    the sender tagged each message with)."""
+    job = records["job"]
+    first = int(job["warmup_iterations"])
+    last = first + int(job["iterations"]) - 1
+    host = {r["rank"]: f"n{r['host']}" for r in records["ranks"]}
+    pairs: dict[tuple[str, str], int] = {}
+    for r in records["ranks"]:
+        for dst, it, nbytes, _kind in r["sent"]:
+            if first <= it <= last:
+                key = (host[r["rank"]], host[dst])
+                pairs[key] = pairs.get(key, 0) + int(nbytes)
+    return _pair_links(pairs)
+
+
+def measured_links_sim(result: Any) -> dict[str, int]:
+    """Bytes on each host link in the measured iterations of a simulation, from its
+    message spans (each send joined to its receive by the flow id)."""
+    first = int(result.warmup_iterations)
+    last = first + int(result.iterations) - 1
+    receiver = {s[10]: s[0] for s in result.spans if s[1] == "recv"}
+    pairs: dict[tuple[str, str], int] = {}
+    for s in result.spans:
+        if s[1] == "send" and first <= s[6] <= last and s[10] in receiver:
+            key = (s[0].split(".")[0], receiver[s[10]].split(".")[0])
+            pairs[key] = pairs.get(key, 0) + int(s[9])
+    return _pair_links(pairs)
+
+
+def without_shuffle_labels(real: Mapping[str, Any]) -> dict[str, Any]:
+    """A gossip run with ``shuffle`` as the simulator counts it: without the labels that
+    travel with each shuffled batch (the simulator moves the inputs only). Every worker
+    sends one batch to its partner and receives one per iteration, warm-up included, so
+    each host link carries the same label bytes per iteration: ``shuffle_label_bytes``
+    (one worker's, over the measured iterations) over the measured iterations."""
+    labels = real.get("shuffle_label_bytes") or 0
+    if not labels:
+        return dict(real)
+    per_it = labels / int(real["iterations"])
+    total_its = int(real["iterations"]) + int(real["warmup_iterations"])
+    out = dict(real)
+    out["comm_bytes_by_link"] = {
+        k: v - round(per_it * total_its) if _SWITCH_LINK.match(k) else v
+        for k, v in real["comm_bytes_by_link"].items()
+    }
+    out["comm_bytes_per_iteration"] = real["comm_bytes_per_iteration"] - per_it * real["gpus"]
+    out["bytes_adjusted"] = "shuffled batches' labels left out"
+    return out
+
+
+def _busy_s(result: Mapping[str, Any]) -> float:
+    """Mean compute seconds per measured iteration over the ranks (utilisation x time)."""
+    util = list(result["per_gpu_utilization"]) or [0.0]
+    return float(result["iteration_time_s"]) * sum(util) / len(util)
+
+
+def why_missed(
+    rel_err: float,
+    real_range_s: tuple[float, float],
+    sim: Mapping[str, Any],
+    real: Mapping[str, Any],
+) -> str:
+    """Why a case's simulated iteration time misses the measured one by more than
+    :data:`HIT` (empty for a hit): inside the noise band of the real runs (the simulated
+    time lies between the fastest and the slowest of them), or the term that differs
+    most: compute (busy time per iteration) or the rest (communication and waiting)."""
+    if abs(rel_err) <= HIT:
+        return ""
+    lo, hi = real_range_s
+    t_sim = float(sim["iteration_time_s"])
+    if lo <= t_sim <= hi:
+        return (
+            f"within the noise band: the real runs took {1e3 * lo:.1f} to {1e3 * hi:.1f} ms "
+            f"(error {100 * rel_err:+.1f}%)"
+        )
+    t_sim, t_real = float(sim["iteration_time_s"]), float(real["iteration_time_s"])
+    c_sim, c_real = _busy_s(sim), _busy_s(real)
+    o_sim, o_real = t_sim - c_sim, t_real - c_real
+    d_compute, d_other = c_sim - c_real, o_sim - o_real
+    if abs(d_compute) >= abs(d_other):
+        term, a, b, d = "compute", c_sim, c_real, d_compute
+    else:
+        term, a, b, d = "communication and waiting", o_sim, o_real, d_other
+    return (
+        f"{term} per iteration differs most: simulated {1e3 * a:.1f} ms, measured "
+        f"{1e3 * b:.1f} ms ({'+' if d >= 0 else ''}{1e3 * d:.1f} ms of the "
+        f"{'+' if t_sim >= t_real else ''}{1e3 * (t_sim - t_real):.1f} ms)"
+    )
+
+
+def _compact(values: Sequence[float]) -> str:
+    return json.dumps([round(float(v), 4) for v in values])
+
+
+def case_row(
+    case: Case, sim: Mapping[str, Any], reals: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """One row of the table from the simulated result and the measured ones (``sim run
+    --json`` / ``sim real --json`` dictionaries). The measured values are those of the
+    median run (by iteration time); the spread is ``(max - min) / median``."""
+    times = [float(r["iteration_time_s"]) for r in reals]
+    med = statistics.median(times)
+    median_run = min(reals, key=lambda r: abs(float(r["iteration_time_s"]) - med))
+    t_sim = float(sim["iteration_time_s"])
+    spread = (max(times) - min(times)) / med if med > 0 else math.inf
+    rel = (t_sim - med) / med if med > 0 else math.inf
+    if "measured_bytes_by_link" in sim:
+        # the simulator ran lead or tail iterations the real run does not: compare the
+        # measured iterations' bytes, link by link
+        links_sim = dict(sim["measured_bytes_by_link"])
+        links_real = [dict(r["measured_bytes_by_link"]) for r in reals]
+    else:
+        links_sim = host_links(sim["comm_bytes_by_link"])
+        links_real = [host_links(r["comm_bytes_by_link"]) for r in reals]
+    per_it_sim = float(sim["comm_bytes_per_iteration"])
+    per_it_real = [float(r["comm_bytes_per_iteration"]) for r in reals]
+    exact = all(lr == links_sim for lr in links_real) and all(p == per_it_sim for p in per_it_real)
+    diff = max(
+        (
+            abs(lr.get(k, 0) - links_sim.get(k, 0))
+            for lr in links_real
+            for k in set(lr) | set(links_sim)
+        ),
+        default=0,
+    )
+    real_for_why = dict(median_run, iteration_time_s=med)
+    return {
+        "point_id": case.case_id,
+        "status": "ok",
+        "scheme": case.scheme,
+        "model": case.model,
+        "bandwidth": case.bandwidth,
+        "bandwidth_bytes_per_s": case.bandwidth_bytes_per_s,
+        "ranks": case.ranks,
+        "batch_size": case.batch_size,
+        "microbatches": case.microbatches,
+        "iterations": case.iterations,
+        "warmup_iterations": case.warmup_iterations,
+        "options": json.dumps(dict(case.options), sort_keys=True),
+        "repeats": len(reals),
+        "real_iteration_time_s": med,
+        "real_iteration_time_min_s": min(times),
+        "real_iteration_time_max_s": max(times),
+        "real_iteration_times_s": _compact(times),
+        "real_spread": spread,
+        "sim_iteration_time_s": t_sim,
+        "rel_err": rel,
+        "abs_rel_err": abs(rel),
+        "real_throughput_samples_s": float(median_run["global_batch_size"]) / med,
+        "sim_throughput_samples_s": float(sim["throughput_samples_s"]),
+        "real_comm_bytes_per_iteration": per_it_real[0],
+        "sim_comm_bytes_per_iteration": per_it_sim,
+        "bytes_by_link_over": "measured" if "measured_bytes_by_link" in sim else "run",
+        "bytes_adjusted": str(median_run.get("bytes_adjusted", "")),
+        "real_bytes_by_link": json.dumps(links_real[0]),
+        "sim_bytes_by_link": json.dumps(links_sim),
+        "bytes_exact": exact,
+        "bytes_max_link_diff": int(diff),
+        "real_utilization": _compact(median_run["per_gpu_utilization"]),
+        "sim_utilization": _compact(sim["per_gpu_utilization"]),
+        "real_bubble": float(median_run["bubble_fraction"]),
+        "sim_bubble": float(sim["bubble_fraction"]),
+        "real_bubble_per_rank": _compact([1 - u for u in median_run["per_gpu_utilization"]]),
+        "sim_bubble_per_rank": _compact([1 - u for u in sim["per_gpu_utilization"]]),
+        "real_compute_s": _busy_s(real_for_why),
+        "sim_compute_s": _busy_s(sim),
+        "why": why_missed(rel, (min(times), max(times)), sim, real_for_why),
+        "error": "",
+    }
+
+
+def _chrome(spans: Any, devices: Sequence[str], meta: Mapping[str, Any]) -> dict[str, Any]:
+    from simcore.chrome import to_chrome_trace
+
+    flat = {k: v for k, v in meta.items() if not isinstance(v, dict | list | tuple)}
+    return to_chrome_trace(spans, list(devices), {"dtsim": flat})
+
+
+def timeline_paths(out_dir: str, case_id: str) -> tuple[str, str, str]:
+    """``(measured Chrome trace, simulated Chrome trace, side-by-side PNG)`` of a case."""
+    base = os.path.join(out_dir, "timelines", case_id)
+    return base + ".real.json", base + ".sim.json", base + ".png"
+
+
+def run_case(
+    case: Case,
+    out_dir: str,
+    topology_file: str,
+    repeats: int,
+    runner: RealRunner,
+) -> dict[str, Any]:
+    """Simulate and run ``case``, write its two timelines, and return its row."""
+    from realrun.metrics import spans, summarize
+    from simcore.engine import simulate
+    from traces.atomic import write_text
+
+    trace_file = ensure_trace(out_dir, case.model, case.trace_batch, case.input_shape)
+    config = sim_config(case, trace_file, topology_file)
+    result = simulate(config)
+    sim = result.to_dict()
+    job = make_job(case, config)
+    records = runner(job, case.bandwidth_bytes_per_s, repeats)
+    reals = [summarize(r, cluster="netns") for r in records]
+    if case.scheme == "gossip":
+        reals = [without_shuffle_labels(r) for r in reals]
+    if result.simulated_iterations != case.iterations + case.warmup_iterations:
+        sim["measured_bytes_by_link"] = measured_links_sim(result)
+        for real, rec in zip(reals, records, strict=True):
+            real["measured_bytes_by_link"] = measured_links_real(rec)
+    row = case_row(case, sim, reals)
+    med = row["real_iteration_time_s"]
+    i = min(range(len(reals)), key=lambda k: abs(reals[k]["iteration_time_s"] - med))
+    real_path, sim_path, _ = timeline_paths(out_dir, case.case_id)
+    os.makedirs(os.path.dirname(real_path), exist_ok=True)
+    real_meta = dict(reals[i], topology=f"measured, {case.bandwidth}")
+    write_text(
+        real_path, json.dumps(_chrome(spans(records[i]), reals[i]["device_names"], real_meta))
+    )
+    sim_meta = dict(sim, topology=f"simulated, {case.bandwidth}")
+    write_text(sim_path, json.dumps(_chrome(result.spans, result.device_names, sim_meta)))
+    return row
+
+
+# ---- the whole validation ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ValidationSummary:
+    """What :func:`run_validation` did and found.
+
+    Attributes:
+        cases: cases in the matrix.
+        skipped: cases the output already held (a resumed validation).
+        computed: cases run now.
+        failed: cases that raised (their rows hold the error).
+        rows: the matrix's rows, in matrix order (finished ones).
+        median_abs_rel_err: median |simulated - measured| / measured of iteration time.
+        max_abs_rel_err: the largest of them.
+        bytes_exact: cases whose bytes per link equal the simulator's.
+        out_dir: where the outputs are.
+    """
+
+    cases: int
+    skipped: int
+    computed: int
+    failed: int
+    rows: tuple[Mapping[str, Any], ...]
+    median_abs_rel_err: float
+    max_abs_rel_err: float
+    bytes_exact: int
+    out_dir: str
+    wall_s: float = 0.0
+    errors: tuple[str, ...] = field(default=())
+
+
+def table_path(out_dir: str) -> str:
+    """The Parquet table (the store's output; a CSV copy is written beside it)."""
+    return os.path.join(out_dir, "validation.parquet")
+
+
+def summarise(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float, int]:
+    """``(median |rel err|, max |rel err|, bytes-exact count)`` over the ``ok`` rows
+    (``nan`` errors when there are none)."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    errs = [abs(float(r["rel_err"])) for r in ok]
+    if not errs:
+        return math.nan, math.nan, 0
+    return statistics.median(errs), max(errs), sum(bool(r["bytes_exact"]) for r in ok)
+
+
+def run_validation(
+    cases: Sequence[Case],
+    out_dir: str,
+    *,
+    repeats: int = REPEATS,
+    calibrator: Calibrator = default_calibrator,
+    topology_file: str | None = None,
+    runner: RealRunner | None = None,
+    progress: Callable[[Case, str], None] | None = None,
+    command: str = "",
+) -> ValidationSummary:
+    """Run every case of ``cases`` that ``out_dir`` does not hold yet (see module docs),
+    appending each row as it finishes, then write the table and the report.
+
+    ``topology_file``: use this preset for every bandwidth instead of calibrating.
+    ``runner``: how a job runs for real (default :func:`netns_runner`).
+    ``progress(case, state)``: called with ``"start"``, ``"calibrate"`` (before a new
+    calibration), ``"done"`` or ``"skip"``.
+    A case that fails (a rank died, a plan that cannot run) is recorded with its error and
+    the others go on; Ctrl-C stops at once, keeping every finished row.
+    """
+    from analysis.store import SweepStore
+    from realrun.launch import RankFailed
+    from simcore.engine import SimulationError
+
+    if repeats < 1:
+        raise ConfigError("repeats", repeats, "need at least one real run per case")
+    t0 = time.perf_counter()
+    os.makedirs(out_dir, exist_ok=True)
+    runner = runner or netns_runner()
+    skipped = computed = failed = 0
+    errors: list[str] = []
+    calibrations: dict[float, str] = {}
+    with SweepStore(table_path(out_dir)) as store:
+        store.first = ("point_id", "status", "scheme", "model", "bandwidth", "ranks")
+        try:
+            for case in cases:
+                done = store.rows.get(case.case_id)
+                if done is not None and done.get("status") == "ok":
+                    skipped += 1
+                    if progress:
+                        progress(case, "skip")
+                    continue
+                if progress:
+                    progress(case, "start")
+                rate = case.bandwidth_bytes_per_s
+                if rate not in calibrations:
+                    fresh = not os.path.exists(calibration_path(out_dir, rate))
+                    if progress and topology_file is None and fresh:
+                        progress(case, "calibrate")
+                    calibrations[rate] = topology_file or ensure_calibration(
+                        out_dir, rate, calibrator
+                    )
+                try:
+                    row = run_case(case, out_dir, calibrations[rate], repeats, runner)
+                except (RankFailed, SimulationError, ConfigError, ValueError) as exc:
+                    message = " ".join(str(exc).split())
+                    row = {
+                        "point_id": case.case_id,
+                        "status": "error",
+                        "scheme": case.scheme,
+                        "model": case.model,
+                        "bandwidth": case.bandwidth,
+                        "ranks": case.ranks,
+                        "error": message,
+                    }
+                    failed += 1
+                    errors.append(f"{case.describe()}: {message}")
+                store.append(row)
+                computed += 1
+                if progress:
+                    progress(case, "done")
+        finally:
+            store.save()
+            _write_csv(store.rows.values(), out_dir)
+        ids = {c.case_id for c in cases}
+        rows = tuple(store.rows[c.case_id] for c in cases if c.case_id in store.rows)
+        all_rows = list(store.rows.values())
+    write_report(all_rows, out_dir, command=command, calibrations=_calibration_files(out_dir))
+    med, worst, exact = summarise([r for r in rows if r["point_id"] in ids])
+    return ValidationSummary(
+        cases=len(cases),
+        skipped=skipped,
+        computed=computed,
+        failed=failed,
+        rows=rows,
+        median_abs_rel_err=med,
+        max_abs_rel_err=worst,
+        bytes_exact=exact,
+        out_dir=out_dir,
+        wall_s=time.perf_counter() - t0,
+        errors=tuple(errors),
+    )
+
+
+def _write_csv(rows: Any, out_dir: str) -> None:
+    from analysis.store import rows_frame
+    from traces.atomic import atomic_path
+
+    rows = list(rows)
+    if not rows:
+        return
+    df = rows_frame(rows, ("point_id", "status", "scheme", "model", "bandwidth", "ranks"))
+    with atomic_path(os.path.join(out_dir, "validation.csv")) as tmp:
+        df.to_csv(tmp, index=False)
+
+
+def _calibration_files(out_dir: str) -> list[str]:
+    d = os.path.join(out_dir, "calibration")
+    if not os.path.isdir(d):
+        return []
+    return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".yaml"))
+
+
+# ---- the report --------------------------------------------------------------------------
+
+
+def scatter_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
+    """Simulated against measured iteration time, one point per case (error bars: the
+    real runs' min to max), with y = x and the +-5 % and +-15 % bands."""
+    from analysis.plots import _pyplot, _theme
+
+    _theme()
+    plt = _pyplot()
+    ok = [r for r in rows if r.get("status") == "ok"]
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    xs = [1e3 * float(r["real_iteration_time_s"]) for r in ok]
+    ys = [1e3 * float(r["sim_iteration_time_s"]) for r in ok]
+    span = xs + ys
+    span += [1e3 * float(r["real_iteration_time_min_s"]) for r in ok]
+    span += [1e3 * float(r["real_iteration_time_max_s"]) for r in ok]
+    lo = min(span) * 0.8 if span else 1.0
+    hi = max(span) * 1.2 if span else 10.0
+    line = [lo, hi]
+    ax.plot(line, line, color="black", linewidth=1, label="y = x")
+    for band, alpha in ((0.15, 0.10), (0.05, 0.18)):
+        ax.fill_between(
+            line,
+            [v * (1 - band) for v in line],
+            [v * (1 + band) for v in line],
+            color="tab:green",
+            alpha=alpha,
+            linewidth=0,
+            label=f"±{int(band * 100)}%",
+        )
+    schemes = list(dict.fromkeys(r["scheme"] for r in ok))
+    models = list(dict.fromkeys(r["model"] for r in ok))
+    marker_of = {m: mk for m, mk in zip(models, ["o", "s", "^", "D", "v"] * 4, strict=False)}
+    for s in schemes:
+        for m in models:
+            pts = [r for r in ok if r["scheme"] == s and r["model"] == m]
+            if not pts:
+                continue
+            x = [1e3 * float(r["real_iteration_time_s"]) for r in pts]
+            y = [1e3 * float(r["sim_iteration_time_s"]) for r in pts]
+            xerr = [
+                [a - 1e3 * float(r["real_iteration_time_min_s"]) for a, r in zip(x, pts)],
+                [1e3 * float(r["real_iteration_time_max_s"]) - a for a, r in zip(x, pts)],
+            ]
+            ax.errorbar(
+                x,
+                y,
+                xerr=xerr,
+                fmt=marker_of[m],
+                color=f"C{schemes.index(s) % 10}",
+                label=f"{s}, {m}",
+                markersize=5,
+                capsize=2,
+            )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
+    ax.tick_params(which="both", labelsize=8)
+    ax.set_xlabel("measured iteration time (ms, median; bars: min to max)")
+    ax.set_ylabel("simulated iteration time (ms)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
+    ax.set_title("sim validate: simulated against measured")
+    return fig
+
+
+def timeline_figure(real_trace: Mapping[str, Any], sim_trace: Mapping[str, Any], title: str) -> Any:
+    """The measured and the simulated timeline of one case, one above the other, on the
+    same time axis (two panels of :func:`analysis.plots.gantt_plot`)."""
+    from analysis.plots import _pyplot, _theme, gantt_plot
+
+    _theme()
+    plt = _pyplot()
+
+    def lanes(trace: Mapping[str, Any]) -> int:
+        """Rows of the Gantt chart: one per device and stream (extra lanes merged)."""
+        names = {
+            (e["pid"], e["tid"]): str(e["args"]["name"]).split(" #")[0]
+            for e in trace["traceEvents"]
+            if e.get("ph") == "M" and e.get("name") == "thread_name"
+        }
+        return len(
+            {
+                (e.get("pid"), names.get((e.get("pid"), e.get("tid")), e.get("tid")))
+                for e in trace["traceEvents"]
+                if e.get("ph") == "X"
+            }
+        )
+
+    n_real, n_sim = max(1, lanes(real_trace)), max(1, lanes(sim_trace))
+    height = min(0.3 * (n_real + n_sim) + 2.5, 40.0)
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(11, height), sharex=True, height_ratios=[n_real, n_sim]
+    )
+    gantt_plot(real_trace, ax=top, title=f"measured: {title}", xlabel="")
+    gantt_plot(sim_trace, ax=bottom, title=f"simulated: {title}", xlabel="time (ms)")
+    fig.tight_layout()
+    return fig
+
+
+def _fmt_ms(v: Any) -> str:
+    return f"{1e3 * float(v):.1f}"
+
+
+def _pct(v: Any) -> str:
+    return f"{100 * float(v):+.1f}%"
+
+
+def write_report(
+    rows: Sequence[Mapping[str, Any]],
+    out_dir: str,
+    *,
+    command: str = "",
+    calibrations: Sequence[str] = (),
+    worst: int = 5,
+) -> str:
+    """Write ``report.md``, ``scatter.png`` and the cases' side-by-side timelines (those
+    whose Chrome traces exist) into ``out_dir``; returns the report's path."""
+    from analysis.plots import save_figure
+    from analysis.report import md_table
+    from traces.atomic import write_text
+
+    rows = [dict(r) for r in rows]
+    order = {s: i for i, s in enumerate(SCHEMES)}
+    rows.sort(
+        key=lambda r: (
+            order.get(r["scheme"], 99),
+            r["model"],
+            r.get("bandwidth_bytes_per_s", 0),
+            r["ranks"],
+        )
+    )
+    ok = [r for r in rows if r.get("status") == "ok"]
+    bad = [r for r in rows if r.get("status") != "ok"]
+    med, mx, exact = summarise(rows)
+    hits5 = sum(abs(float(r["rel_err"])) <= HIT for r in ok)
+    hits15 = sum(abs(float(r["rel_err"])) <= 0.15 for r in ok)
+    lines = ["# Validation: simulated against measured", ""]
+    if command:
+        lines += ["Produced by:", "", "```sh", command, "```", ""]
+    lines += [
+        "## Summary",
+        "",
+        md_table(
+            ["", "value"],
+            [
+                ["cases", str(len(rows))],
+                ["cases run", str(len(ok))],
+                ["cases failed", str(len(bad))],
+                [
+                    "median abs(rel err) of iteration time",
+                    "n/a" if math.isnan(med) else f"{100 * med:.1f}%",
+                ],
+                ["max abs(rel err)", "n/a" if math.isnan(mx) else f"{100 * mx:.1f}%"],
+                ["within 5% / 15%", f"{hits5} / {hits15} of {len(ok)}"],
+                ["bytes per link exact", f"{exact} of {len(ok)}"],
+                [
+                    "median spread of the real runs",
+                    f"{100 * statistics.median([float(r['real_spread']) for r in ok]):.1f}%"
+                    if ok
+                    else "n/a",
+                ],
+            ],
+        ),
+        "",
+        "Relative error is (simulated - measured) / measured, measured being the median of "
+        "the repeated real runs; spread is (max - min) / median over those runs.",
+        "",
+    ]
+    if ok:
+        fig = scatter_figure(ok)
+        save_figure(fig, os.path.join(out_dir, "scatter.png"))
+        lines += ["![simulated against measured](scatter.png)", ""]
+        lines += ["## Worst cases", ""]
+        worst_rows = sorted(ok, key=lambda r: -abs(float(r["rel_err"])))[:worst]
+        lines += [
+            md_table(
+                ["case", "measured ms", "simulated ms", "error", "spread", "why"],
+                [
+                    [
+                        f"{r['scheme']} {r['model']} {r['bandwidth']} x{r['ranks']}",
+                        _fmt_ms(r["real_iteration_time_s"]),
+                        _fmt_ms(r["sim_iteration_time_s"]),
+                        _pct(r["rel_err"]),
+                        f"{100 * float(r['real_spread']):.1f}%",
+                        r.get("why") or "hit",
+                    ]
+                    for r in worst_rows
+                ],
+            ),
+            "",
+        ]
+        lines += ["## Every case", ""]
+        lines += [
+            md_table(
+                [
+                    "scheme",
+                    "model",
+                    "bandwidth",
+                    "ranks",
+                    "measured ms (min-max)",
+                    "simulated ms",
+                    "error",
+                    "spread",
+                    "samples/s real / sim",
+                    "bytes exact",
+                    "util real / sim",
+                    "bubble real / sim",
+                ],
+                [
+                    [
+                        r["scheme"],
+                        r["model"],
+                        r["bandwidth"],
+                        str(r["ranks"]),
+                        f"{_fmt_ms(r['real_iteration_time_s'])} "
+                        f"({_fmt_ms(r['real_iteration_time_min_s'])}-"
+                        f"{_fmt_ms(r['real_iteration_time_max_s'])})",
+                        _fmt_ms(r["sim_iteration_time_s"]),
+                        _pct(r["rel_err"]),
+                        f"{100 * float(r['real_spread']):.1f}%",
+                        f"{float(r['real_throughput_samples_s']):.0f} / "
+                        f"{float(r['sim_throughput_samples_s']):.0f}",
+                        "yes"
+                        if _truthy(r["bytes_exact"])
+                        else f"**no** ({r.get('bytes_max_link_diff', '?')} B off)",
+                        f"{r['real_utilization']} / {r['sim_utilization']}",
+                        f"{100 * float(r['real_bubble']):.0f}% / "
+                        f"{100 * float(r['sim_bubble']):.0f}%",
+                    ]
+                    for r in ok
+                ],
+            ),
+            "",
+        ]
+    if bad:
+        lines += ["## Failed cases", ""]
+        lines += [
+            md_table(
+                ["case", "error"],
+                [
+                    [
+                        f"{r['scheme']} {r['model']} {r['bandwidth']} x{r['ranks']}",
+                        r.get("error", ""),
+                    ]
+                    for r in bad
+                ],
+            ),
+            "",
+        ]
+    if calibrations:
+        lines += ["## Calibration", ""]
+        for path in calibrations:
+            lines += [f"`{os.path.relpath(path, out_dir)}`:", "", _calibration_summary(path), ""]
+    shown = []
+    for r in ok:
+        real_p, sim_p, png = timeline_paths(out_dir, r["point_id"])
+        if not (os.path.exists(real_p) and os.path.exists(sim_p)):
+            continue
+        if not os.path.exists(png):
+            from analysis.plots import read_chrome_trace
+
+            title = f"{r['scheme']} {r['model']} {r['bandwidth']} x{r['ranks']}"
+            fig = timeline_figure(read_chrome_trace(real_p), read_chrome_trace(sim_p), title)
+            save_figure(fig, png)
+        shown.append((r, png, real_p, sim_p))
+    if shown:
+        lines += ["## Timelines, measured above simulated", ""]
+        for r, png, real_p, sim_p in shown:
+            rel = os.path.relpath(png, out_dir)
+            lines += [
+                f"### {r['scheme']} {r['model']} {r['bandwidth']} x{r['ranks']} "
+                f"({_pct(r['rel_err'])})",
+                "",
+                f"![{r['point_id']}]({rel})",
+                "",
+                f"Chrome traces: `{os.path.relpath(real_p, out_dir)}`, "
+                f"`{os.path.relpath(sim_p, out_dir)}`.",
+                "",
+            ]
+    path = os.path.join(out_dir, "report.md")
+    write_text(path, "\n".join(lines))
+    return path
+
+
+def _truthy(v: Any) -> bool:
+    return v is True or str(v).lower() in ("true", "1", "yes")
+
+
+def _calibration_summary(path: str) -> str:
+    """The calibrated numbers that matter, as a small table."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        return f"(cannot be read: {exc})"
+    rows: list[list[str]] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                if k in ("box", "name", "summary"):
+                    continue
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif not isinstance(value, list):
+            rows.append([prefix, str(value)])
+
+    walk("", data)
+    from analysis.report import md_table
+
+    head = f"{data['summary']}\n\n" if isinstance(data.get("summary"), str) else ""
+    return head + (md_table(["setting", "value"], rows) if rows else "(empty)")
+
+
+def format_summary(summary: ValidationSummary) -> str:
+    """The command's closing lines: the numbers that decide the gate."""
+    med = summary.median_abs_rel_err
+    mx = summary.max_abs_rel_err
+    ok = [r for r in summary.rows if r.get("status") == "ok"]
+    lines = [
+        f"{summary.cases} cases: {summary.computed} run now, {summary.skipped} already done, "
+        f"{summary.failed} failed",
+        "median |rel err| "
+        + ("n/a" if math.isnan(med) else f"{100 * med:.1f}%")
+        + ", max "
+        + ("n/a" if math.isnan(mx) else f"{100 * mx:.1f}%")
+        + f"; bytes exact in {summary.bytes_exact} of {len(ok)}",
+        f"report: {os.path.join(summary.out_dir, 'report.md')}",
+    ]
+    return "\n".join(lines)
+
+
+__all__ = [
+    "BANDWIDTHS",
+    "MODELS",
+    "SCHEMES",
+    "Case",
+    "ValidationSummary",
+    "build_matrix",
+    "case_row",
+    "format_summary",
+    "quick_matrix",
+    "run_validation",
+    "summarise",
+    "write_report",
+]

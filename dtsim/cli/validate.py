@@ -1,0 +1,339 @@
+"""``sim validate``: simulated against measured, over a matrix of real runs."""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import sys
+from typing import Any
+
+import click
+
+from dtsim.cli.errors import BadInput
+from dtsim.cli.output import table
+
+
+@click.command("validate")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="The small matrix (dp, ps, gpipe, pipedream at 1 Gbit/s; a few minutes), for CI.",
+)
+@click.option(
+    "--schemes",
+    default=None,
+    metavar="LIST",
+    help="Schemes to validate, comma-separated. [default: all eight]",
+)
+@click.option(
+    "--models",
+    default=None,
+    metavar="LIST",
+    help="Zoo models (or FILE.py:NAME) to run. [default: mlp_medium,cnn_medium]",
+)
+@click.option(
+    "--input-shape",
+    default=None,
+    metavar="SHAPE",
+    help="Per-sample input shape (e.g. 3,32,32) of a FILE.py:NAME model whose NAME returns "
+    "only a module.",
+)
+@click.option(
+    "--bandwidths",
+    default=None,
+    metavar="LIST",
+    help="Link rates of the emulated cluster. [default: 200Mbps,1Gbps]",
+)
+@click.option(
+    "--ranks",
+    default=None,
+    metavar="LIST",
+    help="Rank counts (2-4); each scheme x model x bandwidth takes the next one in turn "
+    "(see --every-rank). [default: 2,3,4]",
+)
+@click.option(
+    "--every-rank",
+    is_flag=True,
+    help="Run every rank count for every scheme x model x bandwidth (the whole cross product).",
+)
+@click.option(
+    "--repeats",
+    type=int,
+    default=3,
+    show_default=True,
+    help="Real runs per case (median, min, max and spread are reported).",
+)
+@click.option(
+    "--iterations",
+    type=int,
+    default=4,
+    show_default=True,
+    help="Measured iterations per run (after one warm-up iteration).",
+)
+@click.option(
+    "--batch-size",
+    type=int,
+    default=24,
+    show_default=True,
+    help="Samples per worker per iteration (a pipeline: its mini-batch); a multiple of 12.",
+)
+@click.option(
+    "-o",
+    "--out",
+    default="validation",
+    show_default=True,
+    metavar="DIR",
+    help="Output folder; cases already in it are skipped (an interrupted run resumes).",
+)
+@click.option(
+    "--calibration",
+    default=None,
+    metavar="PRESET",
+    help="Simulate on this topology preset (name or YAML file) instead of calibrating the "
+    "emulated cluster once per bandwidth.",
+)
+@click.option(
+    "--fail-above",
+    type=float,
+    default=0.10,
+    show_default=True,
+    help="Exit with status 1 when the median |simulated - measured| / measured iteration "
+    "time exceeds this.",
+)
+@click.option("--dry-run", is_flag=True, help="List the cases and exit.")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Show a progress bar. [default: when stderr is a terminal]",
+)
+def validate(
+    quick: bool,
+    schemes: str | None,
+    models: str | None,
+    input_shape: str | None,
+    bandwidths: str | None,
+    ranks: str | None,
+    every_rank: bool,
+    repeats: int,
+    iterations: int,
+    batch_size: int,
+    out: str,
+    calibration: str | None,
+    fail_above: float,
+    dry_run: bool,
+    progress: bool | None,
+) -> None:
+    """Check the simulator against real runs: for each case of a matrix (schemes x models
+    x bandwidths x ranks), calibrate the emulated cluster (once per bandwidth), profile
+    the model on this machine (once per batch), simulate on the calibrated topology, run
+    it for real --repeats times (network namespaces, needs root) and compare iteration
+    time, throughput, bytes per link (exactly), utilisation and bubble per rank.
+
+    Writes DIR/validation.parquet and .csv (one row per case), DIR/report.md with a
+    scatter of simulated against measured time and per-case timelines, and the Chrome
+    traces of both sides in DIR/timelines/. Rerunning the same command skips finished
+    cases. Exits 1 when the median error exceeds --fail-above.
+
+    \b
+    Examples:
+      sim validate --quick
+      sim validate --out validation/
+      sim validate --schemes dp,pipedream --models mlp_medium --bandwidths 1Gbps --ranks 2
+    """
+    from analysis import validate as va
+    from simcore.config import ConfigError
+
+    if repeats < 1:
+        raise ConfigError("repeats", repeats, "need at least one real run per case")
+    if iterations < 1:
+        raise ConfigError("iterations", iterations, "need at least one measured iteration")
+    if not fail_above > 0:
+        raise ConfigError("fail_above", fail_above, "expected a positive fraction, e.g. 0.10")
+    matrix: tuple[tuple[Any, ...], ...] = ()
+    if quick:
+        given = [
+            f
+            for f, v in (
+                ("--schemes", schemes),
+                ("--models", models),
+                ("--bandwidths", bandwidths),
+                ("--ranks", ranks),
+                ("--input-shape", input_shape),
+            )
+            if v is not None
+        ] + (["--every-rank"] if every_rank else [])
+        if given:
+            raise BadInput(
+                f"--quick: it has its own matrix and takes no {given[0]}; "
+                "drop --quick to choose the matrix"
+            )
+        cases = va.quick_matrix(iterations=iterations, batch_size=batch_size)
+    else:
+        rank_list = []
+        for text in va.parse_list("ranks", ranks or ",".join(map(str, va.RANKS))):
+            try:
+                rank_list.append(int(text))
+            except ValueError:
+                raise ConfigError("ranks", text, "expected whole numbers from 2 to 4") from None
+        matrix = (
+            va.parse_list("schemes", schemes) if schemes else va.SCHEMES,
+            va.parse_list("models", models) if models else va.MODELS,
+            va.parse_list("bandwidths", bandwidths) if bandwidths else va.BANDWIDTHS,
+            tuple(rank_list),
+        )
+        from realrun.usermodel import parse_input_shape
+
+        shape = parse_input_shape(input_shape)
+        cases = va.build_matrix(
+            *matrix,
+            every_rank=every_rank,
+            input_shape=shape,
+            batch_size=batch_size,
+            iterations=iterations,
+        )
+    if dry_run:
+        click.echo(f"{len(cases)} case{'s' if len(cases) != 1 else ''}:")
+        click.echo(table([(c.case_id, c.describe()) for c in cases]))
+        return
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError("out", out, "is a file; give a folder for the validation's outputs")
+    if calibration is not None:
+        from analysis.resolve import load_preset
+
+        load_preset(calibration)
+    from realrun.netns import check_available
+
+    check_available()
+    command = _command_line(
+        matrix,
+        every_rank,
+        input_shape,
+        repeats,
+        iterations,
+        batch_size,
+        out,
+        calibration,
+        fail_above,
+    )
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = _Bar(len(cases), show)
+    try:
+        summary = va.run_validation(
+            cases,
+            out,
+            repeats=repeats,
+            topology_file=calibration,
+            progress=bar,
+            command=command,
+        )
+    except KeyboardInterrupt:
+        bar.close()
+        click.echo(
+            f"Interrupted: the finished cases are in {out}; run the same command again to go on.",
+            err=True,
+        )
+        raise
+    bar.close()
+    click.echo(summary_table(summary.rows))
+    click.echo(va.format_summary(summary))
+    for line in summary.errors[:10]:
+        click.echo(f"  failed: {line}")
+    med = summary.median_abs_rel_err
+    if math.isnan(med):
+        _fail("no case finished, so there is no error to judge; see the failures above")
+    if med > fail_above:
+        _fail(
+            f"median |rel err| of iteration time is {100 * med:.1f}%, above --fail-above "
+            f"{100 * fail_above:g}%; see {os.path.join(out, 'report.md')}"
+        )
+    if summary.failed:
+        _fail(
+            f"{summary.failed} of {summary.cases} cases failed; their errors are in the "
+            f"'error' column of {va.table_path(out)}"
+        )
+
+
+def _fail(message: str) -> None:
+    err = click.ClickException(message)
+    err.exit_code = 1
+    raise err
+
+
+def summary_table(rows: Any) -> str:
+    """One line per case: measured and simulated iteration time, error, spread, bytes."""
+    lines = [
+        f"{'case':<34} {'measured':>9} {'simulated':>9} {'error':>7} {'spread':>7}  bytes  why"
+    ]
+    for r in rows:
+        name = f"{r['scheme']} {r['model']} {r['bandwidth']} x{r['ranks']}"
+        if r.get("status") != "ok":
+            lines.append(f"{name:<34} failed: {r.get('error', '')}")
+            continue
+        lines.append(
+            f"{name:<34} {1e3 * float(r['real_iteration_time_s']):>7.1f}ms "
+            f"{1e3 * float(r['sim_iteration_time_s']):>7.1f}ms "
+            f"{100 * float(r['rel_err']):>+6.1f}% {100 * float(r['real_spread']):>6.1f}%  "
+            f"{'exact' if str(r['bytes_exact']).lower() in ('true', '1') else 'DIFF '}  "
+            f"{r.get('why') or ''}"
+        )
+    return "\n".join(lines)
+
+
+def _command_line(
+    matrix: tuple[tuple[Any, ...], ...],
+    every_rank: bool,
+    input_shape: str | None,
+    repeats: int,
+    iterations: int,
+    batch_size: int,
+    out: str,
+    calibration: str | None,
+    fail_above: float,
+) -> str:
+    """The command that reproduces this validation, every choice spelled out (``matrix``:
+    schemes, models, bandwidths and ranks; empty for ``--quick``)."""
+    args = ["sim", "validate"]
+    if not matrix:
+        args.append("--quick")
+    else:
+        for flag, values in zip(("--schemes", "--models", "--bandwidths", "--ranks"), matrix):
+            args += [flag, ",".join(map(str, values))]
+        if every_rank:
+            args.append("--every-rank")
+        if input_shape:
+            args += ["--input-shape", input_shape]
+    args += [
+        "--repeats",
+        str(repeats),
+        "--iterations",
+        str(iterations),
+        "--batch-size",
+        str(batch_size),
+        "--out",
+        out,
+    ]
+    if calibration:
+        args += ["--calibration", calibration]
+    args += ["--fail-above", f"{fail_above:g}"]
+    return shlex.join(args)
+
+
+class _Bar:
+    """A tqdm bar over the cases; the current case in its description."""
+
+    def __init__(self, total: int, show: bool) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, desc="validate", unit="case", disable=not show)
+
+    def __call__(self, case: Any, state: str) -> None:
+        if state == "start":
+            self.bar.set_description(case.describe())
+        elif state == "calibrate":
+            self.bar.set_description(f"calibrating {case.bandwidth}")
+        else:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,1177 @@
+"""Calibration of the simulator against this machine's (emulated) cluster.
+
+:func:`calibrate` runs microbenchmarks as real gloo processes, one per emulated host, on the
+cluster ``sim real --cluster netns --bandwidth R`` would build (or on loopback), fits what
+the simulator needs, and returns a topology preset; :func:`write_calibration` writes it as
+YAML for ``sim run --topology FILE``. What is measured:
+
+* **Unshaped ping-pong** between host 0 and each other host (``hosts`` hosts) on the
+  cluster before it is shaped (or loopback): the CPU seconds each side spends per message
+  (``resource.getrusage``: all threads, user and kernel time), fitted as
+  ``message_cpu_s + n * copy_cpu_s_per_byte``; the wall-time fit is kept too.
+* **Local compute**, one torch thread: float32 ``add_`` over sizes (CPU seconds per byte
+  reduced), ``copy_`` of a large tensor (memory bandwidth) and a float32 matmul (peak FLOP/s).
+* **Shaped ping-pong** after the links are shaped in place
+  (:meth:`~realrun.netns.EmulatedCluster.set_rate`): the one-way time of a message of ``n``
+  bytes is half the median round trip. A robust fit of ``t(n) = latency_s + max(0, n -
+  burst) / goodput`` gives the network's latency and bandwidth.
+* **All-reduce** (``dist.all_reduce``, float32) over sizes on the first ``p`` hosts for each
+  ``p`` of ``allreduce_ranks``, shaped: medians kept for validation.
+
+The fitting functions (:func:`fit_line`, :func:`fit_latency_bandwidth`, :func:`fit_cpu_cost`)
+are pure numpy. Every rank runs ``python -m realrun.calibrate JOB.json`` (this module) with
+the environment ``torchrun`` would give it; the parent process never imports torch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from simcore.units import format_bytes, format_rate, parse_rate
+
+__all__ = [
+    "DEFAULT_ALLREDUCE_RANKS",
+    "DEFAULT_SIZES_BYTES",
+    "CalibrationError",
+    "LineFit",
+    "burst_payload_bytes",
+    "calibrate",
+    "cpu_model",
+    "describe",
+    "fit_cpu_cost",
+    "fit_latency_bandwidth",
+    "fit_line",
+    "format_rate_text",
+    "memory_total_text",
+    "write_calibration",
+]
+
+KiB = 1024
+MiB = 1024 * 1024
+#: Message sizes of the ping-pong and all-reduce benchmarks: 4 B to 16 MiB.
+DEFAULT_SIZES_BYTES: tuple[int, ...] = (
+    4,
+    64,
+    1 * KiB,
+    16 * KiB,
+    64 * KiB,
+    256 * KiB,
+    1 * MiB,
+    4 * MiB,
+    16 * MiB,
+)
+DEFAULT_ALLREDUCE_RANKS: tuple[int, ...] = (2, 3, 4)
+#: Sizes (bytes of one float32 array) of the reduction benchmark.
+REDUCE_SIZES_BYTES: tuple[int, ...] = (64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB)
+#: Bytes of the tensor copied to measure memory bandwidth (well beyond the caches).
+COPY_BYTES = 64 * MiB
+#: Side of the square float32 matrices multiplied to measure the FLOP rate.
+MATMUL_N = 512
+#: gloo's all-reduce segment (``kMaxSegmentSize`` in gloo/allreduce.h) and worker threads.
+GLOO_SEGMENT = "1MiB"
+GLOO_THREADS = 2
+#: TCP payload of a full 1514-byte frame (1500-byte MTU, TCP timestamps on).
+TCP_PAYLOAD_BYTES = 1448
+#: Messages up to this size are repeated SMALL_FACTOR times as often (they take
+#: microseconds, and a busy machine's scheduling noise needs more samples to average out).
+MESSENGER_SIZES_BYTES = (1 * KiB, 64 * KiB)
+"""Payloads of the ping-pong through the runtime's messenger (small: the handshake shows)."""
+
+SMALL_BYTES = 64 * KiB
+SMALL_FACTOR = 4
+#: Rank 0's progress line asking the parent to shape the links, and the file in the
+#: job's folder by which the parent says it has.
+SHAPE_LINE = "#shape"
+SHAPED_FILE = "shaped"
+#: Seconds a benchmark phase may run without finishing before it counts as hung.
+PHASE_TIMEOUT_S = 300.0
+
+
+class CalibrationError(RuntimeError):
+    """A calibration could not be made; the message is one line saying why."""
+
+
+# ---------------------------------------------------------------------------------------
+# Fitting
+
+
+@dataclass(frozen=True)
+class LineFit:
+    """A straight line ``y = intercept + slope * x`` fitted to points.
+
+    Attributes:
+        intercept, slope: the fitted line.
+        residual_rel_max: the largest ``|y - fit| / y`` over the points.
+        residual_rel_median: the median of the same.
+        points: how many points were fitted.
+        weights_min: the smallest robust weight given to a point (1.0: no point was
+            treated as an outlier).
+    """
+
+    intercept: float
+    slope: float
+    residual_rel_max: float
+    residual_rel_median: float
+    points: int
+    weights_min: float
+
+    def predict(self, x: float | np.ndarray) -> float | np.ndarray:
+        """The fitted line at ``x``."""
+        return self.intercept + self.slope * x
+
+
+def _weighted_nonneg_lsq(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float]:
+    """Minimise ``sum w (y - a - b x)^2`` with ``a >= 0`` and ``b >= 0`` (the optimum of a
+    two-variable problem is either the unconstrained one or on a boundary)."""
+    sw = np.sqrt(w)
+    design = np.column_stack([np.ones_like(x), x]) * sw[:, None]
+    (a, b), *_ = np.linalg.lstsq(design, y * sw, rcond=None)
+    if a >= 0 and b >= 0:
+        return float(a), float(b)
+    candidates = []
+    wx2 = float(np.sum(w * x * x))
+    if wx2 > 0:  # a = 0
+        candidates.append((0.0, max(0.0, float(np.sum(w * x * y)) / wx2)))
+    candidates.append((max(0.0, float(np.sum(w * y) / np.sum(w))), 0.0))  # b = 0
+    return min(candidates, key=lambda ab: float(np.sum(w * (y - ab[0] - ab[1] * x) ** 2)))
+
+
+#: Fewer points than this are fitted without down-weighting any (nothing to outvote them).
+ROBUST_MIN_POINTS = 5
+
+
+def fit_line(
+    x: Sequence[float],
+    y: Sequence[float],
+    *,
+    relative: bool = True,
+    robust: bool = True,
+    sigma: Sequence[float] | None = None,
+    iterations: int = 50,
+) -> LineFit:
+    """Fit ``y = intercept + slope * x`` with both coefficients non-negative.
+
+    ``relative``: minimise squared *relative* residuals ``(y - fit) / y``, so that a small
+    ``y`` (a 4-byte message's microseconds) weighs as much as a large one (a 16 MiB
+    message's tenths of a second); the intercept then comes from the small points and the
+    slope from the large ones. ``robust`` (with at least :data:`ROBUST_MIN_POINTS` points):
+    iteratively reweighted least squares with Huber weights (threshold 1.345 robust
+    standard deviations of the scaled residuals), so a point disturbed by another process
+    on the machine does not drag the line; if that leaves no slope while the plain fit has
+    one, the plain fit is kept. ``sigma``: the
+    uncertainty of each ``y`` (e.g. the standard error of a median); when given, residuals
+    are scaled by it instead (weighted least squares), so precise points count more.
+    Needs at least two distinct ``x`` and positive ``y`` when ``relative`` (positive
+    ``sigma`` when given). Raises ``ValueError`` otherwise."""
+    xa = np.asarray(x, dtype=float)
+    ya = np.asarray(y, dtype=float)
+    if xa.shape != ya.shape or xa.ndim != 1:
+        raise ValueError("x and y must be sequences of the same length")
+    if len(np.unique(xa)) < 2:
+        raise ValueError("a line needs at least two distinct x values")
+    if not (np.all(np.isfinite(xa)) and np.all(np.isfinite(ya))):
+        raise ValueError("x and y must be finite")
+    if relative and np.any(ya <= 0):
+        raise ValueError("a relative fit needs positive y values")
+    if sigma is not None:
+        sa = np.asarray(sigma, dtype=float)
+        if sa.shape != ya.shape or not np.all(sa > 0) or not np.all(np.isfinite(sa)):
+            raise ValueError("sigma must hold one positive, finite value per point")
+        base = 1.0 / sa**2
+    else:
+        base = 1.0 / ya**2 if relative else np.ones_like(ya)
+    robust_w = np.ones_like(ya)
+    a, b = _weighted_nonneg_lsq(xa, ya, base)
+    plain = (a, b)
+    if robust and len(xa) >= ROBUST_MIN_POINTS:
+        for _ in range(iterations):
+            r = (ya - a - b * xa) * np.sqrt(base)
+            scale = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+            if not scale > 0:
+                break
+            k = 1.345 * scale
+            new_w = np.where(np.abs(r) <= k, 1.0, k / np.maximum(np.abs(r), 1e-300))
+            a2, b2 = _weighted_nonneg_lsq(xa, ya, base * new_w)
+            robust_w = new_w
+            done = abs(a2 - a) <= 1e-12 * max(abs(a), 1e-30) + 1e-18 and abs(b2 - b) <= (
+                1e-12 * max(abs(b), 1e-30) + 1e-24
+            )
+            a, b = a2, b2
+            if done:
+                break
+        if b == 0 < plain[1]:
+            # the points that carry the slope were down-weighted as outliers: with so few
+            # of them the robust fit has nothing to judge by, so keep the plain one
+            (a, b), robust_w = plain, np.ones_like(ya)
+    fitted = a + b * xa
+    denom = np.where(ya != 0, np.abs(ya), 1.0)
+    rel = np.abs(ya - fitted) / denom
+    return LineFit(
+        float(a),
+        float(b),
+        float(np.max(rel)),
+        float(np.median(rel)),
+        len(xa),
+        float(np.min(robust_w)),
+    )
+
+
+def fit_latency_bandwidth(
+    sizes_bytes: Sequence[float],
+    one_way_s: Sequence[float],
+    burst_bytes: float = 0.0,
+    sigma_s: Sequence[float] | None = None,
+) -> tuple[float, float, LineFit]:
+    """``(latency_s, goodput_bytes_per_s, fit)`` from one-way message times: the robust
+    relative fit of ``t(n) = latency_s + max(0, n - burst_bytes) / goodput``.
+
+    ``burst_bytes``: payload bytes a shaped link passes at once before its rate applies
+    (tbf's bucket, full again after a ping-pong's idle half): a message of ``n`` bytes
+    waits for the rate only for its bytes beyond the bucket, so without this term the
+    line through large messages has a negative intercept and a too-steep fit elsewhere.
+    ``goodput`` is then the sustained rate that back-to-back traffic gets. 0 for an
+    unshaped link. ``sigma_s``: each time's uncertainty (see :func:`fit_line`; default: a
+    relative fit). Raises ``ValueError`` when the times do not grow with the size (no
+    bandwidth can be read from them)."""
+    if not (burst_bytes >= 0 and math.isfinite(burst_bytes)):
+        raise ValueError(f"burst_bytes must be non-negative and finite, got {burst_bytes!r}")
+    x = np.maximum(np.asarray(sizes_bytes, dtype=float) - burst_bytes, 0.0)
+    fit = fit_line(x, one_way_s, sigma=sigma_s)
+    if not fit.slope > 0:
+        raise ValueError("the message times do not grow with the size; no bandwidth to fit")
+    return fit.intercept, 1.0 / fit.slope, fit
+
+
+def fit_cpu_cost(
+    sizes_bytes: Sequence[float], cpu_s: Sequence[float]
+) -> tuple[float, float, LineFit]:
+    """``(message_cpu_s, copy_cpu_s_per_byte, fit)``: CPU seconds per message and side,
+    fitted robustly as ``message_cpu_s + n * copy_cpu_s_per_byte``."""
+    fit = fit_line(sizes_bytes, cpu_s)
+    return fit.intercept, fit.slope, fit
+
+
+def burst_payload_bytes(rate_bytes_per_s: float | None) -> float:
+    """Payload bytes that fit in the tbf bucket of a link shaped to ``rate_bytes_per_s``
+    (``sim real``'s shaping, :func:`realrun.netns.shape_for_rate`; full-size TCP segments:
+    1448 payload bytes per 1514-byte frame); 0 for an unshaped link."""
+    if rate_bytes_per_s is None:
+        return 0.0
+    from realrun.netns import FRAME_BYTES, shape_for_rate
+
+    return shape_for_rate(rate_bytes_per_s).burst_bytes * TCP_PAYLOAD_BYTES / FRAME_BYTES
+
+
+def _median_error(samples: Sequence[float], floor_rel: float = 0.005) -> float:
+    """The standard error of the median of ``samples``: 1.253 times the robust standard
+    deviation (1.4826 MAD) over the square root of their count, at least ``floor_rel`` of
+    the median (the timer and a handful of samples resolve no better)."""
+    arr = np.asarray(samples, dtype=float)
+    med = float(np.median(arr))
+    sd = 1.4826 * float(np.median(np.abs(arr - med)))
+    return max(1.253 * sd / math.sqrt(len(arr)), floor_rel * abs(med), 1e-9)
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(np.median(np.asarray(values, dtype=float)))
+
+
+# ---------------------------------------------------------------------------------------
+# Text forms the preset parsers read back (simcore.units)
+
+
+def format_rate_text(bytes_per_s: float) -> str:
+    """A rate as ``parse_rate`` reads it, four significant digits: ``119.6MB/s``."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.4g}{prefix}B/s"
+    return f"{bytes_per_s:.4g}B/s"
+
+
+def _time_text(seconds: float) -> str:
+    """A duration as ``parse_time`` reads it: ``52.3us``."""
+    return f"{seconds * 1e6:.4g}us"
+
+
+def _rate_name(bytes_per_s: float) -> str:
+    """``125e6`` -> ``1Gbps`` for preset names (bits per second, no spaces)."""
+    bits = bytes_per_s * 8
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if bits >= scale:
+            return f"{bits / scale:.4g}{prefix}bps"
+    return f"{bits:.4g}bps"
+
+
+# ---------------------------------------------------------------------------------------
+# The machine
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def memory_total_text() -> str:
+    """The machine's memory (MemTotal of /proc/meminfo) as ``parse_size`` reads it."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    kib = int(line.split()[1])
+                    return f"{kib / 2**20:.3f}GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    return f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.3f}GiB"
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+# ---------------------------------------------------------------------------------------
+# Running the ranks
+
+
+def _check_args(
+    cluster: str,
+    bandwidth_bytes_per_s: float | None,
+    hosts: int,
+    sizes_bytes: Sequence[int],
+    repeats: int,
+    allreduce_ranks: Sequence[int],
+) -> None:
+    """``ValueError`` naming the first bad argument and what is allowed."""
+    if cluster not in ("netns", "local"):
+        raise ValueError(f"cluster: {cluster!r} is not allowed; choose one of: netns, local")
+    if bandwidth_bytes_per_s is not None:
+        if cluster == "local":
+            raise ValueError(
+                "bandwidth: a local calibration runs on unshaped loopback; give a bandwidth "
+                "only with cluster netns"
+            )
+        if not (bandwidth_bytes_per_s > 0 and math.isfinite(bandwidth_bytes_per_s)):
+            raise ValueError(
+                f"bandwidth: {bandwidth_bytes_per_s!r} is not allowed; it must be a positive, "
+                "finite rate"
+            )
+    if isinstance(hosts, bool) or not isinstance(hosts, int) or not 2 <= hosts <= 64:
+        raise ValueError(f"hosts: {hosts!r} is not allowed; it must be an integer from 2 to 64")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= 1000:
+        raise ValueError(
+            f"repeats: {repeats!r} is not allowed; it must be an integer from 1 to 1000"
+        )
+    sizes = list(sizes_bytes)
+    if len({max(4, 4 * (int(s) // 4)) for s in sizes}) < 2 or any(
+        isinstance(s, bool) or int(s) != s or not 1 <= s <= 1 << 30 for s in sizes
+    ):
+        raise ValueError(
+            f"sizes: {sizes!r} is not allowed; give at least two different whole sizes "
+            "from 4 bytes to 1 GiB"
+        )
+    ranks = list(allreduce_ranks)
+    if any(isinstance(p, bool) or not isinstance(p, int) or not 2 <= p <= 64 for p in ranks):
+        raise ValueError(
+            f"allreduce_ranks: {ranks!r} is not allowed; give integers from 2 to 64 (or none)"
+        )
+
+
+def _element_count(n: int) -> int:
+    """float32 elements of a message of about ``n`` bytes (at least one)."""
+    return max(1, int(n) // 4)
+
+
+def _run_phase(
+    job: Mapping[str, Any],
+    world: int,
+    wrap: Callable[[int, list[str]], list[str]],
+    master_addr: str,
+    ifname: Callable[[int], str],
+    out_dir: str,
+    tick: Callable[[str], None],
+    reshape: Callable[[], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Start ``world`` ranks of ``python -m realrun.calibrate`` (rank ``r`` on host ``r``),
+    follow rank 0's progress lines, and return every rank's results. At the job's
+    ``shape`` step the ranks wait while ``reshape()`` shapes the links."""
+    from realrun.launch import RankFailed, free_port, last_error, stop
+
+    os.makedirs(out_dir, exist_ok=True)
+    job_path = os.path.join(out_dir, "job.json")
+    with open(job_path, "w", encoding="utf-8") as fh:
+        json.dump({**job, "out": out_dir}, fh)
+    progress_path = os.path.join(out_dir, "progress")
+    open(progress_path, "w").close()
+    port = free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = []
+    try:
+        for rank in range(world):
+            env = dict(os.environ)
+            env.update(
+                RANK=str(rank),
+                WORLD_SIZE=str(world),
+                LOCAL_RANK="0",
+                LOCAL_WORLD_SIZE="1",
+                MASTER_ADDR=master_addr,
+                MASTER_PORT=str(port),
+                GLOO_SOCKET_IFNAME=ifname(rank),
+                OMP_NUM_THREADS="1",
+                PYTHONUNBUFFERED="1",
+                CUDA_VISIBLE_DEVICES="",
+            )
+            log = open(os.path.join(out_dir, f"rank{rank}.log"), "wb")  # noqa: SIM115
+            logs.append(log)
+            argv = [sys.executable, "-m", "realrun.calibrate", job_path]
+            procs.append(
+                subprocess.Popen(
+                    wrap(rank, argv),
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        seen = 0
+        deadline = time.monotonic() + PHASE_TIMEOUT_S
+        while True:
+            codes = [p.poll() for p in procs]
+            with open(progress_path, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+            for line in lines[seen:]:
+                if line == SHAPE_LINE:
+                    if reshape is not None:
+                        reshape()
+                    open(os.path.join(out_dir, SHAPED_FILE), "w").close()
+                else:
+                    tick(line)
+            seen = max(seen, len(lines))
+            for rank, code in enumerate(codes):
+                if code not in (None, 0):
+                    raise RankFailed(
+                        rank,
+                        f"calibration rank {rank} exited with code {code}: "
+                        f"{last_error(os.path.join(out_dir, f'rank{rank}.log'))}",
+                    )
+            if all(c == 0 for c in codes):
+                break
+            if time.monotonic() > deadline:
+                raise RankFailed(
+                    0, f"calibration ranks did not finish within {PHASE_TIMEOUT_S:g} s"
+                )
+            time.sleep(0.05)
+    finally:
+        stop(procs)
+        for log in logs:
+            log.close()
+    results = []
+    for rank in range(world):
+        with open(os.path.join(out_dir, f"result{rank}.json"), encoding="utf-8") as fh:
+            results.append(json.load(fh))
+    return results
+
+
+def _steps(job: Mapping[str, Any]) -> int:
+    """Progress lines rank 0 writes for ``job``."""
+    n = len(job["sizes"])
+    count = {
+        "pingpong": n * len(job["pairs"]),
+        "allreduce": n * len(job["allreduce_ranks"]),
+        "compute": 3,
+        "shape": 0,
+        "messenger": len(MESSENGER_SIZES_BYTES),
+    }
+    return sum(count[step.split(":")[0]] for step in job["steps"])
+
+
+def _in_cluster(
+    cluster: str,
+    rate: float | None,
+    hosts: int,
+    job: Mapping[str, Any],
+    out_dir: str,
+    tick: Callable[[str], None],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run ``job`` on ``hosts`` hosts: loopback (``local``) or an emulated cluster built
+    unshaped and shaped to ``rate`` at the job's ``shape`` step (removed again on every way
+    out). Returns the ranks' results and, for a shaped cluster, the tbf counters."""
+    if cluster == "local":
+        res = _run_phase(job, hosts, lambda _h, argv: argv, "127.0.0.1", lambda _h: "lo",
+                         out_dir, tick)  # fmt: skip
+        return res, []
+    from realrun.netns import EmulatedCluster, terminate_as_interrupt
+
+    prefix = os.environ.get("DTSIM_NETNS_PREFIX", "dtsim")
+    with terminate_as_interrupt(), EmulatedCluster(hosts, None, prefix=prefix) as emu:
+        res = _run_phase(
+            job,
+            hosts,
+            emu.command,
+            emu.hosts[0].address,
+            lambda h: emu.hosts[h].ifname,
+            out_dir,
+            tick,
+            lambda: emu.set_rate(rate),
+        )
+        return res, emu.qdisc_stats() if rate is not None else []
+
+
+def calibrate(
+    cluster: str = "netns",
+    bandwidth_bytes_per_s: float | None = None,
+    hosts: int = 2,
+    sizes_bytes: Sequence[int] = DEFAULT_SIZES_BYTES,
+    repeats: int = 5,
+    allreduce_ranks: Sequence[int] = DEFAULT_ALLREDUCE_RANKS,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> dict[str, Any]:
+    """Calibrate the simulator on this machine's cluster; returns the preset mapping (see
+    the module docs and docs/emulated_cluster.md for the schema).
+
+    ``cluster``: ``netns`` (one network namespace per host, root needed; links shaped to
+    ``bandwidth_bytes_per_s`` in each direction, unshaped when None) or ``local`` (loopback,
+    no bandwidth). ``hosts``: the ping-pong runs between host 0 and each of hosts 1 ..
+    hosts-1. ``sizes_bytes``: message sizes (rounded down to whole float32 elements).
+    ``repeats``: timed repetitions per size after one warm-up. ``allreduce_ranks``: the
+    all-reduce is timed on the first ``p`` hosts for each ``p``. ``progress(done, total,
+    what)`` is called as benchmarks finish.
+
+    Raises ``ValueError`` for a bad argument (naming it), ``NetnsUnavailable`` when netns
+    cannot be used here, ``RankFailed`` when a benchmark process fails, and
+    :class:`CalibrationError` when the measurements cannot be fitted."""
+    _check_args(cluster, bandwidth_bytes_per_s, hosts, sizes_bytes, repeats, allreduce_ranks)
+    if cluster == "netns":
+        from realrun.netns import check_available
+
+        check_available()
+    sizes = sorted({4 * _element_count(int(s)) for s in sizes_bytes})
+    ar_ranks = sorted(set(allreduce_ranks))
+    world = max([hosts, *ar_ranks])
+    shaped = cluster == "netns" and bandwidth_bytes_per_s is not None
+    # one set of processes on one cluster: unshaped first (ping-pong with CPU times, the
+    # compute benchmarks while the other ranks wait), then shaped where a rate is given
+    steps = ["pingpong:unshaped", "compute"]
+    steps += ["shape", "pingpong:shaped"] if shaped else []
+    steps += ["messenger", "allreduce"]
+    job = {
+        "sizes": sizes,
+        "repeats": repeats,
+        "pairs": [[0, h] for h in range(1, hosts)],
+        "allreduce_ranks": ar_ranks,
+        "steps": steps,
+    }
+    total = _steps(job)
+    done = 0
+
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(min(done, total), total, what)
+
+    started = datetime.datetime.now(datetime.UTC)
+    t0 = time.monotonic()
+    work = tempfile.mkdtemp(prefix="dtsim-calibrate-")
+    try:
+        results, qdiscs = _in_cluster(
+            cluster, bandwidth_bytes_per_s if shaped else None, world, job, work, tick
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return _preset(
+        cluster=cluster,
+        rate=bandwidth_bytes_per_s,
+        hosts=world,
+        sizes=sizes,
+        repeats=repeats,
+        results=results,
+        qdiscs=qdiscs,
+        started=started,
+        wall_s=time.monotonic() - t0,
+    )
+
+
+def _pingpong_rows(
+    results: list[dict[str, Any]], sizes: list[int], tag: str
+) -> dict[int, dict[str, float]]:
+    """Per size, from the ping-pongs with ``tag`` (``shaped``, ``unshaped``): median
+    one-way time (round trips / 2, pooled over pairs), CPU seconds per message and side
+    (mean of both sides, pooled over pairs), and the spread of one-way."""
+    out = {}
+    for n in sizes:
+        one_way: list[float] = []
+        cpu: list[float] = []
+        for res in results:
+            for rec in res["pingpong"]:
+                if rec["bytes"] != n or rec["tag"] != tag:
+                    continue
+                if rec["role"] == "ping":
+                    one_way += [rt / 2 for rt in rec["round_trips_s"]]
+                cpu.append(rec["cpu_s"] / rec["messages"])
+        out[n] = {
+            "one_way_s": _median(one_way),
+            "spread_s": float(max(one_way) - min(one_way)),
+            "sigma_s": _median_error(one_way),
+            "cpu_s": float(np.mean(cpu)),
+        }
+    return out
+
+
+def _allreduce_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (ranks, bytes): the per-repetition time is the slowest rank's; median and
+    spread (max - min) over repetitions."""
+    by_key: dict[tuple[int, int], list[list[float]]] = {}
+    for res in results:
+        for rec in res["allreduce"]:
+            by_key.setdefault((rec["ranks"], rec["bytes"]), []).append(rec["times_s"])
+    rows = []
+    for (p, n), per_rank in sorted(by_key.items()):
+        per_rep = np.max(np.asarray(per_rank, dtype=float), axis=0)
+        rows.append(
+            {
+                "ranks": p,
+                "bytes": n,
+                "time_s": float(np.median(per_rep)),
+                "spread_s": float(per_rep.max() - per_rep.min()),
+            }
+        )
+    return rows
+
+
+def _preset(
+    *,
+    cluster: str,
+    rate: float | None,
+    hosts: int,
+    sizes: list[int],
+    repeats: int,
+    results: list[dict[str, Any]],
+    qdiscs: list[dict[str, Any]],
+    started: datetime.datetime,
+    wall_s: float,
+) -> dict[str, Any]:
+    """Fit the measurements and lay them out as a topology preset."""
+    un = _pingpong_rows(results, sizes, "unshaped")
+    sh = _pingpong_rows(results, sizes, "shaped") if rate is not None else un
+    x = np.asarray(sizes, dtype=float)
+    try:
+        latency, goodput, net_fit = fit_latency_bandwidth(
+            x,
+            [sh[n]["one_way_s"] for n in sizes],
+            burst_payload_bytes(rate),
+            [sh[n]["sigma_s"] for n in sizes],
+        )
+        message_cpu, copy_cpu, cpu_fit = fit_cpu_cost(x, [un[n]["cpu_s"] for n in sizes])
+        _, un_goodput, wall_fit = fit_latency_bandwidth(
+            x, [un[n]["one_way_s"] for n in sizes], 0.0, [un[n]["sigma_s"] for n in sizes]
+        )
+    except ValueError as err:
+        raise CalibrationError(f"the measurements cannot be fitted: {err}") from None
+    burst = burst_payload_bytes(rate)
+    messenger = []
+    for n in MESSENGER_SIZES_BYTES:
+        rts = [
+            rt
+            for res in results
+            for rec in res.get("messenger", [])
+            if rec["role"] == "ping" and rec["bytes"] == 4 * _element_count(n)
+            for rt in rec["round_trips_s"]
+        ]
+        if rts:
+            one_way = _median(rts) / 2
+            wire = latency + max(0.0, n - burst) / goodput
+            messenger.append({"bytes": n, "one_way_s": one_way, "wire_s": wire})
+    # what a message through the runtime's messenger takes beyond the wire's time: the
+    # blocking send's wait for the receiver's buffer, the threads' wake-ups
+    handshake = (
+        max(0.0, _median([m["one_way_s"] - m["wire_s"] for m in messenger])) if messenger else 0.0
+    )
+    compute = next(r["compute"] for r in results if r.get("compute"))
+    red_x = [c["bytes"] for c in compute["reduce"]]
+    red_fit = fit_line(red_x, [c["cpu_s"] for c in compute["reduce"]])
+    reduce_per_byte = red_fit.slope if red_fit.slope > 0 else _median(
+        [c["cpu_s"] / c["bytes"] for c in compute["reduce"]]
+    )  # fmt: skip
+    mem_bw = compute["copy_bytes_per_s"]
+    flops = compute["matmul_flops"]
+    cpu = cpu_model()
+    cores = _cores()
+    torch_version = next(r["torch"] for r in results)
+    rate_name = (
+        f"{cluster}-{_rate_name(rate)}-calibrated"
+        if rate is not None
+        else ("local-calibrated" if cluster == "local" else "netns-unshaped-calibrated")
+    )
+    date = started.strftime("%Y-%m-%dT%H:%M:%SZ")
+    share = f" ({goodput / rate:.1%} of the {format_rate(rate)} tbf rate)" if rate else ""
+    summary = (
+        f"this machine's {'emulated cluster' if cluster == 'netns' else 'loopback'}, "
+        f"calibrated {started:%Y-%m-%d}: {format_rate(goodput)} goodput{share}, "
+        f"{latency * 1e6:.3g} us latency, {cores} shared cores ({cpu})"
+    )
+    p2p = [
+        {
+            "bytes": n,
+            "shaped_s": sh[n]["one_way_s"] if rate is not None else None,
+            "unshaped_s": un[n]["one_way_s"],
+            "cpu_s": un[n]["cpu_s"],
+        }
+        for n in sizes
+    ]
+    fits = {
+        "latency_s": latency,
+        "goodput_bytes_per_s": goodput,
+        "tbf_burst_payload_bytes": burst_payload_bytes(rate),
+        "goodput_share_of_tbf_rate": goodput / rate if rate else None,
+        "residual_rel_max": net_fit.residual_rel_max,
+        "residual_rel_median": net_fit.residual_rel_median,
+        "message_cpu_s": message_cpu,
+        "copy_cpu_s_per_byte": copy_cpu,
+        "cpu_residual_rel_max": cpu_fit.residual_rel_max,
+        "cpu_residual_rel_median": cpu_fit.residual_rel_median,
+        "unshaped_latency_s": wall_fit.intercept,
+        "unshaped_goodput_bytes_per_s": un_goodput,
+        "unshaped_residual_rel_max": wall_fit.residual_rel_max,
+        "reduce_cpu_s_per_byte": reduce_per_byte,
+        "reduce_residual_rel_max": red_fit.residual_rel_max,
+        "p2p_handshake_s": handshake,
+    }
+    measured: dict[str, Any] = {
+        "date": date,
+        "cpu": cpu,
+        "cores": cores,
+        "cluster": cluster,
+        "tbf_rate": format_rate_text(rate) if rate is not None else None,
+        "hosts": hosts,
+        "torch": torch_version,
+        "repeats": repeats,
+        "wall_s": round(wall_s, 3),
+        "p2p": p2p,
+        "messenger": messenger,
+        "allreduce": _allreduce_rows(results),
+        "reduce": compute["reduce"],
+        "copy_bytes_per_s": mem_bw,
+        "matmul_flops": flops,
+        "fits": fits,
+    }
+    if qdiscs:
+        measured["tbf_drops"] = int(sum(q[e].get("drops", 0) for q in qdiscs for e in q))
+    return {
+        "name": rate_name,
+        "summary": summary,
+        "gpu": {
+            "kind": "cpu",
+            "model": cpu,
+            "memory": memory_total_text(),
+            "memory_bandwidth": format_rate_text(mem_bw),
+            "peak_flops": float(f"{flops:.4g}"),
+        },
+        "host": {
+            "cores": cores,
+            "shared": True,
+            "message_cpu_s": message_cpu,
+            "copy_cpu_s_per_byte": copy_cpu,
+            "reduce_cpu_s_per_byte": reduce_per_byte,
+            "p2p_handshake_s": handshake,
+        },
+        "gloo": {"segment_bytes": GLOO_SEGMENT, "threads": GLOO_THREADS},
+        "box": {
+            "gpus": 1,
+            "devices": {"cpu0": "cpu"},
+            "links": [["gpu0", "cpu0", "pcie", "100GB/s", "0us"]],
+            "host": "cpu0",
+            "nic_attach": "cpu0",
+        },
+        "network": {
+            "kind": "ethernet",
+            "bandwidth": format_rate_text(goodput),
+            "latency": _time_text(latency),
+            "nic_link": {"kind": "pcie", "bandwidth": "100GB/s", "latency": "0us"},
+        },
+        "measured": measured,
+    }
+
+
+def write_calibration(preset: Mapping[str, Any], path: str) -> None:
+    """Write ``preset`` as YAML to ``path`` atomically (all or nothing), sections in the
+    order :func:`calibrate` made them, one line per measured row."""
+    import yaml
+
+    from traces.atomic import write_text
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def flow_map(dumper: yaml.SafeDumper, data: _FlowMap) -> yaml.Node:
+        return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=True)
+
+    def flow_list(dumper: yaml.SafeDumper, data: _FlowList) -> yaml.Node:
+        return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True)
+
+    Dumper.add_representer(_FlowMap, flow_map)
+    Dumper.add_representer(_FlowList, flow_list)
+    header = (
+        "# Calibrated by `sim calibrate` on this machine; read by `sim run --topology FILE`.\n"
+        "# See docs/emulated_cluster.md (Calibration) for what each value means.\n"
+    )
+    text = yaml.dump(
+        _plain(preset), Dumper=Dumper, sort_keys=False, default_flow_style=False, width=200
+    )
+    write_text(path, header + text)
+
+
+class _FlowMap(dict):  # type: ignore[type-arg]
+    """A mapping written on one line (a row of measurements)."""
+
+
+class _FlowList(list):  # type: ignore[type-arg]
+    """A list written on one line (a link of the box)."""
+
+
+def _plain(value: Any, inner: bool = False) -> Any:
+    """Plain YAML-safe data: tuples to lists, numpy scalars to Python numbers, floats to
+    five significant digits (more than any measurement here resolves); mappings and lists
+    inside lists become one-line rows."""
+    if isinstance(value, Mapping):
+        items = {str(k): _plain(v) for k, v in value.items()}
+        return _FlowMap(items) if inner else items
+    if isinstance(value, list | tuple):
+        items = [_plain(v, inner=True) for v in value]
+        return _FlowList(items) if inner else items
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and math.isfinite(value) and value != 0:
+        return float(f"{value:.5g}")
+    return value
+
+
+def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The short human summary of a calibration, as (label, text) rows."""
+    m = preset["measured"]
+    fits = m["fits"]
+    h = preset["host"]
+    goodput = fits["goodput_bytes_per_s"]
+    rows = []
+    if m["tbf_rate"]:
+        rows.append(
+            (
+                "goodput",
+                f"{format_rate(goodput)}  ({fits['goodput_share_of_tbf_rate']:.1%} of the "
+                f"{format_rate(parse_rate(m['tbf_rate']))} tbf rate)",
+            )
+        )
+    else:
+        rows.append(("goodput", f"{format_rate(goodput)}  (unshaped)"))
+    rows += [
+        (
+            "latency",
+            f"{fits['latency_s'] * 1e6:.3g} us  (one way; fit residual max "
+            f"{fits['residual_rel_max']:.0%}, median {fits['residual_rel_median']:.0%})",
+        ),
+        (
+            "CPU per message",
+            f"{h['message_cpu_s'] * 1e6:.3g} us per side  (fit residual max "
+            f"{fits['cpu_residual_rel_max']:.0%})",
+        ),
+        (
+            "CPU per byte sent",
+            f"{h['copy_cpu_s_per_byte'] * 1e9:.3g} ns per side  "
+            f"(~{format_rate(1 / h['copy_cpu_s_per_byte']) if h['copy_cpu_s_per_byte'] else 'inf'} "
+            "per core)",
+        ),
+        (
+            "CPU per byte reduced",
+            f"{h['reduce_cpu_s_per_byte'] * 1e9:.3g} ns  (float32 add_, one thread)",
+        ),
+        (
+            "messenger handshake",
+            f"{h.get('p2p_handshake_s', 0.0) * 1e6:.3g} us per point-to-point message "
+            "beyond the wire's time",
+        ),
+        (
+            "memory / compute",
+            f"{preset['gpu']['memory_bandwidth']} copy, "
+            f"{preset['gpu']['peak_flops'] / 1e9:.3g} GFLOP/s matmul (one thread)",
+        ),
+        (
+            "unshaped",
+            f"{format_rate(fits['unshaped_goodput_bytes_per_s'])}, "
+            f"{fits['unshaped_latency_s'] * 1e6:.3g} us latency (wall-time fit)",
+        ),
+        (
+            "all-reduce",
+            f"{len(m['allreduce'])} points over ranks "
+            f"{sorted({r['ranks'] for r in m['allreduce']})}, up to "
+            f"{format_bytes(max((r['bytes'] for r in m['allreduce']), default=0))}",
+        ),
+        ("machine", f"{m['cores']} cores, {m['cpu']}; torch {m['torch']}; {m['wall_s']:.1f} s"),
+    ]
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# One rank (python -m realrun.calibrate JOB.json)
+
+
+def _rank_main(job_path: str) -> int:  # pragma: no cover - runs in the rank processes
+    import resource
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    with open(job_path, encoding="utf-8") as fh:
+        job = json.load(fh)
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    out_dir = job["out"]
+    progress = open(os.path.join(out_dir, "progress"), "a") if rank == 0 else None  # noqa: SIM115
+
+    def step(what: str) -> None:
+        if progress is not None:
+            progress.write(what + "\n")
+            progress.flush()
+
+    def cpu_now() -> float:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return ru.ru_utime + ru.ru_stime
+
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120)
+    )
+    sizes = [int(n) for n in job["sizes"]]
+    repeats = int(job["repeats"])
+    result: dict[str, Any] = {"rank": rank, "torch": torch.__version__, "pingpong": [],
+                              "allreduce": []}  # fmt: skip
+    dist.barrier()
+
+    def pingpong(tag: str) -> None:
+        for a, b in job["pairs"]:
+            for n in sizes:
+                if rank in (a, b):
+                    result["pingpong"].append(_pingpong(dist, torch, rank, a, b, n, repeats,
+                                                        cpu_now, tag))  # fmt: skip
+                dist.barrier()
+                step(f"ping-pong {format_bytes(n)} h{a}-h{b}")
+
+    def allreduce() -> None:
+        for p in job["allreduce_ranks"]:
+            group = dist.new_group(list(range(p)))
+            for n in sizes:
+                if rank < p:
+                    buf = torch.ones(_element_count(n), dtype=torch.float32)
+                    dist.barrier(group)
+                    dist.all_reduce(buf, group=group)  # warm-up
+                    times = []
+                    for _ in range(repeats):
+                        dist.barrier(group)
+                        t0 = time.perf_counter()
+                        dist.all_reduce(buf, group=group)
+                        times.append(time.perf_counter() - t0)
+                    result["allreduce"].append(
+                        {"ranks": p, "bytes": 4 * buf.numel(), "times_s": times}
+                    )
+                dist.barrier()
+                step(f"all-reduce {format_bytes(n)} x{p}")
+
+    for what in job["steps"]:
+        kind, _, tag = what.partition(":")
+        if kind == "pingpong":
+            pingpong(tag)
+        elif kind == "allreduce":
+            allreduce()
+        elif kind == "messenger":
+            for n in MESSENGER_SIZES_BYTES:
+                if rank in (0, 1):
+                    result.setdefault("messenger", []).append(
+                        _messenger_pingpong(dist, torch, rank, world, n, repeats)
+                    )
+                dist.barrier()
+                step(f"messenger {format_bytes(n)}")
+        elif kind == "compute":
+            if rank == 0:
+                result["compute"] = _compute_benchmarks(torch, step)
+            dist.barrier()
+        elif kind == "shape":
+            # everybody idle while the parent shapes the links, then on together
+            dist.barrier()
+            step(SHAPE_LINE)
+            shaped = os.path.join(out_dir, SHAPED_FILE)
+            deadline = time.monotonic() + 60
+            while not os.path.exists(shaped):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the links were not shaped within 60 s")
+                time.sleep(0.01)
+            dist.barrier()
+        else:
+            raise ValueError(f"unknown calibration step {what!r}")
+    dist.destroy_process_group()
+    tmp = os.path.join(out_dir, f"result{rank}.json.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(result, fh)
+    os.replace(tmp, os.path.join(out_dir, f"result{rank}.json"))
+    if progress is not None:
+        progress.close()
+    return 0
+
+
+def _pingpong(
+    dist: Any,
+    torch: Any,
+    rank: int,
+    a: int,
+    b: int,
+    n: int,
+    repeats: int,
+    cpu_now: Callable[[], float],
+    tag: str,
+) -> dict[str, Any]:  # pragma: no cover - runs in the rank processes
+    """One size of the ping-pong between ranks ``a`` (sends first) and ``b``: one warm-up,
+    then the timed round trips and the CPU seconds this process spent on them."""
+    buf = torch.zeros(_element_count(n), dtype=torch.float32)
+    peer = b if rank == a else a
+    ping = rank == a
+
+    def once() -> None:
+        if ping:
+            dist.send(buf, peer)
+            dist.recv(buf, peer)
+        else:
+            dist.recv(buf, peer)
+            dist.send(buf, peer)
+
+    once()  # warm-up
+    rts = []
+    reps = repeats * (SMALL_FACTOR if n <= SMALL_BYTES else 1)
+    c0 = cpu_now()
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        once()
+        rts.append(time.perf_counter() - t0)
+    cpu = cpu_now() - c0
+    return {
+        "tag": tag,
+        "pair": [a, b],
+        "bytes": 4 * buf.numel(),
+        "role": "ping" if ping else "pong",
+        "round_trips_s": rts,
+        "cpu_s": cpu,
+        "messages": 2 * reps,
+    }
+
+
+def _messenger_pingpong(
+    dist: Any, torch: Any, rank: int, world: int, n: int, repeats: int
+) -> dict[str, Any]:  # pragma: no cover - runs in the rank processes
+    """Ping-pong of ``n``-byte messages between ranks 0 and 1 through the runtime's own
+    :class:`~realrun.runtime.Messenger` (the path every point-to-point scheme uses: a
+    sender thread, header then payload, a receiver thread per peer): one warm-up, then
+    ``4 * repeats`` timed round trips on rank 0."""
+    import threading
+
+    from realrun.runtime import ACT, Messenger, Recorder
+
+    numel = _element_count(n)
+    buf = torch.zeros(numel)
+    peer = 1 - rank
+    reps = 4 * repeats + 1
+    got = threading.Semaphore(0)
+    seen = [0]
+    done = threading.Event()
+
+    def on_message(_src: int, _kind: int, key: int, it: int, _payload: Any, _at: float) -> None:
+        if rank == 1:
+            box[0].send(0, ACT, key, it, buf)
+            seen[0] += 1
+            if seen[0] == reps:
+                done.set()
+        else:
+            got.release()
+
+    box = [
+        Messenger(
+            rank, world, [peer], Recorder(f"r{rank}"), dist.group.WORLD, on_message,
+            lambda _s, _k, _key: torch.empty(numel),
+        )
+    ]  # fmt: skip
+    box[0].start()
+    rts = []
+    if rank == 0:
+        for i in range(reps):
+            t0 = time.perf_counter()
+            box[0].send(1, ACT, i, 0, buf)
+            if not got.acquire(timeout=60):
+                raise RuntimeError("the messenger ping-pong got no answer within 60 s")
+            if i:
+                rts.append(time.perf_counter() - t0)
+    elif not done.wait(120):
+        raise RuntimeError("the messenger ping-pong stopped before its last message")
+    box[0].close()
+    return {"bytes": 4 * numel, "role": "ping" if rank == 0 else "pong", "round_trips_s": rts}
+
+
+def _compute_benchmarks(
+    torch: Any, step: Callable[[str], None]
+) -> dict[str, Any]:  # pragma: no cover
+    """One-thread float32 reductions, copies and matmuls on this rank (the others wait)."""
+    reduce_rows = []
+    for n in REDUCE_SIZES_BYTES:
+        a = torch.rand(n // 4)
+        b = torch.rand(n // 4)
+        reps = max(3, min(200, (64 * MiB) // n))
+        a.add_(b)  # warm-up
+        per_call = []
+        for _ in range(5):
+            c0 = time.thread_time()
+            for _ in range(reps):
+                a.add_(b)
+            per_call.append((time.thread_time() - c0) / reps)
+        reduce_rows.append({"bytes": n, "cpu_s": _median(per_call)})
+    step("reduce")
+    src = torch.rand(COPY_BYTES // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    copies = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        copies.append(time.perf_counter() - t0)
+    step("copy")
+    x = torch.rand(MATMUL_N, MATMUL_N)
+    y = torch.rand(MATMUL_N, MATMUL_N)
+    torch.mm(x, y)
+    mms = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.mm(x, y)
+        mms.append(time.perf_counter() - t0)
+    step("matmul")
+    return {
+        "reduce": reduce_rows,
+        "copy_bytes_per_s": COPY_BYTES / min(copies),
+        "matmul_flops": 2 * MATMUL_N**3 / min(mms),
+    }
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(_rank_main(sys.argv[1]))

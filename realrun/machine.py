@@ -1,0 +1,65 @@
+"""What machine this is, for traces that record where they were measured.
+
+No host name: the fingerprint says what kind of machine measured a trace (CPU model,
+logical CPUs, memory, GPU), so two identical machines agree and a different one does not.
+No torch here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import platform
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s "model name", else
+    :func:`platform.processor`, else the architecture)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, sep, value = line.partition(":")
+                if sep and key.strip() == "model name" and value.strip():
+                    return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_cores() -> int:
+    """Logical CPUs of this machine."""
+    return os.cpu_count() or 0
+
+
+def memory_bytes() -> int:
+    """Physical memory of this machine (0 when unknown)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def fingerprint(gpu: str = "") -> str:
+    """A short hash of the hardware (CPU model, logical CPUs, memory rounded to GiB,
+    ``gpu``), without the host name."""
+    gib = round(memory_bytes() / 2**30)
+    text = "|".join((cpu_model(), str(cpu_cores()), f"{gib}GiB", gpu, platform.machine()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def now_iso() -> str:
+    """The current UTC date and time, ISO 8601 to the second (``2026-11-23T01:30:00+00:00``)."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def trace_fields(gpu: str = "") -> dict[str, object]:
+    """The :class:`traces.model.TraceMeta` fields that say where and when a trace is
+    measured here: ``cpu``, ``cpu_cores``, ``gpu``, ``machine`` and ``date``."""
+    return {
+        "cpu": cpu_model(),
+        "cpu_cores": cpu_cores(),
+        "gpu": gpu,
+        "machine": fingerprint(gpu),
+        "date": now_iso(),
+    }

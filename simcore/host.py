@@ -1,0 +1,277 @@
+"""CPU hosts: ranks that compute on processor cores shared with each other and with the
+work that moves their bytes.
+
+A GPU cluster gives every rank a device of its own; a CPU cluster, and above all the
+emulated cluster of ``sim real --cluster netns`` (every host a network namespace of one
+machine), does not. Its ranks are processes on a machine with ``C`` cores, and the
+machine's cores also run what communication costs the CPU: the socket copies on both
+ends of every message, a fixed per-message cost (framing, system calls, the runtime's
+own code) and the sums of a collective's reduction.
+
+:class:`CpuPool` is the machine's cores under processor sharing, which is how a
+time-slicing scheduler treats runnable threads: ``n`` runnable tasks each progress at
+``min(1, C / n)`` core-seconds per second. A task needs one core at most (one thread).
+:class:`CpuStream` is one thread's work: tasks run one at a time in the order they were
+queued, each one runnable on the pool while it is at the head. :class:`CpuRank` is a
+rank whose compute stream is such a thread; it offers :class:`~simcore.device.Gpu`'s
+interface, so every scheme runs on it unchanged. Communication work is not on a rank's
+stream: the network model queues it on the pool as tasks of its own (see
+:class:`CommCpu`), as a rank's communication threads are.
+
+Because the rate of every runnable task changes whenever one starts or ends, finish
+times are not known when work is issued (unlike a GPU's stream): the pool keeps one
+pending wake-up for its earliest finisher and recomputes it on every change. That costs
+a pass over the runnable tasks per event, which is nothing for the few processes of one
+machine and is only ever paid by topologies that declare a ``host`` section.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from simpy import Environment
+
+from simcore.clock import EventQueue, FastEvent
+from simcore.device import Done, Gpu
+from simcore.topology import GlooSpec, HostSpec
+
+__all__ = ["CommCpu", "CpuPool", "CpuRank", "CpuStream", "GlooSpec", "HostSpec"]
+
+_EPS_S = 1e-12
+"""Work left below this many core-seconds counts as done (rounding of rate x time)."""
+
+
+class _Task:
+    __slots__ = ("done", "left")
+
+    def __init__(self, work_s: float, done: Callable[[], None]) -> None:
+        self.left = work_s
+        self.done = done
+
+
+class _Wake(FastEvent):
+    __slots__ = ("generation",)
+
+    def __init__(self, callback: Callable[[Any], None], generation: int) -> None:
+        super().__init__([callback])
+        self.generation = generation
+
+
+class CpuPool:
+    """``cores`` cores shared by processor sharing among runnable tasks (module docs).
+
+    Attributes:
+        cores: the number of cores.
+        busy_s: core-seconds of work done so far.
+    """
+
+    __slots__ = ("_at", "_generation", "_last", "_running", "busy_s", "cores", "env")
+
+    def __init__(self, env: Environment, cores: int) -> None:
+        if cores < 1:
+            raise ValueError(f"a host needs at least one core, got {cores}")
+        self.env, self.cores = env, cores
+        self._at = EventQueue(env).at
+        self._running: dict[_Task, None] = {}
+        self._last = 0.0
+        self._generation = 0
+        self.busy_s = 0.0
+
+    def rate(self) -> float:
+        """Core-seconds per second each runnable task gets now."""
+        n = len(self._running)
+        return 1.0 if n <= self.cores else self.cores / n
+
+    def run(self, work_s: float, done: Callable[[], None]) -> None:
+        """Make ``work_s`` core-seconds of work runnable now; ``done()`` is called (from
+        the simulation loop) when it has been done."""
+        self._advance()
+        self._running[_Task(max(work_s, 0.0), done)] = None
+        self._reschedule()
+
+    def _advance(self) -> None:
+        now = self.env.now
+        dt = now - self._last
+        self._last = now
+        if dt > 0 and self._running:
+            step = dt * self.rate()
+            self.busy_s += step * len(self._running)
+            for task in self._running:
+                task.left -= step
+
+    def _reschedule(self) -> None:
+        self._generation += 1
+        if not self._running:
+            return
+        first = min(task.left for task in self._running)
+        at = self.env.now + max(first, 0.0) / self.rate()
+        self._at(at, _Wake(self._wake, self._generation))
+
+    def _wake(self, ev: _Wake) -> None:
+        if ev.generation != self._generation:
+            return  # superseded by a later change
+        self._advance()
+        finished = [t for t in self._running if t.left <= _EPS_S]
+        for task in finished:
+            del self._running[task]
+        self._reschedule()
+        for task in finished:
+            task.done()
+
+
+class CpuStream:
+    """One thread's work on a :class:`CpuPool`: tasks run one at a time, in order.
+
+    ``on_done(start_s, end_s, info)`` is called for every finished task with the ``info``
+    it was queued with; a task may also carry its own callback.
+    """
+
+    __slots__ = ("_head", "_queue", "_start", "env", "on_done", "pool")
+
+    def __init__(
+        self, pool: CpuPool, on_done: Callable[[float, float, Any], None] | None = None
+    ) -> None:
+        self.pool, self.env, self.on_done = pool, pool.env, on_done
+        self._queue: deque[tuple[float, Any, Callable[[float], None] | None]] = deque()
+        self._head = False
+        self._start = 0.0
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued or running."""
+        return not self._head
+
+    def submit(
+        self, work_s: float, info: Any = None, then: Callable[[float], None] | None = None
+    ) -> None:
+        """Queue ``work_s`` core-seconds; ``then(end_s)`` is called when it is done."""
+        if work_s < 0:
+            raise ValueError(f"negative CPU work {work_s!r} s")
+        self._queue.append((work_s, info, then))
+        if not self._head:
+            self._next()
+
+    def _next(self) -> None:
+        if not self._queue:
+            self._head = False
+            return
+        self._head = True
+        self._start = self.env.now
+        work, info, then = self._queue[0]
+        self.pool.run(work, lambda: self._finished(info, then))
+
+    def _finished(self, info: Any, then: Callable[[float], None] | None) -> None:
+        self._queue.popleft()
+        now = self.env.now
+        if self.on_done is not None:
+            self.on_done(self._start, now, info)
+        self._next()
+        if then is not None:
+            then(now)
+
+
+class CpuRank(Gpu):
+    """A rank computing on a CPU thread of a shared :class:`CpuPool`.
+
+    It has :class:`~simcore.device.Gpu`'s interface; what differs is that an op's end is
+    known only when it happens, so :meth:`enqueue` returns ``nan`` and ``busy_until`` is
+    the current time while work is queued (``0`` otherwise is never read for a busy
+    rank). An op's recorded span is its wall time on the shared cores, and the busy time
+    counted for utilisation is that wall time too, as a profiler on the real rank sees it.
+    """
+
+    __slots__ = ("_ev_at", "stream")
+
+    def __init__(
+        self,
+        env: Environment,
+        rank: int,
+        device: int,
+        name: str,
+        compute_log: list[tuple[Any, ...]] | None,
+        pool: CpuPool,
+    ) -> None:
+        super().__init__(env, rank, device, name, compute_log)
+        self.stream = CpuStream(pool, self._record)
+        self._ev_at = EventQueue(env).at
+
+    def _record(self, start: float, end: float, info: Any) -> None:
+        kind, label, iteration, layer, microbatch = info
+        by_it = self.busy_by_iteration
+        by_it[iteration] = by_it.get(iteration, 0.0) + (end - start)
+        if self._log is not None:
+            self._log((self.name, kind, label, start, end, iteration, layer, microbatch))
+
+    def _fire(self, ev: Done) -> Callable[[float], None]:
+        return lambda end: self._ev_at(end, ev)
+
+    def compute(
+        self,
+        duration_s: float,
+        kind: str,
+        name: str = "",
+        iteration: int = -1,
+        layer: int = -1,
+        microbatch: int = -1,
+    ) -> Done:
+        if duration_s < 0:
+            raise ValueError(f"negative compute duration {duration_s!r} s ({kind} {name})")
+        ev = Done()
+        self.ops += 1
+        self.busy_until = self.env.now
+        self.stream.submit(duration_s, (kind, name, iteration, layer, microbatch), self._fire(ev))
+        return ev
+
+    def compute_seq(self, ops: list[tuple[float, str, str, int, int, int]]) -> Done:
+        ev = Done()
+        if not ops:
+            self._ev_at(self.env.now, ev)
+            return ev
+        *head, last = list(ops)
+        self.enqueue(head)
+        d, kind, label, iteration, layer, microbatch = last
+        self.ops += 1
+        self.stream.submit(d, (kind, label, iteration, layer, microbatch), self._fire(ev))
+        return ev
+
+    def enqueue(self, ops: list[tuple[float, str, str, int, int, int]]) -> float:
+        for d, kind, label, iteration, layer, microbatch in ops:
+            self.ops += 1
+            self.stream.submit(d, (kind, label, iteration, layer, microbatch))
+        if ops:
+            self.busy_until = self.env.now
+        return math.nan
+
+
+class CommCpu:
+    """The CPU side of communication on CPU hosts: each message costs both ends
+    :meth:`HostSpec.message_cpu` core-seconds, run as tasks of their own on the ends'
+    pools from the moment it is sent (a communication thread streams the bytes while the
+    wire carries them), and it is delivered once the wire and both ends are done.
+
+    ``pool_of`` maps a device index to the pool of its machine.
+    """
+
+    __slots__ = ("pool_of", "spec")
+
+    def __init__(self, spec: HostSpec, pool_of: Callable[[int], CpuPool]) -> None:
+        self.spec, self.pool_of = spec, pool_of
+
+    def join(
+        self, src: int, dst: int, nbytes: int, messages: int, reduce_bytes: int
+    ) -> tuple[int, Callable[[Callable[[], None]], None]]:
+        """Queue the CPU work of one message; returns how many completions (the wire's
+        included) its delivery waits for, and a function that starts the tasks with the
+        callback to call on each completion."""
+        spec = self.spec
+        send_s = spec.message_cpu(nbytes, messages)
+        recv_s = send_s + reduce_bytes * spec.reduce_cpu_s_per_byte
+
+        def start(on_one: Callable[[], None]) -> None:
+            self.pool_of(src).run(send_s, on_one)
+            self.pool_of(dst).run(recv_s, on_one)
+
+        return 3, start

@@ -1,0 +1,325 @@
+"""``sim calibrate`` (realrun/calibrate.py): the fits on synthetic data, a real local
+calibration whose file ``sim run --topology`` reads, a shaped netns calibration, and the
+command line's errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dtsim.cli import main
+from realrun.calibrate import (
+    burst_payload_bytes,
+    calibrate,
+    fit_cpu_cost,
+    fit_latency_bandwidth,
+    fit_line,
+    format_rate_text,
+    write_calibration,
+)
+from simcore.units import parse_rate, parse_size, parse_time
+from tests.helpers import netns_unavailable_reason
+
+SIZES = np.array([4, 64, 1024, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20], dtype=float)
+
+
+def run_main(capsys: Any, *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as ex:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return ex.value.code, out, err
+
+
+# ---------------------------------------------------------------------------------------
+# Fits
+
+
+def test_fit_line_recovers_an_exact_line() -> None:
+    fit = fit_line(SIZES, 50e-6 + SIZES / 120e6)
+    assert fit.intercept == pytest.approx(50e-6, rel=1e-9)
+    assert fit.slope == pytest.approx(1 / 120e6, rel=1e-9)
+    assert fit.residual_rel_max < 1e-9
+    assert fit.points == len(SIZES)
+
+
+def test_robust_fit_ignores_a_disturbed_point_that_plain_least_squares_follows() -> None:
+    y = 80e-6 + SIZES / 100e6
+    y[2] *= 20  # a 1 KiB message that waited for another process's time slice
+    y[7] *= 1.5
+    robust = fit_line(SIZES, y)
+    plain = fit_line(SIZES, y, robust=False)
+    assert robust.intercept == pytest.approx(80e-6, rel=0.05)
+    assert robust.slope == pytest.approx(1 / 100e6, rel=0.05)
+    assert abs(plain.intercept - 80e-6) > 5 * abs(robust.intercept - 80e-6)
+    assert robust.weights_min < 0.2  # the disturbed point was down-weighted
+
+
+def test_fits_stay_non_negative() -> None:
+    # times that fall with size would give a negative slope: clamped to 0
+    fit = fit_line([1, 2, 3, 4], [4.0, 3.0, 2.0, 1.0])
+    assert fit.slope == 0.0 and fit.intercept > 0
+    # a line through the origin and below: intercept clamped to 0
+    fit = fit_line([1, 2, 3, 4], [0.5, 1.5, 2.5, 3.5], relative=False, robust=False)
+    assert fit.intercept == 0.0 and fit.slope > 0
+    with pytest.raises(ValueError, match="no bandwidth"):
+        fit_latency_bandwidth([4, 8, 16], [1.0, 0.9, 0.8])
+
+
+def test_a_few_scattered_points_still_give_a_bandwidth() -> None:
+    """Three loopback sizes measured on a busy machine: too few to call one an outlier,
+    so the plain fit is kept rather than a slope of zero."""
+    lat, goodput, fit = fit_latency_bandwidth([4, 65536, 1 << 20], [277e-6, 690e-6, 966e-6])
+    assert goodput > 0 and lat > 0 and fit.weights_min == 1.0
+    many = fit_line(SIZES[:4], [1.0, 1.0, 1.0, 9.0])  # four points: not robust either
+    assert many.slope > 0
+
+
+def test_fit_line_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="two distinct"):
+        fit_line([5, 5, 5], [1, 2, 3])
+    with pytest.raises(ValueError, match="positive"):
+        fit_line([1, 2], [0.0, 1.0])
+    with pytest.raises(ValueError, match="same length"):
+        fit_line([1, 2, 3], [1.0, 2.0])
+    with pytest.raises(ValueError, match="sigma"):
+        fit_line([1, 2], [1.0, 2.0], sigma=[1.0, 0.0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    latency_s=st.floats(1e-6, 5e-3),
+    rate=st.floats(1e6, 5e9),
+    noise=st.floats(0.0, 0.03),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_latency_and_bandwidth_are_recovered_from_noisy_times(
+    latency_s: float, rate: float, noise: float, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    t = (latency_s + SIZES / rate) * (1 + noise * rng.uniform(-1, 1, len(SIZES)))
+    lat, goodput, fit = fit_latency_bandwidth(SIZES, t)
+    # a relative error e on every point moves the fit by about e of the times it comes from
+    assert goodput == pytest.approx(rate, rel=3 * noise + 1e-6)
+    assert lat == pytest.approx(latency_s, rel=3 * noise + 1e-6, abs=3 * noise * t.min() + 1e-12)
+    assert fit.residual_rel_max <= 4 * noise + 1e-6
+
+
+@settings(max_examples=40, deadline=None)
+@given(rate=st.floats(5e6, 2e9), latency_s=st.floats(10e-6, 1e-3))
+def test_the_tbf_bucket_is_fitted_out(rate: float, latency_s: float) -> None:
+    """A shaped link passes its bucket at once: t = L + max(0, n - burst) / rate. Fitting
+    with the burst recovers the sustained rate; ignoring it overestimates the rate."""
+    burst = burst_payload_bytes(rate)
+    t = latency_s + np.maximum(SIZES - burst, 0) / rate
+    lat, goodput, _ = fit_latency_bandwidth(SIZES, t, burst)
+    assert goodput == pytest.approx(rate, rel=1e-6)
+    assert lat == pytest.approx(latency_s, rel=1e-6)
+    naive = fit_line(SIZES, t, robust=False)
+    assert 1 / naive.slope > rate * 1.0001
+
+
+def test_cpu_costs_are_recovered() -> None:
+    message_cpu_s, per_byte = 30e-6, 0.25e-9
+    cpu = message_cpu_s + SIZES * per_byte
+    cpu[3] *= 3  # one disturbed size
+    m, c, fit = fit_cpu_cost(SIZES, cpu)
+    assert m == pytest.approx(message_cpu_s, rel=0.05)
+    assert c == pytest.approx(per_byte, rel=0.05)
+    assert fit.residual_rel_max > 0.6  # the disturbed point is reported, not hidden
+
+
+def test_rate_texts_read_back() -> None:
+    for rate in (3.7, 999.0, 1.234e6, 119.6e6, 12.5e9, 3e12):
+        assert parse_rate(format_rate_text(rate)) == pytest.approx(rate, rel=1e-3)
+
+
+# ---------------------------------------------------------------------------------------
+# Real calibrations
+
+
+def _check_preset(preset: dict[str, Any], path: str) -> None:
+    """The file follows the schema and every value with a unit reads back."""
+    write_calibration(preset, path)
+    with open(path, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    assert list(data)[:8] == [
+        "name",
+        "summary",
+        "gpu",
+        "host",
+        "gloo",
+        "box",
+        "network",
+        "measured",
+    ]
+    assert data["gpu"]["kind"] == "cpu"
+    assert parse_size(data["gpu"]["memory"]) > 0
+    assert parse_rate(data["gpu"]["memory_bandwidth"]) > 0
+    assert data["gpu"]["peak_flops"] > 0
+    host = data["host"]
+    assert host["cores"] == len(os.sched_getaffinity(0)) and host["shared"] is True
+    for key in ("message_cpu_s", "copy_cpu_s_per_byte", "reduce_cpu_s_per_byte"):
+        assert isinstance(host[key], float) and host[key] >= 0
+    assert host["message_cpu_s"] > 0 and host["reduce_cpu_s_per_byte"] > 0
+    assert parse_size(data["gloo"]["segment_bytes"]) == 1 << 20
+    net = data["network"]
+    goodput = parse_rate(net["bandwidth"])
+    assert goodput == pytest.approx(data["measured"]["fits"]["goodput_bytes_per_s"], rel=1e-3)
+    assert parse_time(net["latency"]) == pytest.approx(
+        data["measured"]["fits"]["latency_s"], rel=1e-3, abs=1e-9
+    )
+    m = data["measured"]
+    assert m["date"].endswith("Z") and m["torch"].startswith("2.")
+    for row in m["p2p"]:
+        assert set(row) == {"bytes", "shaped_s", "unshaped_s", "cpu_s"}
+        assert row["unshaped_s"] > 0 and row["cpu_s"] > 0
+    for row in m["allreduce"]:
+        assert set(row) == {"ranks", "bytes", "time_s", "spread_s"}
+        assert row["time_s"] > 0 and row["spread_s"] >= 0
+
+
+@pytest.mark.real
+def test_local_calibration_writes_a_topology_sim_run_reads(tmp_path: Any, capsys: Any) -> None:
+    from analysis.resolve import load_preset
+
+    pytest.importorskip("torch")
+    steps: list[tuple[int, int]] = []
+    preset = calibrate(
+        "local",
+        sizes_bytes=(4, 64 * 1024, 1 << 20),
+        repeats=1,
+        allreduce_ranks=(2,),
+        progress=lambda done, total, _what: steps.append((done, total)),
+    )
+    assert steps and steps[-1][0] == steps[-1][1]
+    assert [d for d, _ in steps] == list(range(1, len(steps) + 1))
+    path = str(tmp_path / "calib.yaml")
+    _check_preset(preset, path)
+    assert preset["name"] == "local-calibrated"
+    assert preset["measured"]["tbf_rate"] is None
+    assert [(r["ranks"], r["bytes"]) for r in preset["measured"]["allreduce"]] == [
+        (2, 4),
+        (2, 64 * 1024),
+        (2, 1 << 20),
+    ]
+    loaded = load_preset(path)
+    assert loaded["name"] == "local-calibrated"
+    code, out, err = run_main(
+        capsys, "run", "--topology", path, "--gpus", "2", "--scheme", "dp",
+        "--model", "resnet18-cpu", "--iterations", "2", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["topology"] == "local-calibrated" and result["iteration_time_s"] > 0
+
+
+_REASON = netns_unavailable_reason()
+
+
+@pytest.mark.real
+@pytest.mark.skipif(_REASON is not None, reason=f"network namespaces unavailable: {_REASON}")
+def test_netns_calibration_measures_goodput_below_the_tbf_rate(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    from realrun.netns import list_ours
+
+    pytest.importorskip("torch")
+    prefix = f"dtcb{secrets.token_hex(3)}"
+    monkeypatch.setenv("DTSIM_NETNS_PREFIX", prefix)
+    rate = parse_rate("200Mbps")
+    preset = calibrate(
+        "netns",
+        rate,
+        sizes_bytes=(4, 1024, 1 << 20, 4 << 20),
+        repeats=2,
+        allreduce_ranks=(),
+    )
+    assert not list_ours(prefix)  # both clusters are gone
+    _check_preset(preset, str(tmp_path / "c.yaml"))
+    goodput = preset["measured"]["fits"]["goodput_bytes_per_s"]
+    assert 0.8 * rate < goodput <= 1.0 * rate
+    assert preset["name"] == "netns-200Mbps-calibrated"
+    assert parse_rate(preset["measured"]["tbf_rate"]) == rate
+    rows = preset["measured"]["p2p"]
+    big = rows[-1]
+    # 4 MiB over 200 Mbit/s takes about 0.17 s one way; unshaped it is far faster
+    assert big["shaped_s"] > 0.15 and big["unshaped_s"] < big["shaped_s"] / 5
+    assert preset["measured"]["allreduce"] == []
+
+
+@pytest.mark.skipif(_REASON is not None, reason=f"network namespaces unavailable: {_REASON}")
+def test_set_rate_shapes_and_unshapes_an_open_cluster() -> None:
+    from realrun.netns import EmulatedCluster, measure_goodput
+
+    rate = parse_rate("100Mbps")
+    with EmulatedCluster(2, None, prefix=f"dtcb{secrets.token_hex(3)}") as emu:
+        assert emu.qdisc_stats()[0] == {"up": {}, "down": {}}
+        emu.set_rate(rate)
+        assert emu.rate_bytes_per_s == rate and "drops" in emu.qdisc_stats()[1]["down"]
+        assert 0.8 * rate < measure_goodput(emu, 0, 1, 2_000_000) <= rate
+        emu.set_rate(None)
+        assert emu.rate_bytes_per_s is None and emu.qdisc_stats()[1] == {"up": {}, "down": {}}
+        assert measure_goodput(emu, 1, 0, 8_000_000) > 3 * rate
+
+
+# ---------------------------------------------------------------------------------------
+# The command line
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--bandwidth", "fast"], "--bandwidth: 'fast'"),
+        (["--bandwidth", "10"], "--bandwidth: '10'"),
+        (["--cluster", "local", "--bandwidth", "1Gbps"], "--cluster local"),
+        (["--cluster", "local", "--sizes", "4,lots"], "--sizes"),
+        (["--cluster", "local", "--sizes", "4,5"], "at least two different sizes"),
+        (["--cluster", "local", "--allreduce-ranks", "1"], "--allreduce-ranks"),
+        (["--cluster", "mars"], "--cluster"),
+        (["--cluster", "local", "--hosts", "1"], "--hosts"),
+        (["--cluster", "local", "--out", "/nonexistent-dir/c.yaml"], "does not exist"),
+    ],
+)
+def test_cli_errors_are_one_line(
+    capsys: Any, tmp_path: Any, monkeypatch: Any, args: list[str], needle: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_main(capsys, "calibrate", *args)
+    assert code == 2
+    assert needle in err and err.startswith("Error:") and err.count("\n") == 1
+    assert "Traceback" not in err and not os.listdir(tmp_path)
+
+
+def test_cli_without_netns_says_why_in_one_line(capsys: Any, monkeypatch: Any) -> None:
+    import realrun.netns as netns
+
+    def refuse() -> None:
+        raise netns.NetnsUnavailable("emulated clusters need root (network namespaces); try")
+
+    monkeypatch.setattr(netns, "check_available", refuse)
+    code, _, err = run_main(capsys, "calibrate", "--bandwidth", "1Gbps")
+    assert code == 2 and err.count("\n") == 1 and "need root" in err
+
+
+def test_bad_arguments_name_the_argument() -> None:
+    with pytest.raises(ValueError, match="cluster"):
+        calibrate("mars")
+    with pytest.raises(ValueError, match="bandwidth"):
+        calibrate("local", 1e9)
+    with pytest.raises(ValueError, match="bandwidth"):
+        calibrate("netns", math.inf)
+    with pytest.raises(ValueError, match="repeats"):
+        calibrate("local", repeats=0)
+    with pytest.raises(ValueError, match="sizes"):
+        calibrate("local", sizes_bytes=(4,))
+    with pytest.raises(ValueError, match="allreduce_ranks"):
+        calibrate("local", allreduce_ranks=(1,))

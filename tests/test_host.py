@@ -1,0 +1,233 @@
+"""CPU hosts: processor sharing, the CPU cost of messages, gloo's segments and two
+threads, the sender of point-to-point messages, and the properties every simulation keeps
+(theory first: closed forms on tiny cases, then Hypothesis)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from simpy import Environment
+
+from dtsim.resolve import load_preset
+from simcore import SimConfig, simulate
+from simcore.host import CpuPool, CpuStream
+from simcore.topology import GlooSpec, TopologyError, TopologySpec, build_topology
+from traces.model import Layer, TraceMeta, chain
+
+MB = 1_000_000
+
+
+def trace(n_layers: int = 4, fwd_s: float = 0.01, param_bytes: int = 1 * MB) -> object:
+    layers = [
+        Layer(f"l{i}", fwd_s, 2 * fwd_s, param_bytes=param_bytes, activation_bytes=10_000)
+        for i in range(n_layers)
+    ]
+    return chain(TraceMeta("t", "cpu", 8), layers)
+
+
+def preset(cores: int = 2, **host: float) -> dict:
+    p = copy.deepcopy(load_preset("netns"))
+    p["host"] = {"cores": cores, "shared": True, **host}
+    return p
+
+
+def run(p: dict, gpus: int, scheme: str = "dp", **kw) -> object:
+    cfg = SimConfig(
+        trace=kw.pop("trace", None) or trace(),
+        topology=TopologySpec(p, gpus),
+        scheme=scheme,
+        iterations=kw.pop("iterations", 3),
+        **kw,
+    )
+    return simulate(cfg)
+
+
+# ---- the pool --------------------------------------------------------------------------
+def finish_times(cores: int, works: list[float], starts: list[float] | None = None) -> list:
+    env = Environment()
+    pool = CpuPool(env, cores)
+    done = [None] * len(works)
+    starts = starts or [0.0] * len(works)
+
+    def submit(i: int):
+        yield env.timeout(starts[i])
+        pool.run(works[i], lambda: done.__setitem__(i, env.now))
+
+    for i in range(len(works)):
+        env.process(submit(i))
+    env.run()
+    return done
+
+
+def test_processor_sharing_closed_forms():
+    # Three equal tasks on two cores share them: each runs at 2/3 and ends at 1.5 s.
+    assert finish_times(2, [1.0, 1.0, 1.0]) == pytest.approx([1.5, 1.5, 1.5])
+    # Fewer tasks than cores: each has a core of its own.
+    assert finish_times(4, [1.0, 2.0]) == pytest.approx([1.0, 2.0])
+    # One core, 1 s and 2 s: both at half speed until 2 s, then the longer alone.
+    assert finish_times(1, [1.0, 2.0]) == pytest.approx([2.0, 3.0])
+    # A task arriving later slows the running ones only from then on.
+    assert finish_times(1, [1.0, 1.0], [0.0, 0.5]) == pytest.approx([1.5, 2.0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    cores=st.integers(1, 4),
+    works=st.lists(st.floats(0.001, 2.0), min_size=1, max_size=8),
+)
+def test_pool_is_work_conserving(cores, works):
+    """Tasks that start together end when a plain phase-by-phase reference says (each
+    phase: the ``n`` tasks left run at ``min(1, cores/n)`` until the shortest is done), and
+    never before total work / cores or the longest task."""
+    left = sorted(works)
+    t, ends = 0.0, []
+    while left:
+        rate = min(1.0, cores / len(left))
+        step = left[0] / rate
+        t += step
+        left = [w - step * rate for w in left[1:]]
+        ends.append(t)
+    got = sorted(finish_times(cores, works))
+    assert got == pytest.approx(ends, rel=1e-9, abs=1e-9)
+    assert got[-1] >= max(sum(works) / cores, max(works)) - 1e-9
+
+
+def test_stream_runs_its_tasks_in_order():
+    env = Environment()
+    pool = CpuPool(env, 2)
+    log = []
+    s = CpuStream(pool, lambda a, b, info: log.append((info, a, b)))
+    for i in range(3):
+        s.submit(0.5, i)
+    env.run()
+    assert log == [(0, 0.0, 0.5), (1, 0.5, 1.0), (2, 1.0, 1.5)]
+
+
+# ---- ranks on shared cores ---------------------------------------------------------------
+@pytest.mark.parametrize(("scheme", "n"), [("dp", 3), ("gpipe", 2), ("pipedream", 3), ("ps", 2)])
+def test_cpu_ranks_equal_gpus_when_cores_and_communication_are_free(scheme, n):
+    """With a core per rank, no CPU cost of messages and gloo behaving as one stream, CPU
+    ranks give the GPU model's times (the host model adds nothing by itself). A server
+    on a CPU adds at the host's reduction cost and updates at its memory bandwidth, which
+    here equal the GPU model's server bandwidth (20 GB/s)."""
+    cpu = preset(cores=8, reduce_cpu_s_per_byte=1 / 20e9)
+    cpu["gloo"] = {"segment_bytes": "1GiB", "threads": 1}
+    cpu["gpu"]["memory_bandwidth"] = "1e15B/s" if scheme == "dp" else "20GB/s"
+    gpu = copy.deepcopy(cpu)
+    gpu["gpu"] = {**gpu["gpu"], "kind": "gpu"}
+    del gpu["host"], gpu["gloo"]
+    a = run(cpu, n, scheme)
+    b = run(gpu, n, scheme)
+    # (DDP's bucket copies at 1e15 B/s add nanoseconds)
+    assert a.iteration_time_s == pytest.approx(b.iteration_time_s, rel=1e-6)
+    assert a.comm_bytes_per_iteration == b.comm_bytes_per_iteration
+
+
+def test_oversubscribed_cores_stretch_compute():
+    """Compute-only data parallelism (a fast network, no CPU cost of messages): three ranks
+    on two cores take 3/2 as long as on three cores."""
+    tr = trace(param_bytes=4)
+    fast = {"bandwidth": "1TB/s", "latency": "0us"}
+    times = {}
+    for cores in (2, 3):
+        p = preset(cores=cores)
+        p["network"] = {**p["network"], **fast}
+        times[cores] = run(p, 3, trace=tr).iteration_time_s
+    assert times[2] == pytest.approx(1.5 * times[3], rel=0.02)
+
+
+def test_message_cpu_cost_slows_compute_that_shares_the_cores():
+    p = preset(cores=2)
+    costly = preset(cores=2, copy_cpu_s_per_byte=5e-9, message_cpu_s=1e-3)
+    base = run(p, 2)
+    slow = run(costly, 2)
+    assert slow.iteration_time_s > base.iteration_time_s
+    assert slow.comm_bytes_per_iteration == base.comm_bytes_per_iteration
+
+
+def test_utilisation_counts_wall_time_of_shared_cores():
+    r = run(preset(cores=1), 2, trace=trace(param_bytes=4))
+    assert all(0.0 <= u <= 1.0 + 1e-9 for u in r.per_gpu_utilization)
+
+
+def test_gloo_segments_follow_its_rule():
+    g = GlooSpec()
+    assert g.segments(100, 4) == 8  # at least two per rank
+    assert g.segments(10 << 20, 2) == 10  # 10 MiB in 1 MiB segments, a multiple of 2
+    assert g.segments(10 << 20, 3) == 12  # rounded up to a multiple of 3
+    assert g.segments(100, 1) == 1
+
+
+def test_two_buckets_in_flight_reduce_faster_than_one():
+    """gloo's two threads: with per-message costs two buckets at once beat one stream."""
+    p1 = preset(cores=4, message_cpu_s=2e-4)
+    p1["gloo"] = {"segment_bytes": "1MiB", "threads": 1}
+    p2 = copy.deepcopy(p1)
+    p2["gloo"]["threads"] = 2
+    tr = trace(n_layers=8, param_bytes=3 * MB, fwd_s=1e-4)
+    opts = {"options": None}
+    one = run(p1, 2, trace=tr, **opts).iteration_time_s
+    two = run(p2, 2, trace=tr, **opts).iteration_time_s
+    assert two <= one
+
+
+def test_sender_handshake_serialises_point_to_point_messages():
+    """Each pipeline message holds its sender for the handshake: a bigger handshake is
+    never faster, and bytes are unchanged."""
+    times = []
+    for h in (0.0, 1e-3, 5e-3):
+        r = run(preset(cores=4, p2p_handshake_s=h), 2, "gpipe")
+        times.append(r.iteration_time_s)
+    assert times == sorted(times) and times[2] > times[0]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    cores=st.integers(1, 4),
+    scheme=st.sampled_from(["dp", "ps", "p3", "gossip", "gpipe", "pipedream", "spectrain"]),
+    copy_ns=st.floats(0.0, 5.0),
+)
+def test_more_cores_are_never_slower_and_bytes_balance(cores, scheme, copy_ns):
+    p_small = preset(cores=cores, copy_cpu_s_per_byte=copy_ns * 1e-9, message_cpu_s=1e-4)
+    p_big = preset(cores=cores + 2, copy_cpu_s_per_byte=copy_ns * 1e-9, message_cpu_s=1e-4)
+    a = run(p_small, 2, scheme)
+    b = run(p_big, 2, scheme)
+    assert b.iteration_time_s <= a.iteration_time_s * (1 + 1e-9)
+    sent = sum(a.comm_bytes_by_link.values())
+    received = sum(a.comm_bytes_received_by_link.values())
+    assert sent == received
+    assert all(0.0 <= u <= 1.0 + 1e-9 for u in a.per_gpu_utilization)
+    again = run(p_small, 2, scheme)
+    assert again.iteration_time_s == a.iteration_time_s
+
+
+def test_cpu_devices_are_not_called_gpus():
+    topo = build_topology(TopologySpec(load_preset("netns"), 3))
+    names = [topo.devices[d].name for d in topo.gpus]
+    assert names == ["n0.rank0", "n1.rank0", "n2.rank0"]
+    assert topo.host_spec is not None and topo.host_spec.cores == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"host": None}, "needs a 'host' section"),
+        ({"host": {"cores": 0}}, "host.cores"),
+        ({"host": {"cores": 2, "speed": 3}}, "unknown key 'speed'"),
+        ({"gpu": {"kind": "tpu"}}, "gpu.kind 'tpu'"),
+    ],
+)
+def test_bad_host_sections_are_named(change, needle):
+    p = copy.deepcopy(load_preset("netns"))
+    for k, v in change.items():
+        if v is None:
+            p.pop(k)
+        elif k == "gpu":
+            p["gpu"] = {**p["gpu"], **v}
+        else:
+            p[k] = v
+    with pytest.raises(TopologyError, match=needle):
+        build_topology(TopologySpec(p, 2))

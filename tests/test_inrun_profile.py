@@ -1,0 +1,74 @@
+"""Traces measured inside a real run (realrun.metrics.trace_from_run): golden tiny records,
+then a real one-rank run whose trace adds up to its passes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from realrun.metrics import trace_from_run, update_bytes_per_s
+from traces.model import Layer, TraceMeta, chain
+
+
+def base() -> object:
+    layers = [Layer("a", 1.0, 1.0, param_bytes=400), Layer("b", 1.0, 1.0, param_bytes=400)]
+    return chain(TraceMeta("m", "cpu", 8), layers)
+
+
+def span(kind, name, a, b, it, mb=0, stream="compute"):
+    return ["r0", stream, kind, name, a, b, it, -1, mb, 0, -1]
+
+
+def records(spans, microbatches=2):
+    job = {
+        "scheme": "gpipe",
+        "warmup_iterations": 1,
+        "batch_size": 8,
+        "pipeline": {"microbatches": microbatches},
+    }
+    return {"job": job, "ranks": [{"role": "worker", "spans": spans}]}
+
+
+def test_each_layer_is_charged_from_the_previous_span_end():
+    spans = [
+        span("forward", "a", 0.0, 5.0, 0),  # warm-up: ignored
+        span("forward", "a", 10.0, 10.1, 1),  # first measured span: from its own start
+        span("forward", "b", 10.15, 10.3, 1),  # 0.05 s gap charged to b
+        span("wait", "wait grad", 10.3, 10.9, 1),
+        span("backward", "b", 11.0, 11.2, 1),  # from the wait's end: 0.3
+        span("backward", "a", 11.3, 11.4, 1),  # 0.2
+        span("update", "optimizer step", 11.4, 11.5, 1),
+    ]
+    tr = trace_from_run(records(spans), base())
+    a, b = tr.layers
+    assert (a.forward_s, b.forward_s) == pytest.approx((0.1, 0.2))
+    assert (a.backward_s, b.backward_s) == pytest.approx((0.2, 0.3))
+    assert tr.meta.batch_size == 4  # the micro-batch
+    assert a.param_bytes == 400
+    assert "measured inside a gpipe run" in tr.meta.provenance
+    assert update_bytes_per_s(records(spans), 800, 5) == pytest.approx(5 * 800 / 0.1)
+
+
+def test_unknown_layers_and_empty_runs_are_refused():
+    with pytest.raises(ValueError, match="layer 'zz'"):
+        trace_from_run(records([span("forward", "zz", 1, 2, 1)]), base())
+    with pytest.raises(ValueError, match="no forward or backward spans"):
+        trace_from_run(records([span("forward", "a", 1, 2, 0)]), base())
+    with pytest.raises(ValueError, match="no update spans"):
+        update_bytes_per_s(records([span("forward", "a", 1, 2, 1)]), 8, 5)
+
+
+def test_a_real_one_rank_run_gives_a_trace_that_adds_up(tmp_path: Path) -> None:
+    """The in-run trace of a real dp run of one rank: its layers' forward and backward
+    times add up to the measured passes (within the time outside them: data, loss)."""
+    pytest.importorskip("torch")
+    from tests.test_real import run
+    from traces import jsonfmt
+
+    recs, result, _job = run(tmp_path, scheme="dp", workers=1, iterations=4, profile=True)
+    prof = recs.get("profile")
+    assert prof is not None
+    tr = trace_from_run(recs, jsonfmt.from_dict(prof))
+    total = sum(layer.forward_s + layer.backward_s for layer in tr.layers)
+    assert 0.3 * result["iteration_time_s"] < total <= 1.05 * result["iteration_time_s"]
