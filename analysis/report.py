@@ -489,6 +489,10 @@ def build_report(
         if miss:
             missing[sec.title] = miss
     parts.append(partition_section(out_dir, quick))
+    from analysis.convergence import report_section
+
+    conv = report_section(out_dir, quick)
+    parts.append(conv)
 
     reg = registry()
     absent = [s for s in ORDER if s not in reg]
@@ -510,7 +514,13 @@ def build_report(
                 )
                 for sec in sections()
             ]
-            + [("The antichain partitioner's balance", "complete")],
+            + [
+                ("The antichain partitioner's balance", "complete"),
+                (
+                    "Convergence under staleness and time to accuracy",
+                    "missing: torch or scikit-learn" if "*Not run:*" in conv else "complete",
+                ),
+            ],
         )
         + "\n",
     ]

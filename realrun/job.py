@@ -36,6 +36,9 @@ carries the plan (``pipeline``)."""
 REAL_SCHEMES = ("dp", "ps", "p3", "gossip", "mp", "gpipe", "pipedream", "spectrain")
 """Schemes the real runtime executes."""
 
+DATASETS = ("digits",)
+"""Real data sets (:mod:`realrun.data`, which holds the same tuple)."""
+
 DEFAULT_REAL_BATCH = 8
 """Samples per worker per iteration when the user names none: a real model's trace batch
 (often 64-256 on a V100) is far too much for a CPU rank."""
@@ -64,7 +67,7 @@ class Job:
         iterations: measured iterations.
         warmup_iterations: iterations run first and left out of the metrics.
         seed: seeds the model's initial weights and the data.
-        optimizer: ``sgd``, ``momentum`` (0.9) or ``adam``.
+        optimizer: ``sgd``, ``momentum`` (SGD with ``momentum``) or ``adam``.
         lr: learning rate.
         backend: ``gloo`` or ``nccl``.
         timeout_s: a rank silent for this long is reported as hung.
@@ -78,6 +81,11 @@ class Job:
         pipeline: for the pipeline schemes, :func:`realrun.pipeline.plan`'s output (stage
             layer indices, replicas, micro-batches per iteration, tail iterations); the
             workers are then the pipeline's ranks and ``batch_size`` its mini-batch.
+        data: ``""`` (random inputs and labels) or a data set of :mod:`realrun.data`
+            (``digits``): the workers train on its training split in the order the module
+            describes, and a pipeline's ranks keep their stage's weights at every epoch's
+            end, saved with ``save_weights`` as ``epoch-weights-rank<r>.pt``.
+        momentum: the momentum of the ``momentum`` optimizer.
     """
 
     scheme: str
@@ -100,8 +108,14 @@ class Job:
     fault: str = ""
     pipeline: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     input_shape: tuple[int, ...] | None = None
+    data: str = ""
+    momentum: float = 0.9
 
     def __post_init__(self) -> None:
+        if self.data and self.data not in DATASETS:
+            raise JobError(
+                f"data: {self.data!r} is not allowed; choose one of: {', '.join(DATASETS)}"
+            )
         if self.scheme not in REAL_SCHEMES:
             raise JobError(
                 f"scheme: {self.scheme!r} has no real runtime yet; choose one of: "

@@ -298,6 +298,12 @@ class PipelineRuntime:
         self.record_layers = job.record_layers and ctx.setup.device.type != "cuda"
         self._fwd_marks: list[Any] = []
         self._grad_marks: list[Any] = []
+        self.epoch_iterations = 0
+        self.epoch_weights: dict[int, dict[str, torch.Tensor]] = {}
+        if job.data:
+            from realrun import data
+
+            self.epoch_iterations = data.updates_per_epoch(job)
 
     # ---- messages --------------------------------------------------------------------
     def _buffer_for(self, _src: int, kind: int, key: int) -> torch.Tensor:
@@ -535,6 +541,10 @@ class PipelineRuntime:
             p.grad = None
         self.grads = [None] * len(self.params)
         self.version += 1
+        if self.epoch_iterations and self.version % self.epoch_iterations == 0:
+            self.epoch_weights[self.version // self.epoch_iterations] = {
+                n: p.detach().clone() for n, p in zip(self.names, self.params)
+            }
         self._note_stash()
         self.rec.span(COMPUTE, UPDATE, f"update stage{self.stage}", start, self.rec.now(), it)
 
@@ -638,6 +648,7 @@ class PipelineRuntime:
                 "activation_peak_bytes": self.act_peak,
                 "microbatches": self.M,
                 "losses": self.losses,
+                "epoch_weights": self.epoch_weights,
             }
         )
 

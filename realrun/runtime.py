@@ -8,7 +8,8 @@ flattened in :attr:`~realrun.graph.LayerNode.param_names` order and concatenated
 "array" that the simulator's layer ``param_bytes`` stands for.
 
 **Data.** Worker ``r``'s batch of iteration ``i`` is drawn from a generator seeded with
-``(seed, r, i)`` (:func:`batch`); labels are drawn the same way. A single process that
+``(seed, r, i)`` (:func:`batch`); labels are drawn the same way; a job with a data set
+reads it instead (:mod:`realrun.data`). A single process that
 concatenates the workers' batches sees exactly the data of the distributed run.
 
 **Messages** (:class:`Messenger`): every message is a 64-byte header (kind, key,
@@ -252,7 +253,12 @@ def _seed(job: Job, rank: int, iteration: int, salt: int) -> int:
 def batch(
     job: Job, rank: int, iteration: int, num_classes: int, label_shape: tuple[int, ...]
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """Worker ``rank``'s inputs and labels of ``iteration`` (CPU; see module docs)."""
+    """Worker ``rank``'s inputs and labels of ``iteration`` (CPU; see module docs); a job
+    with ``data`` takes them from that data set (:func:`realrun.data.batch`)."""
+    if job.data:
+        from realrun import data
+
+        return data.batch(job, rank, iteration)
     inputs = job_model(job).example_inputs(job.batch_size, seed=_seed(job, rank, iteration, 1))
     gen = torch.Generator().manual_seed(_seed(job, rank, iteration, 2))
     labels = torch.randint(0, num_classes, (job.batch_size, *label_shape), generator=gen)
@@ -297,10 +303,11 @@ def loss_of(output: Any, labels: torch.Tensor) -> torch.Tensor:
 
 
 def make_optimizer(job: Job, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    """``job.optimizer`` over ``params`` (``momentum`` is SGD with momentum 0.9)."""
+    """``job.optimizer`` over ``params`` (``momentum`` is SGD with momentum
+    ``job.momentum``, 0.9 unless set)."""
     if job.optimizer == "adam":
         return torch.optim.Adam(params, lr=job.lr, foreach=False)
-    momentum = 0.9 if job.optimizer == "momentum" else 0.0
+    momentum = job.momentum if job.optimizer == "momentum" else 0.0
     return torch.optim.SGD(params, lr=job.lr, momentum=momentum, foreach=False)
 
 

@@ -142,9 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     rec.start_clock()
     scheme.run()
     heartbeat.beat(job.total_iterations)
+    epoch_weights = ctx.extra.pop("epoch_weights", None)
     if job.save_weights and rank < job.workers:
         state = {k: v.detach().cpu() for k, v in setup.model.state_dict().items()}
         torch.save(state, os.path.join(args.out, f"weights-rank{rank}.pt"))
+        if epoch_weights:
+            torch.save(epoch_weights, os.path.join(args.out, f"epoch-weights-rank{rank}.pt"))
     dist.barrier(group=group)
     record = rec.record(
         rank=rank,

@@ -44,6 +44,22 @@ PUBLISHED = {
     # our own small models (realrun/zoo/small.py)
     "mlp_small": _linear(64, 256) + _linear(256, 256) + _linear(256, 10),
     "cnn_small": (1 * 9 * 16 + 16) + (16 * 9 * 32 + 32) + _linear(512, 10),
+    # the validation models (realrun/zoo/small.py)
+    "mlp_medium": _linear(256, 1024) + 2 * _linear(1024, 1024) + _linear(1024, 10),
+    "cnn_medium": (
+        (3 * 9 * 32 + 32) + (32 * 9 * 64 + 64) + (64 * 9 * 128 + 128) + _linear(2048, 256)
+    )
+    + _linear(256, 10),
+    # the digits models of the convergence study (realrun/zoo/digits.py)
+    "digits_cnn": (9 * 16 + 16) + (16 * 9 * 32 + 32) + _linear(512, 64) + _linear(64, 10),
+    "digits_mlp": _linear(64, 128) + 3 * _linear(128, 128) + _linear(128, 10),
+    "digits_lstm": _linear(8, 32) + _lstm(32, 64) + _lstm(64, 64) + _linear(64, 10),
+    "digits_transformer": (
+        _linear(8, 32)
+        + 8 * 32
+        + 2 * (_linear(32, 96) + _linear(32, 32) + _linear(32, 64) + _linear(64, 32) + 4 * 32)
+        + _linear(32, 10)
+    ),
 }
 
 

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("dtsim.cli.sweep", "Run a what-if sweep over lists of settings."),
     "plot": ("dtsim.cli.plot", "Plot sweep results or a Chrome trace."),
     "report": ("dtsim.cli.report", "Reproduce the seed papers' comparisons as a report."),
+    "train": ("dtsim.cli.train", "Convergence under staleness on real data, time to accuracy."),
     "validate": ("dtsim.cli.validate", "Check the simulator against real runs over a matrix."),
 }
 """Subcommand -> (module, one-line help). The module defines a click command ``NAME``

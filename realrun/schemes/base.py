@@ -30,6 +30,11 @@ class WorkerLoop:
     * :meth:`after_backward` (optimizer step, end of the iteration),
     * :meth:`finish` (after the last iteration: wait for what is still in flight).
 
+    With a data set (``job.data``) the loop keeps each batch's loss and the weights at
+    every epoch's end (as the forward of the epoch's first iteration sees them: every
+    scheme has applied all earlier updates by then; the last epoch's after
+    :meth:`finish`), for ``sim train --real``.
+
     :attr:`model` is what forward calls (a DDP wrapper for ``dp``).
 
     The worker's batches are made before the clock starts (:meth:`prepare_data`), as a
@@ -100,6 +105,13 @@ class WorkerLoop:
         timer.before_forward = self.before_layer
         timer.on_grad_ready = self.grad_ready
         device = self.setup.device
+        epoch_updates = 0
+        if self.job.data:
+            from realrun import data
+
+            epoch_updates = data.updates_per_epoch(self.job)
+        epoch_weights: dict[int, dict[str, torch.Tensor]] = {}
+        losses: list[list[float]] = []
         for it in range(self.job.total_iterations):
             self.iteration = it
             self.ctx.beat(it)
@@ -111,6 +123,11 @@ class WorkerLoop:
             out = self.model(*inputs)
             loss = loss_of(out, labels)
             self.sync()
+            if epoch_updates:
+                # this forward ran on the weights of every update before ``it``
+                losses.append([it, float(loss.detach())])
+                if it and it % epoch_updates == 0:
+                    epoch_weights[it // epoch_updates] = self._weights()
             if not self.record_layers:
                 self.rec.span(COMPUTE, FORWARD, "forward", start, self.rec.now(), it)
             self.ctx.beat(it, 1)
@@ -127,6 +144,13 @@ class WorkerLoop:
             self.rec.end_iteration(it)
             self.ctx.beat(it, 3)
         self.finish()
+        if epoch_updates:
+            if self.job.total_iterations % epoch_updates == 0:
+                epoch_weights[self.job.total_iterations // epoch_updates] = self._weights()
+            self.ctx.extra.update({"losses": losses, "epoch_weights": epoch_weights})
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().cpu().clone() for n, p in self.setup.model.named_parameters()}
 
     def serve(self) -> None:
         """A server rank's work (schemes with servers override it)."""

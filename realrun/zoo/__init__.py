@@ -142,6 +142,34 @@ REGISTRY: dict[str, ZooModel] = dict(
             (InputSpec((3, 32, 32)),),
             "Validation CNN: three 3x3 convolutions on 3x32x32, 256-unit hidden layer",
         ),
+        _entry(
+            "digits_cnn",
+            "digits",
+            "digits_cnn",
+            (InputSpec((1, 8, 8)),),
+            "Digits CNN: two 3x3 convolutions, 64 hidden, 10 classes (8x8 images)",
+        ),
+        _entry(
+            "digits_mlp",
+            "digits",
+            "digits_mlp",
+            (InputSpec((64,)),),
+            "Digits self-normalising MLP: 4 SELU layers of 128 units (64 features)",
+        ),
+        _entry(
+            "digits_lstm",
+            "digits",
+            "digits_lstm",
+            (InputSpec((8, 8)),),
+            "Digits LSTM: rows as an 8-step sequence, two LSTM layers of 64 units",
+        ),
+        _entry(
+            "digits_transformer",
+            "digits",
+            "digits_transformer",
+            (InputSpec((8, 8)),),
+            "Digits Transformer: rows as 8 tokens, two encoder layers of width 32",
+        ),
     ]
 )
 """All zoo models by name."""
