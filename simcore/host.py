@@ -129,13 +129,13 @@ class CpuStream:
     it was queued with; a task may also carry its own callback.
     """
 
-    __slots__ = ("_head", "_queue", "_start", "env", "on_done", "pool")
+    __slots__ = ("_head", "_pending", "_start", "env", "on_done", "pool")
 
     def __init__(
         self, pool: CpuPool, on_done: Callable[[float, float, Any], None] | None = None
     ) -> None:
         self.pool, self.env, self.on_done = pool, pool.env, on_done
-        self._queue: deque[tuple[float, Any, Callable[[float], None] | None]] = deque()
+        self._pending: deque[tuple[float, Any, Callable[[float], None] | None]] = deque()
         self._head = False
         self._start = 0.0
 
@@ -150,21 +150,21 @@ class CpuStream:
         """Queue ``work_s`` core-seconds; ``then(end_s)`` is called when it is done."""
         if work_s < 0:
             raise ValueError(f"negative CPU work {work_s!r} s")
-        self._queue.append((work_s, info, then))
+        self._pending.append((work_s, info, then))
         if not self._head:
             self._next()
 
     def _next(self) -> None:
-        if not self._queue:
+        if not self._pending:
             self._head = False
             return
         self._head = True
         self._start = self.env.now
-        work, info, then = self._queue[0]
+        work, info, then = self._pending[0]
         self.pool.run(work, lambda: self._finished(info, then))
 
     def _finished(self, info: Any, then: Callable[[float], None] | None) -> None:
-        self._queue.popleft()
+        self._pending.popleft()
         now = self.env.now
         if self.on_done is not None:
             self.on_done(self._start, now, info)
