@@ -341,8 +341,11 @@ def test_signal_to_holder_cleans_up(prefix: str, sig: signal.Signals) -> None:
     try:
         t0 = time.monotonic()
         proc.send_signal(sig)
-        rc = proc.wait(timeout=10)
-        assert time.monotonic() - t0 < 5  # promptly
+        # Removing namespaces waits for the kernel's lock on network devices, which the
+        # cleanup of namespaces removed by earlier tests holds for seconds on a busy
+        # machine (10 s was once not enough): bounded, not instant.
+        rc = proc.wait(timeout=60)
+        assert time.monotonic() - t0 < 30
         assert rc == 128 + sig
         assert list_ours(prefix) == []
     finally:
