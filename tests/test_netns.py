@@ -300,6 +300,11 @@ def test_exception_inside_with_cleans_up(prefix: str) -> None:
     assert signal.getsignal(signal.SIGTERM) == handler
 
 
+def _default_signals() -> None:
+    for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL)
+
+
 def _holder(prefix: str) -> subprocess.Popen[str]:
     """A process that builds a 2-host shaped cluster and holds it; returns once it is up."""
     proc = subprocess.Popen(
@@ -320,6 +325,9 @@ def _holder(prefix: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as from a terminal: a suite started in the background (nohup, `&`) passes its
+        # ignored SIGHUP/SIGINT on, and a holder that ignores them cannot be tested
+        preexec_fn=_default_signals,
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + 20
@@ -341,11 +349,8 @@ def test_signal_to_holder_cleans_up(prefix: str, sig: signal.Signals) -> None:
     try:
         t0 = time.monotonic()
         proc.send_signal(sig)
-        # Removing namespaces waits for the kernel's lock on network devices, which the
-        # cleanup of namespaces removed by earlier tests holds for seconds on a busy
-        # machine (10 s was once not enough): bounded, not instant.
-        rc = proc.wait(timeout=60)
-        assert time.monotonic() - t0 < 30
+        rc = proc.wait(timeout=10)
+        assert time.monotonic() - t0 < 5  # promptly
         assert rc == 128 + sig
         assert list_ours(prefix) == []
     finally:
