@@ -65,10 +65,10 @@ MIN_RANKS, MAX_RANKS = 2, 4
 BATCH = 24
 """Samples per iteration and worker (a pipeline's mini-batch): divisible by 2, 3 and 4."""
 
-ITERATIONS = 4
-WARMUP_ITERATIONS = 1
+ITERATIONS = 10
+WARMUP_ITERATIONS = 3
 REPEATS = 3
-PROFILE_ITERATIONS, PROFILE_WARMUP = 8, 2
+PROFILE_ITERATIONS, PROFILE_WARMUP = 12, 2
 """Iterations of the one-rank run a case's compute is measured in (medians over them)."""
 
 HIT = 0.05
@@ -366,14 +366,17 @@ def trace_path(
     batch: int,
     input_shape: tuple[int, ...] | None = None,
     runtime: str = "dp",
+    ranks: int = 1,
 ) -> str:
-    """Where the trace of ``model`` at ``batch`` measured in ``runtime`` lives."""
+    """Where the trace of ``model`` at ``batch`` measured in ``runtime`` on ``ranks``
+    ranks lives."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model.rsplit("/", 1)[-1])
     if input_shape is not None:
         safe += "-" + "x".join(map(str, input_shape))
     if not zoo_model(model):  # two files of one name in different folders differ
         safe += "-" + hashlib.sha256(model.encode()).hexdigest()[:6]
-    return os.path.join(out_dir, "traces", f"{safe}-{runtime}-b{batch}.json")
+    on = f"-{ranks}r" if ranks > 1 else ""
+    return os.path.join(out_dir, "traces", f"{safe}-{runtime}{on}-b{batch}.json")
 
 
 def ensure_trace(out_dir: str, case: Case, topology_file: str) -> tuple[str, float]:
@@ -381,13 +384,18 @@ def ensure_trace(out_dir: str, case: Case, topology_file: str) -> tuple[str, flo
     runtime the case uses, and the memory bandwidth its optimizer step reached; reused
     when ``out_dir`` already has them.
 
-    A real run of ONE rank (:func:`profile_scheme`'s runtime, the case's micro-batch, no
-    communication, no other rank on the cores) is turned into the trace by
-    :func:`realrun.metrics.trace_from_run`, so what the runtime does around each layer is
-    part of the layer's time; the per-layer profiler's trace only gives the structure
-    (parameters, activations, the graph)."""
+    A real run on this machine's loopback (:func:`profile_scheme`'s runtime) is turned
+    into the trace by :func:`realrun.metrics.trace_from_run`, so what the runtime does
+    around each layer is part of the layer's time, and each layer's time is the CPU work
+    its rank's main thread did for it. A data-parallel case is profiled on one rank
+    (every rank runs the whole model; communication is the simulator's). A pipeline is
+    profiled with its own stages, micro-batches and schedule, since what a stage does
+    around its layers (its call, receiving, weight copies) each stage pays: the
+    ``--profile-out`` of a real run. The per-layer profiler's trace only gives the
+    structure (parameters, activations, the graph)."""
     runtime = profile_scheme(case.scheme)
-    path = trace_path(out_dir, case.model, case.trace_batch, case.input_shape, runtime)
+    ranks = case.ranks if runtime in PIPELINES else 1
+    path = trace_path(out_dir, case.model, case.trace_batch, case.input_shape, runtime, ranks)
     rate_path = path.removesuffix(".json") + ".update.json"
     if os.path.exists(path) and os.path.exists(rate_path):
         with open(rate_path, encoding="utf-8") as fh:
@@ -409,7 +417,7 @@ def ensure_trace(out_dir: str, case: Case, topology_file: str) -> tuple[str, flo
     one = replace(
         case,
         scheme=runtime,
-        ranks=1,
+        ranks=ranks,
         iterations=PROFILE_ITERATIONS,
         warmup_iterations=PROFILE_WARMUP,
         options=case.options if runtime in PIPELINES else (),
@@ -419,7 +427,7 @@ def ensure_trace(out_dir: str, case: Case, topology_file: str) -> tuple[str, flo
     with tempfile.TemporaryDirectory(prefix="dtsim-validate-profile-") as tmp:
         records = launch(job, tmp)
     trace = trace_from_run(records, base)
-    rate = update_bytes_per_s(records, base.param_bytes, OPTIMIZERS[job.optimizer][1])
+    rate = update_bytes_per_s(records, base, OPTIMIZERS[job.optimizer][1])
     tmp_path = path + ".tmp.json"
     save(trace, tmp_path)
     os.replace(tmp_path, path)

@@ -189,12 +189,16 @@ def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:
     same rank's compute stream (any kind: the previous layer, the loss, a wait) to its own
     end, so a pass's layers add up to the pass; layers the runtime does not record (those
     without parameters, in data-parallel runs) get the time in which they ran charged to
-    the next recorded layer and none themselves. Medians over the passes are used.
+    the next recorded layer and none themselves. Means over the passes are used (the
+    simulator predicts a mean iteration).
 
-    Meant for a run of one rank, alone on its machine: its compute, without contention
-    or communication, is what the simulator starts from. The trace's batch is the run's
-    samples per pass (its micro-batch for pipelines). Raises ``ValueError`` when the
-    records hold no layer spans or name layers ``base`` lacks.
+    Where the ranks shared the cores (a pipeline's stages, more ranks than cores), a
+    span's wall time includes the time its rank waited for a core. The charged times of
+    each rank are then scaled by :func:`cpu_factor`: what its main thread's CPU clock
+    says the compute stream used, over what the spans add up to. The trace holds the work
+    of each layer, and the simulator's CPU host shares the cores out again. The trace's
+    batch is the run's samples per pass (its micro-batch for pipelines). Raises
+    ``ValueError`` when the records hold no layer spans or name layers ``base`` lacks.
     """
     job = records["job"]
     warm = int(job["warmup_iterations"])
@@ -205,18 +209,11 @@ def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:
     for r in records["ranks"]:
         if r.get("role", "worker") != "worker":
             continue
-        stream = sorted(
-            (s for s in r["spans"] if s[1] == COMPUTE and s[6] >= warm), key=lambda s: s[4]
-        )
-        last_end = None
-        for s in stream:
-            kind, name, start, end = s[2], s[3], s[4], s[5]
+        for kind, name, charged in _charged_spans(r, warm):
             if kind in (FORWARD, BACKWARD):
                 if name not in index:
                     raise ValueError(f"the run recorded layer {name!r}, which the trace lacks")
-                begin = start if last_end is None else min(last_end, start)
-                samples.setdefault((kind, name), []).append(end - begin)
-            last_end = end
+                samples.setdefault((kind, name), []).append(charged)
     if not samples:
         raise ValueError("the records hold no forward or backward spans of measured iterations")
     layers = []
@@ -226,16 +223,16 @@ def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:
         layers.append(
             replace(
                 layer,
-                forward_s=statistics.median(fwd) if fwd else 0.0,
-                backward_s=statistics.median(bwd) if bwd else 0.0,
+                forward_s=statistics.fmean(fwd) if fwd else 0.0,
+                backward_s=statistics.fmean(bwd) if bwd else 0.0,
             )
         )
     meta = replace(
         base.meta,
         batch_size=batch,
         provenance=f"measured inside a {job['scheme']} run of {len(records['ranks'])} "
-        f"rank(s) by dtsim (realrun.metrics.trace_from_run); medians of {warm}+ "
-        f"iterations' spans",
+        f"rank(s) by dtsim (realrun.metrics.trace_from_run); means over the measured "
+        f"iterations' spans, in main-thread CPU time",
     )
     scaled = base.rescale_batch(batch)
     return Trace(
@@ -248,19 +245,65 @@ def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:
     )
 
 
-def update_bytes_per_s(records: Mapping[str, Any], param_bytes: int, passes: int) -> float:
-    """The memory bandwidth an optimizer step reached in a real run: ``passes`` weight-sized
-    passes over ``param_bytes`` divided by the median update span of the measured
-    iterations (the simulator's model of an update, see ``SimContext.update_s``).
-    ``ValueError`` when the run recorded no update."""
+def _charged_spans(rank: Mapping[str, Any], warm: int) -> list[tuple[str, str, float]]:
+    """``(kind, name, charged seconds)`` of the rank's compute spans of measured
+    iterations, each charged from the end of the span before it (waits get none), scaled
+    by the rank's :func:`cpu_factor`."""
+    marked = [int(k) for k in rank.get("main_cpu_at_end") or {}]
+    last = max(marked) if marked else float("inf")
+    stream = sorted(
+        (s for s in rank["spans"] if s[1] == COMPUTE and warm <= s[6] <= last),
+        key=lambda s: s[4],
+    )
+    out = []
+    last_end = None
+    for s in stream:
+        kind, name, start, end = s[2], s[3], s[4], s[5]
+        begin = start if last_end is None else min(last_end, start)
+        if kind != "wait":  # realrun.runtime.WAIT (this module does not import torch)
+            out.append((kind, name, end - begin))
+        last_end = end
+    factor = cpu_factor(rank, warm, sum(c for _k, _n, c in out))
+    return [(k, n, c * factor) for k, n, c in out]
+
+
+def cpu_factor(rank: Mapping[str, Any], warm: int, charged_s: float) -> float:
+    """The main thread's CPU seconds over the measured iterations divided by
+    ``charged_s``, the wall time its compute spans were charged in them, where that is
+    below 1: the rank waited for a core while it computed. Else 1: the CPU the thread
+    spent outside its spans (posting and waiting for messages) is the simulator's
+    per-message cost, not compute; also 1 when the records lack the CPU clock (runs
+    recorded before it was added)."""
+    marks = rank.get("main_cpu_at_end") or {}
+    done = sorted(int(k) for k in marks)
+    if charged_s <= 0 or (warm - 1) not in done or len(done) < 2 or done[-1] < warm:
+        return 1.0
+    cpu = marks[str(done[-1])] - marks[str(warm - 1)]
+    return min(1.0, cpu / charged_s) if cpu > 0 else 1.0
+
+
+def update_bytes_per_s(records: Mapping[str, Any], base: Trace, passes: int) -> float:
+    """The memory bandwidth an optimizer step reached in a real run, the simulator's model
+    of an update (``SimContext.update_s``: ``passes`` weight-sized passes over the
+    parameters): the bytes every update of an iteration passes over divided by the time
+    they took (each update span charged and scaled as :func:`trace_from_run` does, mean
+    over the measured iterations). A pipeline's stages each update their own layers of
+    ``base`` (a stage's replicas count once); ``ValueError`` when the run recorded no
+    update."""
     warm = int(records["job"]["warmup_iterations"])
-    spans_s = [
-        s[5] - s[4]
-        for r in records["ranks"]
-        if r.get("role", "worker") == "worker"
-        for s in r["spans"]
-        if s[1] == COMPUTE and s[2] == UPDATE and s[6] >= warm
-    ]
-    if not spans_s:
+    stage_layers = (records["job"].get("pipeline") or {}).get("stage_layers")
+    per_stage: dict[int, list[float]] = {}
+    for r in records["ranks"]:
+        if r.get("role", "worker") != "worker":
+            continue
+        spans_s = [c for kind, _n, c in _charged_spans(r, warm) if kind == UPDATE]
+        if spans_s:
+            per_stage.setdefault(int(r.get("stage", 0)), []).append(statistics.fmean(spans_s))
+    if not per_stage:
         raise ValueError("the records hold no update spans of measured iterations")
-    return passes * param_bytes / max(statistics.median(spans_s), 1e-9)
+    nbytes = 0
+    for stage in per_stage:
+        layers = stage_layers[stage] if stage_layers else range(len(base.layers))
+        nbytes += sum(base.layers[i].param_bytes for i in layers)
+    seconds = sum(statistics.fmean(v) for v in per_stage.values())
+    return passes * nbytes / max(seconds, 1e-9)

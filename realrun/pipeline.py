@@ -18,8 +18,9 @@ their gradients.
 * ``F``: the stage's forward on the micro-batch (its input tensors become leaves that
   require grad; the output, or on the last stage the loss, is kept for the backward);
 * ``SA``/``SG``: the boundary tensors (:class:`realrun.stages.Crossing`, one message each)
-  are queued on the :class:`~realrun.runtime.Messenger`'s sender thread: sends never
-  block the rank (blocking sends deadlock in 1F1B); ``RA``/``RG`` wait for them;
+  leave with gloo's ``isend`` (:class:`realrun.p2p.PostedLink`): sends never block the
+  rank (blocking sends deadlock in 1F1B); ``RA``/``RG`` wait for receives the rank
+  posted ahead, since its action list names every message it will get;
 * ``B``: ``torch.autograd.grad`` of the kept output with the received gradients, with
   respect to the stage's inputs and the weights its pass used; weight gradients add up
   until the next ``U``;
@@ -53,19 +54,18 @@ with saved-tensor hooks).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from realrun.p2p import Expected, PostedLink
 from realrun.runtime import (
     ACT,
     ACT_GRAD,
     WAIT,
-    Messenger,
     Recorder,
-    Slots,
     batch,
     job_model,
     loss_of,
@@ -191,6 +191,15 @@ def pass_seed(job: Any, mb: int, stage: int) -> int:
     return ((job.seed * 1_000_003 + mb) * 1_009 + stage) % (1 << 62)
 
 
+def seed_pass(seed: int, device: torch.device) -> None:
+    """Seed the random numbers of one pass (dropout) on ``device``: the CPU generator
+    alone, and the device's, not ``torch.manual_seed``, which also asks every other
+    accelerator backend for a lazy seed and formats a stack trace for it each call."""
+    torch.random.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)
+
+
 def microbatch(job: Any, m: int, microbatches: int, cache: dict[int, Any]) -> Any:
     """Inputs and labels of micro-batch ``m`` (see module docs); ``cache`` keeps the
     current iteration's batch."""
@@ -263,23 +272,18 @@ class PipelineRuntime:
                 if self.rank in ranks:
                     self.group = g
         self.replicas = len(self.schedule.stages[self.stage])
-        peers: set[int] = set()
-        for a in self.schedule.actions[self.rank]:
-            if a.peer >= 0:
-                peers.add(a.peer)
-        # a peer's receiver thread exists only if the peer sends to us; both directions
-        # exist in every pipeline schedule (activations one way, gradients the other)
-        self.slots = Slots()
         self.inbox: dict[tuple[int, int, int], torch.Tensor] = {}
-        self.msg = Messenger(
+        # every message the rank receives is in its action list: receives are posted ahead
+        per_mb = len(self.mod.inputs) + len(self.mod.outputs or ())
+        self.link = PostedLink(
             self.rank,
             job.world_size,
-            sorted(peers),
-            self.rec,
             ctx.group,
-            self._on_message,
-            self._buffer_for,
+            self.rec,
+            self._expected(),
+            2 * max(1, per_mb) * (self.M + self.n_stages),
             self._label,
+            job.timeout_s * 4,
         )
         self.version = 0
         self.kept: dict[int, dict[str, Any]] = {}
@@ -306,27 +310,29 @@ class PipelineRuntime:
             self.epoch_iterations = data.updates_per_epoch(job)
 
     # ---- messages --------------------------------------------------------------------
-    def _buffer_for(self, _src: int, kind: int, key: int) -> torch.Tensor:
-        j = key % KEY_STRIDE
-        c = self.mod.inputs[j] if kind == ACT else self.mod.outputs[j]  # type: ignore[index]
-        return torch.empty(c.shape, dtype=c.dtype)
-
-    def _on_message(
-        self, _src: int, kind: int, key: int, _it: int, buf: torch.Tensor, _t: float
-    ) -> None:
-        k = (kind, key // KEY_STRIDE, key % KEY_STRIDE)
-        self.inbox[k] = buf
-        self.slots.set(k)
+    def _expected(self) -> Iterator[Expected]:
+        """The messages this rank receives, in the order its actions consume them."""
+        for a in self.schedule.actions[self.rank]:
+            it = self.schedule.iteration_of(a)
+            if a.kind == sch.RECV_ACT:
+                for j, c in enumerate(self.mod.inputs):
+                    buf = torch.empty(c.shape, dtype=c.dtype)
+                    yield a.peer, ACT, a.mb * KEY_STRIDE + j, it, buf
+            elif a.kind == sch.RECV_GRAD:
+                for j, c in enumerate(self.mod.outputs or ()):
+                    if c.differentiable:
+                        buf = torch.empty(c.shape, dtype=c.dtype)
+                        yield a.peer, ACT_GRAD, a.mb * KEY_STRIDE + j, it, buf
 
     def _label(self, kind: int, key: int) -> tuple[str, int]:
         what = "act" if kind == ACT else "grad"
         return f"{what} mb{key // KEY_STRIDE}.{key % KEY_STRIDE}", -1
 
     def _take(self, kind: int, mb: int, j: int) -> torch.Tensor:
-        k = (kind, mb, j)
-        self.slots.wait(k, self.msg.check, self.job.timeout_s * 4)
-        self.slots.discard(k)
-        return self.inbox.pop(k)
+        return self.inbox.pop((kind, mb, j))
+
+    def _receive(self, kind: int, mb: int, j: int) -> None:
+        self.inbox[(kind, mb, j)] = self.link.wait(kind, mb * KEY_STRIDE + j)
 
     # ---- weights -----------------------------------------------------------------------
     def _current(self) -> dict[str, torch.Tensor]:
@@ -381,7 +387,7 @@ class PipelineRuntime:
         self, weights: dict[str, torch.Tensor], x: tuple[torch.Tensor, ...], mb: int, grad: bool
     ) -> tuple[Any, int]:
         counter = _SavedBytes()
-        torch.manual_seed(pass_seed(self.job, mb, self.stage))
+        seed_pass(pass_seed(self.job, mb, self.stage), self.ctx.setup.device)
         with torch.set_grad_enabled(grad), counter.hooks():
             out = self.mod.call(weights, *x)
             if self.mod.is_last:
@@ -575,7 +581,6 @@ class PipelineRuntime:
     # ---- the loop ----------------------------------------------------------------------
     def run(self) -> None:
         """Execute this rank's action list."""
-        self.msg.start()
         acts = self.schedule.actions[self.rank]
         last: dict[int, int] = {}
         for i, a in enumerate(acts):
@@ -599,13 +604,13 @@ class PipelineRuntime:
             if kind == sch.RECV_ACT:
                 start = self.rec.now()
                 for j in range(len(self.mod.inputs)):
-                    self.slots.wait((ACT, mb, j), self.msg.check, self.job.timeout_s * 4)
+                    self._receive(ACT, mb, j)
                 self._wait_span(start, f"wait act mb{mb}", it)
             elif kind == sch.RECV_GRAD:
                 start = self.rec.now()
                 for j, c in enumerate(self.mod.outputs or ()):
                     if c.differentiable:
-                        self.slots.wait((ACT_GRAD, mb, j), self.msg.check, self.job.timeout_s * 4)
+                        self._receive(ACT_GRAD, mb, j)
                 self._wait_span(start, f"wait grad mb{mb}", it)
             elif kind == sch.FORWARD:
                 out = self._forward(mb, it)
@@ -614,7 +619,7 @@ class PipelineRuntime:
             elif kind == sch.SEND_ACT:
                 out = outputs.pop(mb)
                 for j, t in enumerate(out):
-                    self.msg.send(a.peer, ACT, mb * KEY_STRIDE + j, it, t)
+                    self.link.send(a.peer, ACT, mb * KEY_STRIDE + j, it, t)
             elif kind == sch.RECOMPUTE:
                 self._recompute(mb, it)
             elif kind == sch.LOAD:
@@ -630,7 +635,7 @@ class PipelineRuntime:
             elif kind == sch.SEND_GRAD:
                 for j, g in enumerate(in_grads.pop(mb)):
                     if g is not None:
-                        self.msg.send(a.peer, ACT_GRAD, mb * KEY_STRIDE + j, it, g)
+                        self.link.send(a.peer, ACT_GRAD, mb * KEY_STRIDE + j, it, g)
             elif kind == sch.ALLREDUCE:
                 self._allreduce(it)
             elif kind == sch.UPDATE:
@@ -638,7 +643,7 @@ class PipelineRuntime:
             for done in marks.get(i, ()):
                 self.rec.end_iteration(done)
                 self.ctx.beat(done, 3)
-        self.msg.close()
+        self.link.close()
         self.ctx.extra.update(
             {
                 "stage": self.stage,
@@ -730,7 +735,7 @@ def replay_reference(job: Any) -> tuple[dict[str, Any], list[list[Any]]]:
         return False
 
     def run_stage(k: int, w: dict[str, torch.Tensor], x: tuple[torch.Tensor, ...], mb: int) -> Any:
-        torch.manual_seed(pass_seed(job, mb, k))
+        seed_pass(pass_seed(job, mb, k), torch.device("cpu"))
         out = split.stages[k].call(w, *x)
         if split.stages[k].is_last:
             out = (loss_of(out, microbatch(job, mb, M, cache)[1]) * scale,)

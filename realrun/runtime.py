@@ -91,6 +91,10 @@ class Recorder:
         self.cpu_at_end: dict[int, float] = {}
         """The process's CPU seconds (every thread) when it first marked an iteration
         done: what a rank costs the machine's cores, beyond its compute spans."""
+        self.main_cpu_at_end: dict[int, float] = {}
+        """The main thread's CPU seconds at the same moments: the work of the rank's
+        compute stream, without the time it waited for a core."""
+        self._main_clock = time.pthread_getcpuclockid(threading.main_thread().ident or 0)
         self._lock = threading.Lock()
 
     def start_clock(self) -> None:
@@ -129,7 +133,9 @@ class Recorder:
         t = self.now() if t is None else t
         with self._lock:
             self.iteration_end[iteration] = max(t, self.iteration_end.get(iteration, 0.0))
-            self.cpu_at_end.setdefault(iteration, time.process_time())
+            if iteration not in self.cpu_at_end:
+                self.cpu_at_end[iteration] = time.process_time()
+                self.main_cpu_at_end[iteration] = time.clock_gettime(self._main_clock)
 
     def record(self, **extra: Any) -> dict[str, Any]:
         """Everything recorded, as a JSON-able dictionary."""
@@ -140,6 +146,7 @@ class Recorder:
             "header_bytes": self.header_bytes,
             "iteration_end": {str(k): v for k, v in sorted(self.iteration_end.items())},
             "cpu_at_end": {str(k): v for k, v in sorted(self.cpu_at_end.items())},
+            "main_cpu_at_end": {str(k): v for k, v in sorted(self.main_cpu_at_end.items())},
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             **extra,
         }

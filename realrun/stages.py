@@ -109,7 +109,16 @@ class StageModule(nn.Module):
 
     def call(self, weights: dict[str, torch.Tensor], *flat: torch.Tensor) -> Any:
         """:meth:`forward` with the parameters in ``weights`` (by their names in the model)
-        in place of the module's own (``torch.func.functional_call``)."""
+        in place of the module's own (``torch.func.functional_call``); a plain call when
+        ``weights`` are the module's own parameters (swapping them in costs time per
+        call)."""
+        own = self.__dict__.get("_own_params")
+        if own is None:
+            own = self.__dict__["_own_params"] = dict(
+                zip(self.param_names, self.stage_parameters())
+            )
+        if len(weights) == len(own) and all(weights[n] is t for n, t in own.items()):
+            return self(*flat)
         return torch.func.functional_call(self, {f"gm.{n}": t for n, t in weights.items()}, flat)
 
     def forward(self, *flat: torch.Tensor) -> Any:

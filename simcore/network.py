@@ -23,6 +23,12 @@ the waiting messages at every release, which costs more than the per-link queues
 the analytic fidelity with ``priority=True`` queues whole messages (one chunk each) per
 link direction, as the detailed model does with an unbounded chunk size.
 
+**Token buckets.** A link with a burst (``Link.burst_bytes``: an emulated cluster's ``tc
+tbf``) holds each chunk to its rate's schedule less the burst: after an idle spell a
+burst's worth of bytes leaves at the peak speed, a long transfer at the rate (the generic
+cell rate algorithm, :meth:`LinkState.transmit`). The detailed model applies it; the
+analytic model sends at the rate.
+
 Both keep per-link counters (bytes sent, bytes received) and a record of every message,
 from which the metrics are computed. A link direction's busy time is its bytes sent over
 its bandwidth.
@@ -54,27 +60,48 @@ class LinkState:
     """Run-time state and counters of one link direction."""
 
     __slots__ = (
+        "burst_s",
         "busy",
         "free_at",
         "latency",
         "link",
+        "peak_service",
         "queue",
         "recv_bytes",
         "sent_bytes",
         "seq",
         "service",
+        "tat",
     )
 
     def __init__(self, link: Link) -> None:
         self.link = link
         self.service = 1.0 / link.bandwidth_bytes_per_s  # seconds per byte
         self.latency = link.latency
+        # token bucket (a tbf-shaped link): the bucket as time at the rate, the burst's
+        # speed, and the theoretical arrival time of the bytes already sent (GCRA)
+        self.burst_s = link.burst_bytes * self.service
+        self.peak_service = 1.0 / link.peak_bytes_per_s if link.peak_bytes_per_s > 0 else 0.0
+        self.tat = 0.0
         self.free_at = 0.0
         self.sent_bytes = 0
         self.recv_bytes = 0
         self.queue: list[tuple[float, int, float, Message, int, int]] = []
         self.busy = False
         self.seq = 0
+
+    def transmit(self, start: float, nbytes: float) -> float:
+        """When ``nbytes`` put on this link at ``start`` have left it. A token bucket
+        (``burst_s`` > 0) lets bytes go at the peak speed while they are within the burst
+        of the rate's schedule (``tat``, the time the bytes sent so far would have taken at
+        the rate), and holds the rest to the rate; a plain link sends at its rate."""
+        if self.burst_s <= 0.0:
+            return start + nbytes * self.service
+        tat = (self.tat if self.tat > start else start) + nbytes * self.service
+        self.tat = tat
+        fast = start + nbytes * self.peak_service
+        held = tat - self.burst_s
+        return fast if fast > held else held
 
 
 class ShadowLink(LinkState):
@@ -213,9 +240,10 @@ class Network(ABC):
         message between a device and itself (or of zero bytes) arrives after no time.
         On CPU hosts (:attr:`cpu`) it arrives once its ends' CPU work is done too: it
         travels as ``segments`` messages of the transport, and the receiver adds
-        ``reduce_bytes`` of it into a buffer of its own; and a point-to-point message
-        (``p2p``, not a collective's) waits for the device's sender (see
-        :class:`_Sender`).
+        ``reduce_bytes`` of it into a buffer of its own; and a message that a rank's
+        sending thread hands over one at a time (``p2p``: a parameter server's or a
+        gossip exchange's, not a collective's or a pipeline's, whose receives are posted
+        ahead) waits for the device's sender (see :class:`_Sender`).
         """
         hops = self._hops.get((src, dst))
         if hops is None:
@@ -388,13 +416,22 @@ class DetailedNetwork(Network):
         if len(msg.hops) == 1:
             # One hop: only the arrival of the last byte matters.
             msg.chunks_left = 1
-            end = t + n * svc
+            end = st.transmit(t, n)
             st.free_at = end
             at(end + st.latency, _ChunkArrival(cb, msg, 1, n))
             return
         full, last = divmod(n, c)
         msg.chunks_left = full + (1 if last else 0)
         lat = st.latency
+        if st.burst_s > 0.0:
+            for _ in range(full):
+                t = st.transmit(t, c)
+                at(t + lat, _ChunkArrival(cb, msg, 1, c))
+            if last:
+                t = st.transmit(t, last)
+                at(t + lat, _ChunkArrival(cb, msg, 1, last))
+            st.free_at = t
+            return
         step = c * svc
         for _ in range(full):
             t += step
@@ -420,7 +457,7 @@ class DetailedNetwork(Network):
         start = st.free_at
         if start < now:
             start = now
-        end = start + size * st.service
+        end = st.transmit(start, size)
         st.free_at = end
         st.sent_bytes += size
         self._at(end + st.latency, _ChunkArrival(self._on_fifo_arrival, msg, hop + 1, size))
@@ -446,7 +483,7 @@ class DetailedNetwork(Network):
         if msg.start_s < 0:
             msg.start_s = start
         st.sent_bytes += size
-        end = start + size * st.service
+        end = st.transmit(start, size)
         st.free_at = end
         self._at(end + st.latency, _ChunkArrival(self._on_prio_arrival, msg, hop + 1, size))
 

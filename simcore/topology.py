@@ -143,9 +143,24 @@ class Link:
         bandwidth_bytes_per_s: the rate, bytes per second.
         latency: seconds from the end of transmission to arrival at ``dst``.
         name: ``"srcname->dstname"``.
+        burst_bytes: a token bucket's size (a link shaped with ``tc tbf``): after an idle
+            spell that many bytes leave at ``peak_bytes_per_s`` before the rate applies;
+            0 for a plain link.
+        peak_bytes_per_s: how fast a burst leaves (the link's speed unshaped); 0 for
+            no limit.
     """
 
-    __slots__ = ("bandwidth_bytes_per_s", "dst", "index", "kind", "latency", "name", "src")
+    __slots__ = (
+        "bandwidth_bytes_per_s",
+        "burst_bytes",
+        "dst",
+        "index",
+        "kind",
+        "latency",
+        "name",
+        "peak_bytes_per_s",
+        "src",
+    )
 
     def __init__(
         self,
@@ -156,10 +171,13 @@ class Link:
         bandwidth_bytes_per_s: float,
         latency: float,
         name: str,
+        burst_bytes: float = 0.0,
+        peak_bytes_per_s: float = 0.0,
     ) -> None:
         self.index, self.src, self.dst, self.kind = index, src, dst, kind
         self.bandwidth_bytes_per_s, self.latency = bandwidth_bytes_per_s, latency
         self.name = name
+        self.burst_bytes, self.peak_bytes_per_s = burst_bytes, peak_bytes_per_s
 
     def __repr__(self) -> str:
         return (
@@ -370,8 +388,12 @@ class TopologyBuilder:
         bandwidth: float,
         latency: float,
         count: int = 1,
+        burst_bytes: float = 0.0,
+        peak_bytes_per_s: float = 0.0,
     ) -> None:
-        """Add a full-duplex link (two directed links) of ``count`` lanes ganged together."""
+        """Add a full-duplex link (two directed links) of ``count`` lanes ganged together
+        (``burst_bytes``, ``peak_bytes_per_s``: a token bucket in each direction, see
+        :class:`Link`)."""
         ia = a if isinstance(a, int) else self.index(a)
         ib = b if isinstance(b, int) else self.index(b)
         if kind not in LINK_KINDS:
@@ -386,7 +408,9 @@ class TopologyBuilder:
         bw = bandwidth * count
         for s, d in ((ia, ib), (ib, ia)):
             name = f"{self.devices[s].name}->{self.devices[d].name}"
-            self.links.append(Link(len(self.links), s, d, kind, bw, latency, name))
+            self.links.append(
+                Link(len(self.links), s, d, kind, bw, latency, name, burst_bytes, peak_bytes_per_s)
+            )
 
     def build(self, gpus: list[int] | None = None, **kwargs: Any) -> Topology:
         """The topology; ``gpus`` defaults to every GPU device in order of creation."""
@@ -445,7 +469,9 @@ def _build_topology(spec: TopologySpec) -> Topology:
     box, ``devices`` name -> kind,
     ``links`` as ``[a, b, kind, bandwidth, latency]`` or with a fifth ``count``, ``host``,
     ``nic_attach``, optional ``ring_order``) and ``network`` (``kind``, ``bandwidth``,
-    ``latency``, ``nic_link`` with kind/bandwidth/latency). GPUs inside a box are the
+    ``latency``, ``nic_link`` with kind/bandwidth/latency, optionally ``burst`` and
+    ``peak_bandwidth``: a token bucket on each direction of every host link, as ``tc
+    tbf`` shapes an emulated cluster's). GPUs inside a box are the
     implicit devices ``gpu0 .. gpu{n-1}``. Device names get a ``n{box}.`` prefix when the
     cluster has more than one box.
 
@@ -464,6 +490,8 @@ def _build_topology(spec: TopologySpec) -> Topology:
         net_kind = str(net.get("kind", "ib"))
         net_bw = spec.bandwidth_bytes_per_s or parse_rate(net.get("bandwidth", "100Gbps"))
         net_lat = parse_time(net.get("latency", "1us"))
+        net_burst = parse_size(net.get("burst", 0))
+        net_peak = parse_rate(net["peak_bandwidth"]) if net.get("peak_bandwidth") else 0.0
         nic_link = net.get("nic_link") or {"kind": "pcie", "bandwidth": "12GB/s", "latency": "1us"}
         nic_kind = str(nic_link.get("kind", "pcie"))
         nic_bw = parse_rate(nic_link.get("bandwidth", "12GB/s"))
@@ -555,7 +583,7 @@ def _build_topology(spec: TopologySpec) -> Topology:
     if nics:
         fabric = b.device("switch", "switch", -1)
         for nic in nics:
-            b.link(nic, fabric, net_kind, net_bw, net_lat)
+            b.link(nic, fabric, net_kind, net_bw, net_lat, 1, net_burst, net_peak)
         for s in range(spec.dedicated_servers):
             srv = b.device(f"ps{s}", "server", -1)
             b.link(srv, fabric, net_kind, net_bw, net_lat)

@@ -180,7 +180,7 @@ def _check_preset(preset: dict[str, Any], path: str) -> None:
     m = data["measured"]
     assert m["date"].endswith("Z") and m["torch"].startswith("2.")
     for row in m["p2p"]:
-        assert set(row) == {"bytes", "shaped_s", "unshaped_s", "cpu_s"}
+        assert set(row) == {"bytes", "shaped_s", "unshaped_s", "cpu_s", "shaped_machine_cpu_s"}
         assert row["unshaped_s"] > 0 and row["cpu_s"] > 0
     for row in m["allreduce"]:
         assert set(row) == {"ranks", "bytes", "time_s", "spread_s"}

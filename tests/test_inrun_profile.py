@@ -47,7 +47,39 @@ def test_each_layer_is_charged_from_the_previous_span_end():
     assert tr.meta.batch_size == 4  # the micro-batch
     assert a.param_bytes == 400
     assert "measured inside a gpipe run" in tr.meta.provenance
-    assert update_bytes_per_s(records(spans), 800, 5) == pytest.approx(5 * 800 / 0.1)
+    assert update_bytes_per_s(records(spans), base(), 5) == pytest.approx(5 * 800 / 0.1)
+
+
+def test_a_rank_that_waited_for_a_core_is_charged_its_cpu_time():
+    """Spans of 0.1 + 0.2 + 0.1 s of wall time in which the main thread's CPU clock
+    advanced 0.2 s: every charged time is halved, the layers' and the update's."""
+    spans = [
+        span("forward", "a", 10.0, 10.1, 1),
+        span("wait", "wait", 10.1, 10.5, 1),
+        span("backward", "a", 10.5, 10.7, 1),
+        span("update", "optimizer step", 10.7, 10.8, 1),
+    ]
+    rec = records(spans)
+    rec["ranks"][0]["main_cpu_at_end"] = {"0": 3.0, "1": 3.2}
+    a, _b = trace_from_run(rec, base()).layers
+    assert (a.forward_s, a.backward_s) == pytest.approx((0.05, 0.1))
+    assert update_bytes_per_s(rec, base(), 5) == pytest.approx(5 * 800 / 0.05)
+    # CPU beyond the spans (messages posted and waited for) is not compute: unscaled
+    rec["ranks"][0]["main_cpu_at_end"] = {"0": 3.0, "1": 3.8}
+    a, _b = trace_from_run(rec, base()).layers
+    assert (a.forward_s, a.backward_s) == pytest.approx((0.1, 0.2))
+
+
+def test_a_pipelines_update_rate_counts_each_stages_own_layers():
+    """Stage 0 updates layer a (400 B) in 0.1 s, stage 1 layer b (400 B) in 0.3 s: 800 B
+    in 0.4 s, not the whole model's bytes over one stage's time."""
+    rec = records([])
+    rec["job"]["pipeline"]["stage_layers"] = [[0], [1]]
+    rec["ranks"] = [
+        {"role": "worker", "stage": k, "spans": [span("update", "u", 1.0, 1.0 + t, 1)]}
+        for k, t in enumerate((0.1, 0.3))
+    ]
+    assert update_bytes_per_s(rec, base(), 1) == pytest.approx(800 / 0.4)
 
 
 def test_unknown_layers_and_empty_runs_are_refused():
@@ -56,7 +88,7 @@ def test_unknown_layers_and_empty_runs_are_refused():
     with pytest.raises(ValueError, match="no forward or backward spans"):
         trace_from_run(records([span("forward", "a", 1, 2, 0)]), base())
     with pytest.raises(ValueError, match="no update spans"):
-        update_bytes_per_s(records([span("forward", "a", 1, 2, 1)]), 8, 5)
+        update_bytes_per_s(records([span("forward", "a", 1, 2, 1)]), base(), 5)
 
 
 def test_a_real_one_rank_run_gives_a_trace_that_adds_up(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ from itertools import pairwise
 
 import pytest
 import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simcore.network import AnalyticNetwork, DetailedNetwork
 from simcore.topology import TopologyBuilder
@@ -114,3 +116,72 @@ def test_local_and_empty_messages_arrive_at_once():
         DetailedNetwork, line(1), [(0.5, 0, 0, 100, 0, "self"), (0.5, 0, 1, 0, 0, "empty")]
     )
     assert log == [("self", 0.5), ("empty", 0.5)]
+
+
+# ---- token buckets (tc tbf on an emulated cluster's links) ---------------------------------
+def shaped_line(burst, peak, bw=B):
+    b = TopologyBuilder("tbf")
+    b.device("a", "gpu", 0)
+    b.device("z", "gpu", 0)
+    b.link("a", "z", "ethernet", bw, LAT, 1, burst, peak)
+    return b.build([0, 1])
+
+
+@pytest.mark.parametrize("priority", [False, True])
+def test_a_message_within_the_burst_leaves_at_peak_speed(priority):
+    log, _ = run_messages(
+        DetailedNetwork, shaped_line(10_000, 10 * B), [(0, 0, 1, 8000, 0, "m")], priority=priority
+    )
+    assert log == [("m", pytest.approx(LAT + 8000 / (10 * B)))]
+
+
+@pytest.mark.parametrize("chunk", [1000, 1 << 20])
+def test_a_long_transfer_gets_the_burst_then_the_rate(chunk):
+    """1 MB through a 10 kB bucket: the first 10 kB are free, the rest goes at the rate."""
+    n = 1_000_000
+    log, _ = run_messages(
+        DetailedNetwork, shaped_line(10_000, 10 * B), [(0, 0, 1, n, 0, "m")], chunk_bytes=chunk
+    )
+    assert log == [("m", pytest.approx(LAT + (n - 10_000) / B, rel=1e-9))]
+
+
+def test_the_bucket_refills_at_the_rate():
+    """Two 10 kB bursts: back to back the second waits for tokens; after 10 us of idling
+    (10 kB at the rate) it goes at peak speed again."""
+    peak, burst = 10 * B, 10_000
+    back_to_back, _ = run_messages(
+        DetailedNetwork,
+        shaped_line(burst, peak),
+        [(0, 0, 1, burst, 0, "a"), (0, 0, 1, burst, 0, "b")],
+    )
+    assert back_to_back[1] == ("b", pytest.approx(LAT + burst / B))
+    spaced, _ = run_messages(
+        DetailedNetwork,
+        shaped_line(burst, peak),
+        [(0, 0, 1, burst, 0, "a"), (burst / B, 0, 1, burst, 0, "b")],
+    )
+    assert spaced[1] == ("b", pytest.approx(burst / B + LAT + burst / peak))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 200_000), min_size=1, max_size=12),
+    gaps=st.lists(st.floats(0, 1e-3), min_size=12, max_size=12),
+    burst=st.integers(0, 100_000),
+)
+def test_a_bucket_never_slows_a_link_and_never_beats_rate_plus_burst(sizes, gaps, burst):
+    """Against the same link unshaped-at-the-rate, every message arrives no later; and by
+    any arrival the bytes delivered are at most the burst plus the rate times the time."""
+    t, sends = 0.0, []
+    for i, (n, gap) in enumerate(zip(sizes, gaps)):
+        t += gap
+        sends.append((t, 0, 1, n, 0, i))
+    plain, _ = run_messages(DetailedNetwork, line(1), sends, chunk_bytes=4096)
+    shaped, _ = run_messages(DetailedNetwork, shaped_line(burst, 100 * B), sends, chunk_bytes=4096)
+    plain_at, shaped_at = dict(plain), dict(shaped)
+    for i in plain_at:
+        assert shaped_at[i] <= plain_at[i] + 1e-12
+    delivered = 0
+    for i, at in sorted(shaped_at.items(), key=lambda kv: kv[1]):
+        delivered += sizes[i]
+        assert delivered <= burst + 4096 + B * (at - LAT) + 1e-6

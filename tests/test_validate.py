@@ -371,10 +371,10 @@ def test_validate_end_to_end_on_an_emulated_cluster(
     for pid in df["point_id"]:
         for path in va.timeline_paths(out, pid):
             assert os.path.getsize(path) > 0, path
-    # compute measured in one-rank runs of each runtime, at the micro-batch for gpipe
+    # compute measured in a one-rank dp run, and in gpipe's own two stages at its micro-batch
     assert (Path(out) / "traces" / "mlp_medium-dp-b24.json").exists()
-    assert (Path(out) / "traces" / "mlp_medium-gpipe-b6.json").exists()
-    assert (Path(out) / "traces" / "mlp_medium-gpipe-b6.layers.json").exists()
+    assert (Path(out) / "traces" / "mlp_medium-gpipe-2r-b6.json").exists()
+    assert (Path(out) / "traces" / "mlp_medium-gpipe-2r-b6.layers.json").exists()
     med = float(df["abs_rel_err"].median())
     # the same command with a gate below the error: resumes (nothing runs) and exits 1
     code, stdout, err = run_main(capsys, *args, "--fail-above", f"{med / 2}")

@@ -378,6 +378,8 @@ class PipelineScheme(Scheme):
                     rank_dst=a.peer,
                     iteration=it,
                     payload=(a.peer, sch.RECV_ACT if act else sch.RECV_GRAD, mb),
+                    # posted ahead, moved by the transport (realrun.p2p): no sender thread
+                    p2p=False,
                 )
             elif kind in sch.RECV_KINDS:
                 yield self._box((r, kind, mb))

@@ -1,0 +1,134 @@
+"""Point-to-point messages whose receives are posted ahead: no Python thread on the path.
+
+A scheme whose every message is known in advance (a pipeline's schedule names each
+activation and gradient, its sender and the action that consumes it) does not need the
+:class:`~realrun.runtime.Messenger`'s sender and receiver threads. :class:`PostedLink`
+posts gloo's ``irecv`` for the next expected messages into their own buffers and sends
+with ``isend``; gloo's transport thread moves the bytes in C++ while the rank computes,
+so a message never waits for a Python thread to get a core and the interpreter lock.
+Waiting for a message is ``work.wait()`` on the main thread.
+
+Each message carries a gloo tag made of its kind and key (unique among the messages in
+flight between two ranks), so receives match their sends whatever the order of arrival.
+No header travels: the receiver knows each message's shape from the schedule.
+
+gloo marks a send complete only when it is waited for, so the link keeps each send (and
+its tensor) until it is ``window`` sends old, then waits for it (long done by then), and
+waits for the rest in :meth:`PostedLink.close`. Timeline: a send span is the time the
+rank takes to hand the message to gloo; a receive span runs from when the rank starts
+waiting for the message until it is there (a message already there gets a short one).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from realrun.runtime import KIND_NAMES, Recorder
+from simcore.records import RECV, SEND
+
+TAG_SPACE = 1 << 30
+"""Tags wrap modulo this (gloo's tags are 32-bit; only messages in flight need differ)."""
+
+Expected = tuple[int, int, int, int, torch.Tensor]
+"""``(src, kind, key, iteration, buffer)`` of a message a rank will receive."""
+
+
+def message_tag(kind: int, key: int) -> int:
+    """The gloo tag of message ``(kind, key)``."""
+    return (key * 16 + kind) % TAG_SPACE
+
+
+class PostedLink:
+    """Sends with ``isend`` and receives into receives posted ahead (see module docs).
+
+    ``expected`` yields the messages this rank will receive, in the order it consumes
+    them; up to ``window`` of them have a receive posted at any time. ``label(kind,
+    key)`` names a message and its trace layer for the timeline.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        group: Any,
+        rec: Recorder,
+        expected: Iterable[Expected],
+        window: int,
+        label: Callable[[int, int], tuple[str, int]],
+        timeout_s: float,
+    ) -> None:
+        self.rank, self.world, self.group, self.rec = rank, world, group, rec
+        self.label = label
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self._expected = iter(expected)
+        self._window = max(1, window)
+        self._posted: dict[tuple[int, int], tuple[Any, torch.Tensor, int, int]] = {}
+        self._sends: deque[tuple[Any, torch.Tensor]] = deque()
+        self._post_more()
+
+    # ---- receiving -------------------------------------------------------------------
+    def _post_more(self) -> None:
+        while len(self._posted) < self._window:
+            nxt = next(self._expected, None)
+            if nxt is None:
+                return
+            src, kind, key, it, buf = nxt
+            work = dist.irecv(buf, src, group=self.group, tag=message_tag(kind, key))
+            self._posted[(kind, key)] = (work, buf, src, it)
+
+    def wait(self, kind: int, key: int) -> torch.Tensor:
+        """Wait for message ``(kind, key)`` and return its buffer (it must be among the
+        posted ones: consume messages in the order ``expected`` gave them)."""
+        entry = self._posted.pop((kind, key), None)
+        if entry is None:
+            raise RuntimeError(
+                f"rank {self.rank} waits for message kind {KIND_NAMES.get(kind, kind)} "
+                f"key {key}, which no posted receive expects"
+            )
+        work, buf, src, it = entry
+        start = self.rec.now()
+        work.wait(self.timeout)
+        end = self.rec.now()
+        name, layer = self.label(kind, key)
+        nbytes = buf.numel() * buf.element_size()
+        self.rec.span(
+            RECV, "recv", name, start, end, it, layer, nbytes,
+            self._flow(src, self.rank, kind, key),
+        )  # fmt: skip
+        self._post_more()
+        return buf
+
+    # ---- sending ---------------------------------------------------------------------
+    def send(self, dst: int, kind: int, key: int, iteration: int, payload: torch.Tensor) -> None:
+        """Post ``payload`` to rank ``dst`` (it must stay unchanged until sent: the link
+        keeps a reference until it has waited for the send)."""
+        payload = payload.contiguous()
+        start = self.rec.now()
+        work = dist.isend(payload, dst, group=self.group, tag=message_tag(kind, key))
+        end = self.rec.now()
+        nbytes = payload.numel() * payload.element_size()
+        self.rec.count_sent(dst, iteration, nbytes, KIND_NAMES[kind])
+        name, layer = self.label(kind, key)
+        self.rec.span(
+            SEND, "send", name, start, end, iteration, layer, nbytes,
+            self._flow(self.rank, dst, kind, key),
+        )  # fmt: skip
+        self._sends.append((work, payload))
+        if len(self._sends) > self._window:
+            self._sends.popleft()[0].wait(self.timeout)
+
+    def close(self) -> None:
+        """Wait for every send to complete (receives must all have been consumed)."""
+        while self._sends:
+            self._sends.popleft()[0].wait(self.timeout)
+        if self._posted or next(self._expected, None) is not None:
+            raise RuntimeError(f"rank {self.rank} finished with messages it never consumed")
+
+    def _flow(self, src: int, dst: int, kind: int, key: int) -> int:
+        return ((src * self.world + dst) << 32) | message_tag(kind, key)
