@@ -276,6 +276,17 @@ def burst_payload_bytes(rate_bytes_per_s: float | None) -> float:
     return shape_for_rate(rate_bytes_per_s).burst_bytes * TCP_PAYLOAD_BYTES / FRAME_BYTES
 
 
+def tcp_send_buffer_bytes() -> int:
+    """The most a TCP socket's send buffer grows to here (``net.ipv4.tcp_wmem``'s maximum;
+    4 MiB, Linux's default, where it cannot be read): what a blocking send hands the
+    kernel before it returns."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_wmem", encoding="ascii") as fh:
+            return int(fh.read().split()[2])
+    except (OSError, ValueError, IndexError):
+        return 4 << 20
+
+
 SHAPED_CPU_MIN_BYTES = 1 << 20
 """Smallest ping-pong size whose machine-wide CPU enters the shaped per-byte fit."""
 
@@ -827,6 +838,7 @@ def _preset(
             "copy_cpu_s_per_byte": copy_cpu,
             "reduce_cpu_s_per_byte": reduce_per_byte,
             "p2p_handshake_s": handshake,
+            "socket_buffer": f"{tcp_send_buffer_bytes()}B",
         },
         "gloo": {"segment_bytes": GLOO_SEGMENT, "threads": GLOO_THREADS},
         "box": {
@@ -1125,7 +1137,7 @@ def _messenger_pingpong(
     dist: Any, torch: Any, rank: int, world: int, n: int, repeats: int, busy: bool = False
 ) -> dict[str, Any]:  # pragma: no cover - runs in the rank processes
     """Ping-pong of ``n``-byte messages between ranks 0 and 1 through the runtime's own
-    :class:`~realrun.runtime.Messenger` (the path every point-to-point scheme uses: a
+    :class:`~realrun.runtime.Messenger` (the path of ``ps``, ``p3`` and ``gossip``: a
     sender thread, header then payload, a receiver thread per peer): one warm-up, then
     ``4 * repeats`` timed round trips on rank 0."""
     import threading

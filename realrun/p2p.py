@@ -123,8 +123,17 @@ class PostedLink:
         if len(self._sends) > self._window:
             self._sends.popleft()[0].wait(self.timeout)
 
-    def close(self) -> None:
-        """Wait for every send to complete (receives must all have been consumed)."""
+    def close(self, drain: bool = False) -> None:
+        """Wait for every send to complete. Every expected message must have been
+        consumed, unless ``drain``: then the ones left are received and dropped (a
+        message the scheme sends but never uses, such as gossip's batch for the iteration
+        after the last)."""
+        if drain:  # the peers' sends are posted: these complete without their threads
+            while self._posted:
+                for work, *_rest in list(self._posted.values()):
+                    work.wait(self.timeout)
+                self._posted.clear()
+                self._post_more()
         while self._sends:
             self._sends.popleft()[0].wait(self.timeout)
         if self._posted or next(self._expected, None) is not None:

@@ -273,7 +273,10 @@ class Network(ABC):
             if p2p and self.cpu.spec.p2p_handshake_s > 0:
                 sender = self._senders.get(src)
                 if sender is None:
-                    sender = self._senders[src] = _Sender(self, self.cpu.spec.p2p_handshake_s)
+                    spec = self.cpu.spec
+                    sender = self._senders[src] = _Sender(
+                        self, spec.p2p_handshake_s, spec.socket_buffer_bytes
+                    )
                 sender.queue(msg, segments, reduce_bytes)
                 return msg
             self._join_cpu(msg, segments, reduce_bytes)
@@ -330,14 +333,16 @@ class Network(ABC):
 class _Sender:
     """A device's sending thread on a CPU host (a rank's messenger): it hands gloo one
     point-to-point message at a time, lowest priority number first, and a blocking send
-    returns once the receiver has posted its buffer and the bytes are out. So each
-    message holds the sender for a handshake (``handshake_s``, calibrated) and then
-    until it is delivered; the next one waits."""
+    returns once the receiver has posted its buffer and the kernel has taken the bytes.
+    So each message holds the sender for a handshake (``handshake_s``, calibrated) and
+    then until what is left of it fits in the socket's send buffer (``buffer_bytes``,
+    at the rate of the slowest link of its route; until it is delivered when 0); the next
+    one waits."""
 
-    __slots__ = ("busy", "handshake_s", "heap", "net", "seq")
+    __slots__ = ("buffer_bytes", "busy", "handshake_s", "heap", "net", "seq")
 
-    def __init__(self, net: Network, handshake_s: float) -> None:
-        self.net, self.handshake_s = net, handshake_s
+    def __init__(self, net: Network, handshake_s: float, buffer_bytes: int = 0) -> None:
+        self.net, self.handshake_s, self.buffer_bytes = net, handshake_s, buffer_bytes
         self.heap: list[tuple[float, int, Message, int, int]] = []
         self.busy = False
         self.seq = 0
@@ -359,13 +364,23 @@ class _Sender:
 
     def _go(self, msg: Message, segments: int, reduce_bytes: int) -> None:
         deliver = msg.on_arrival
+        released = [False]
+
+        def release(_e: Any = None) -> None:
+            if not released[0]:
+                released[0] = True
+                self._next()
 
         def delivered(m: Message) -> None:
-            self._next()
+            release()
             if deliver is not None:
                 deliver(m)
 
         msg.on_arrival = delivered
+        if self.buffer_bytes > 0:
+            slowest = max(st.service for st in msg.hops)
+            ev = Timeout(self.net.env, max(0, msg.nbytes - self.buffer_bytes) * slowest)
+            ev.callbacks.append(release)
         self.net._join_cpu(msg, segments, reduce_bytes)
         self.net._inject(msg)
 

@@ -82,6 +82,9 @@ class HostSpec:
         p2p_handshake_s: how long a point-to-point message holds its sender before its
             bytes move (a blocking send waits for the receiver to post its buffer); 0:
             messages do not wait for each other at the sender.
+        socket_buffer_bytes: how much of a message the kernel takes off a blocking send
+            (TCP's send buffer): the sender moves on when what is left to go fits in it,
+            not when the message has arrived; 0: it waits for the arrival.
     """
 
     cores: int = 1
@@ -90,6 +93,7 @@ class HostSpec:
     copy_cpu_s_per_byte: float = 0.0
     reduce_cpu_s_per_byte: float = 0.0
     p2p_handshake_s: float = 0.0
+    socket_buffer_bytes: int = 0
 
     def message_cpu(self, nbytes: int, messages: int = 1) -> float:
         """CPU seconds one end spends on ``nbytes`` sent as ``messages`` messages."""
@@ -625,6 +629,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         "copy_cpu_s_per_byte",
         "reduce_cpu_s_per_byte",
         "p2p_handshake_s",
+        "socket_buffer",
     }
     unknown = sorted(set(d) - allowed)
     if unknown:
@@ -636,6 +641,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         copy_cpu_s_per_byte=float(d.get("copy_cpu_s_per_byte", 0.0)),
         reduce_cpu_s_per_byte=float(d.get("reduce_cpu_s_per_byte", 0.0)),
         p2p_handshake_s=float(d.get("p2p_handshake_s", 0.0)),
+        socket_buffer_bytes=parse_size(d.get("socket_buffer", 0)),
     )
 
 

@@ -175,13 +175,37 @@ def test_two_buckets_in_flight_reduce_faster_than_one():
 
 
 def test_sender_handshake_serialises_point_to_point_messages():
-    """Each pipeline message holds its sender for the handshake: a bigger handshake is
-    never faster, and bytes are unchanged."""
+    """Each parameter-server message holds its sender for the handshake: a bigger handshake
+    is never faster. Pipeline and gossip messages (receives posted ahead, no sender
+    thread) do not wait."""
     times = []
     for h in (0.0, 1e-3, 5e-3):
-        r = run(preset(cores=4, p2p_handshake_s=h), 2, "gpipe")
-        times.append(r.iteration_time_s)
+        times.append(run(preset(cores=4, p2p_handshake_s=h), 2, "ps").iteration_time_s)
     assert times == sorted(times) and times[2] > times[0]
+    for scheme in ("gpipe", "gossip"):
+        posted = {
+            run(preset(cores=4, p2p_handshake_s=h), 2, scheme).iteration_time_s for h in (0, 5e-3)
+        }
+        assert len(posted) == 1, scheme
+
+
+def test_a_send_returns_once_the_socket_buffer_holds_the_rest():
+    """A parameter server's sender moves on when what is left of a message fits in the send
+    buffer, so pushes to different servers overlap: faster than a sender held until each
+    message arrives (not monotone in the buffer's size: an earlier start can delay what
+    it then shares a link with), bytes unchanged; a buffer larger than every message
+    acts as an unbounded one."""
+    base = {"p2p_handshake_s": 1e-4, "copy_cpu_s_per_byte": 1e-10}
+    held = run(preset(cores=4, **base), 3, "ps")
+    for size in (4096, 1 << 20):
+        r = run(preset(cores=4, socket_buffer=size, **base), 3, "ps")
+        assert r.iteration_time_s < held.iteration_time_s
+        assert r.comm_bytes_by_link == held.comm_bytes_by_link
+    huge = run(preset(cores=4, socket_buffer=1 << 40, **base), 3, "ps")
+    assert (
+        huge.iteration_time_s
+        == run(preset(cores=4, socket_buffer=1 << 30, **base), 3, "ps").iteration_time_s
+    )
 
 
 @settings(max_examples=25, deadline=None)

@@ -69,7 +69,7 @@ from dtsim.cli.output import table
     type=int,
     default=4,
     show_default=True,
-    help="Measured iterations per run (after one warm-up iteration).",
+    help="Measured iterations per run (after the warm-up iterations).",
 )
 @click.option(
     "--batch-size",

@@ -16,21 +16,25 @@ between workers as GossipGraD's sample shuffle moves them, one batch per iterati
 each own batch is trained once (iteration 0's by its owner). The simulator counts the
 batch's input bytes; the labels that travel with it (int64 per sample) are counted apart,
 as ``shuffle_label_bytes``.
+
+**Messages.** Every message a worker will get is known from the partner schedule (the
+partner's gradients of every layer, its batch), so the worker keeps gloo receives posted
+ahead for them and sends with ``isend`` (:class:`realrun.p2p.PostedLink`): no Python
+thread carries them. An iteration ends for a worker once it has its partner's gradients
+of that iteration.
 """
 
 from __future__ import annotations
 
-import threading
-from typing import Any
+from collections.abc import Iterator
 
 import torch
 
+from realrun.p2p import Expected, PostedLink
 from realrun.runtime import (
     BATCH,
     GRAD,
-    Messenger,
     RealLayer,
-    Slots,
     batch,
     make_optimizer,
 )
@@ -38,6 +42,9 @@ from realrun.schemes.base import WorkerLoop
 from realrun.worker import RankContext
 from simcore.records import COMPUTE, UPDATE
 from simcore.schemes.gossip import partners
+
+KEY_STRIDE = 1 << 16
+"""Message key: ``iteration * KEY_STRIDE + layer index`` (or batch tensor index)."""
 
 
 class GossipRuntime(WorkerLoop):
@@ -55,24 +62,10 @@ class GossipRuntime(WorkerLoop):
             i: make_optimizer(self.job, layer.params) for i, layer in self.layers.items()
         }
         self.own: dict[tuple[int, int], torch.Tensor] = {}
-        self.theirs: dict[tuple[int, int], torch.Tensor] = {}
-        self.batches: dict[tuple[int, int], torch.Tensor] = {}
         self.updated: set[tuple[int, int]] = set()
-        self.slots = Slots()
-        self.lock = threading.Lock()
         self.left: dict[int, int] = {}
         self.label_bytes = 0
-        peers = [r for r in range(self.p) if r != ctx.rank]
-        self.msg = Messenger(
-            ctx.rank,
-            self.job.world_size,
-            peers,
-            self.rec,
-            ctx.group,
-            self.on_message,
-            self.buffer_for,
-            self.label,
-        )
+        self.link: PostedLink | None = None
 
     def partners_of(self, it: int) -> tuple[int, int]:
         """``(send_to, recv_from)`` of this rank in iteration ``it``."""
@@ -83,15 +76,20 @@ class GossipRuntime(WorkerLoop):
     def label(kind: int, key: int) -> tuple[str, int]:
         """A message's name in the timeline and its layer."""
         if kind == GRAD:
-            return f"grad L{key}", key
+            return f"grad L{key % KEY_STRIDE}", key % KEY_STRIDE
         return "batch", -1
 
-    def buffer_for(self, _src: int, kind: int, key: int) -> torch.Tensor | None:
-        if kind == GRAD:
-            return torch.empty(self.layers[key].numel, dtype=torch.float32)
-        if kind == BATCH:
-            return torch.empty_like(self.template[key])
-        return None
+    def _expected(self) -> Iterator[Expected]:
+        """Every message this worker gets, iteration by iteration: the partner's batch
+        (with shuffle), then its gradients in forward order (the order they are used)."""
+        for it in range(self.job.total_iterations):
+            _send, src = self.partners_of(it)
+            if self.shuffle:
+                for key, t in enumerate(self.template):
+                    yield src, BATCH, it * KEY_STRIDE + key, it, torch.empty_like(t)
+            for layer in self.setup.layers:
+                buf = torch.empty(layer.numel, dtype=torch.float32)
+                yield src, GRAD, it * KEY_STRIDE + layer.index, it, buf
 
     def _batch_tensors(self, rank: int, it: int) -> list[torch.Tensor]:
         inputs, labels = batch(self.job, rank, it, *self.label_spec)
@@ -99,11 +97,21 @@ class GossipRuntime(WorkerLoop):
 
     def run(self) -> None:
         self.template = self._batch_tensors(0, 0)
-        expected = len(self.layers) + (len(self.template) if self.shuffle else 0)
-        self.left = {it: expected for it in range(self.job.total_iterations)}
-        self.msg.start()
+        if self.p > 1:
+            per_it = len(self.layers) + (len(self.template) if self.shuffle else 0)
+            self.link = PostedLink(
+                self.ctx.rank,
+                self.job.world_size,
+                self.ctx.group,
+                self.rec,
+                self._expected(),
+                2 * per_it + 2,
+                self.label,
+                self.job.timeout_s * 4,
+            )
         super().run()
-        self.msg.close()
+        if self.link is not None:
+            self.link.close(drain=True)  # the last iteration's batch is never trained on
         self.ctx.extra["shuffle_label_bytes"] = self.label_bytes
 
     # ---- data ------------------------------------------------------------------------
@@ -112,16 +120,15 @@ class GossipRuntime(WorkerLoop):
             send_to, _recv = self.partners_of(it)
             nxt = self.own_batch(it + 1)
             for key, t in enumerate([*nxt[0], nxt[1]]):
-                self.msg.send(send_to, BATCH, key, it, t)
+                self.link.send(send_to, BATCH, it * KEY_STRIDE + key, it, t)
                 if key == len(self.template) - 1 and it >= self.job.warmup_iterations:
                     self.label_bytes += t.numel() * t.element_size()
         if it == 0 or not self.shuffle:
             return super().inputs(it)
         start = self.rec.now()
-        tensors = []
-        for key in range(len(self.template)):
-            self.slots.wait(("batch", key, it - 1), self.msg.check, self.job.timeout_s * 4)
-            tensors.append(self.batches.pop((key, it - 1)))
+        tensors = [
+            self.link.wait(BATCH, (it - 1) * KEY_STRIDE + key) for key in range(len(self.template))
+        ]
         self.wait_span(start, "wait batch", it)
         return tuple(tensors[:-1]), tensors[-1]
 
@@ -132,7 +139,7 @@ class GossipRuntime(WorkerLoop):
         self.own[(layer.index, it)] = flat
         if self.p > 1:
             send_to, _recv = self.partners_of(it)
-            self.msg.send(send_to, GRAD, layer.index, it, flat)
+            self.link.send(send_to, GRAD, it * KEY_STRIDE + layer.index, it, flat)
 
     def before_layer(self, layer: RealLayer) -> None:
         if self.iteration > 0:
@@ -146,9 +153,12 @@ class GossipRuntime(WorkerLoop):
         g = self.own.pop((layer.index, it))
         if self.p > 1:
             start = self.rec.now()
-            self.slots.wait(("grad", layer.index, it), self.msg.check, self.job.timeout_s * 4)
+            theirs = self.link.wait(GRAD, it * KEY_STRIDE + layer.index)
             self.wait_span(start, f"wait L{layer.index}", self.iteration, layer.index)
-            g = (g + self.theirs.pop((layer.index, it))) / 2
+            g = (g + theirs) / 2
+            self.left[it] = self.left.get(it, len(self.layers)) - 1
+            if self.left[it] == 0:  # the partner's gradients of ``it`` are all here
+                self.rec.end_iteration(it)
         start = self.rec.now()
         layer.set_grad(g.to(layer.params[0].device))
         self.optimizers[layer.index].step()
@@ -168,15 +178,3 @@ class GossipRuntime(WorkerLoop):
         last = self.job.total_iterations - 1
         for layer in self.setup.layers:
             self._apply(layer, last)
-
-    def on_message(self, _src: int, kind: int, key: int, it: int, buf: Any, t: float) -> None:
-        if kind == GRAD:
-            self.theirs[(key, it)] = buf
-            self.slots.set(("grad", key, it))
-        elif kind == BATCH:
-            self.batches[(key, it)] = buf
-            self.slots.set(("batch", key, it))
-        with self.lock:
-            self.left[it] -= 1
-            if self.left[it] == 0:
-                self.rec.end_iteration(it, t)

@@ -390,6 +390,8 @@ class Gossip(Scheme):
                 rank_dst=dst,
                 iteration=it,
                 payload=(dst, it, slot),
+                # receives posted ahead, sends with isend (realrun.p2p): no sender thread
+                p2p=False,
             )
 
     def _arrived(self, msg: Message) -> None:
