@@ -1,12 +1,16 @@
 """Point-to-point messages whose receives are posted ahead: no Python thread on the path.
 
 A scheme whose every message is known in advance (a pipeline's schedule names each
-activation and gradient, its sender and the action that consumes it) does not need the
+activation and gradient, its sender and the action that consumes it; gossip's partner
+schedule names each gradient and batch) does not need the
 :class:`~realrun.runtime.Messenger`'s sender and receiver threads. :class:`PostedLink`
 posts gloo's ``irecv`` for the next expected messages into their own buffers and sends
 with ``isend``; gloo's transport thread moves the bytes in C++ while the rank computes,
 so a message never waits for a Python thread to get a core and the interpreter lock.
-Waiting for a message is ``work.wait()`` on the main thread.
+Waiting for a message is ``work.wait()`` on the main thread. Posting ahead also keeps the
+wire full duplex: gloo sends a message only after the receiver's ready notice, which
+travels in the same TCP stream as the data going the other way, so two ranks that
+exchange on demand often take turns.
 
 Each message carries a gloo tag made of its kind and key (unique among the messages in
 flight between two ranks), so receives match their sends whatever the order of arrival.

@@ -386,9 +386,10 @@ def test_validate_end_to_end_on_an_emulated_cluster(
 FIDELITY_GATE = 0.10
 """The median |relative error| of iteration time ``sim validate --quick`` is to keep."""
 
-ROT_GATE = 0.60
+ROT_GATE = 0.35
 """What it must keep today: above this the model has got worse than it was measured to be
-when the gate was set (quick medians of 28-37% on a busy machine, 2026-11-23)."""
+when the gate was set (about twice the quick medians measured then, 2026-11-23, so that a
+noisy machine does not fail it and a regression does)."""
 
 
 @pytest.mark.real
@@ -397,7 +398,8 @@ def test_validate_quick_fidelity(tmp_path: Path, prefix: str) -> None:
     """``sim validate --quick`` end to end on a fresh calibration: every case runs, bytes
     agree to the byte on every link, and the median error of iteration time is within
     :data:`FIDELITY_GATE`. The gate is not met yet on this machine type (the CPU host model
-    still misses the messenger threads' waits, see docs/validation.md): the test then
+    still misses the waits of the parameter servers' messenger threads, see
+    docs/validation.md): the test then
     reports the measured median as an expected failure, so the number is visible in every
     CI log, and becomes a plain pass the day the model closes the gap."""
     summary = va.run_validation(va.quick_matrix(), str(tmp_path / "v"), repeats=3)
