@@ -232,6 +232,7 @@ def _pipeline(
         make_schedule,
         pass_seed,
         prescribed_versions,
+        seed_pass,
     )
     from realrun.stages import split_model
 
@@ -345,7 +346,7 @@ def _pipeline(
 
     def run_stage(k: int, w: dict[str, torch.Tensor], x: tuple[torch.Tensor, ...], mb: int) -> Any:
         # the distributed run's dropout masks (the CPU generator is all a CPU run draws from)
-        torch.random.default_generator.manual_seed(pass_seed(job, mb, k))
+        seed_pass(pass_seed(job, mb, k), torch.device("cpu"))
         out = split.stages[k].call(w, *x)
         if split.stages[k].is_last:
             loss = loss_of(out, microbatch(mb)[1])

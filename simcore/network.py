@@ -424,7 +424,6 @@ class DetailedNetwork(Network):
         if t < now:
             t = now
         msg.start_s = t
-        svc = st.service
         st.sent_bytes += n
         at = self._at
         cb = self._on_fifo_arrival
@@ -438,21 +437,11 @@ class DetailedNetwork(Network):
         full, last = divmod(n, c)
         msg.chunks_left = full + (1 if last else 0)
         lat = st.latency
-        if st.burst_s > 0.0:
-            for _ in range(full):
-                t = st.transmit(t, c)
-                at(t + lat, _ChunkArrival(cb, msg, 1, c))
-            if last:
-                t = st.transmit(t, last)
-                at(t + lat, _ChunkArrival(cb, msg, 1, last))
-            st.free_at = t
-            return
-        step = c * svc
         for _ in range(full):
-            t += step
+            t = st.transmit(t, c)
             at(t + lat, _ChunkArrival(cb, msg, 1, c))
         if last:
-            t += last * svc
+            t = st.transmit(t, last)
             at(t + lat, _ChunkArrival(cb, msg, 1, last))
         st.free_at = t
 
