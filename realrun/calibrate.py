@@ -1137,9 +1137,9 @@ def _messenger_pingpong(
     dist: Any, torch: Any, rank: int, world: int, n: int, repeats: int, busy: bool = False
 ) -> dict[str, Any]:  # pragma: no cover - runs in the rank processes
     """Ping-pong of ``n``-byte messages between ranks 0 and 1 through the runtime's own
-    :class:`~realrun.runtime.Messenger` (the path of ``ps``, ``p3`` and ``gossip``: a
-    sender thread, header then payload, a receiver thread per peer): one warm-up, then
-    ``4 * repeats`` timed round trips on rank 0."""
+    :class:`~realrun.runtime.Messenger` (the path of ``ps`` and ``p3``: a sender
+    thread, header then payload, a receiver thread per peer, payload receives posted
+    ahead): one warm-up, then ``4 * repeats`` timed round trips on rank 0."""
     import threading
 
     from realrun.runtime import ACT, Messenger, Recorder
@@ -1165,6 +1165,7 @@ def _messenger_pingpong(
         Messenger(
             rank, world, [peer], Recorder(f"r{rank}"), dist.group.WORLD, on_message,
             lambda _s, _k, _key: torch.empty(numel),
+            expected=lambda _src: ((ACT, i, 0) for i in range(reps)), window=2,
         )
     ]  # fmt: skip
     box[0].start()
@@ -1174,8 +1175,12 @@ def _messenger_pingpong(
         for i in range(reps):
             t0 = time.perf_counter()
             box[0].send(1, ACT, i, 0, buf)
-            if not got.acquire(timeout=60):
-                raise RuntimeError("the messenger ping-pong got no answer within 60 s")
+            waited = 0
+            while not got.acquire(timeout=1):
+                box[0].check()  # a messaging thread's error, rather than a time-out
+                waited += 1
+                if waited == 60:
+                    raise RuntimeError("the messenger ping-pong got no answer within 60 s")
             if i:
                 rts.append(time.perf_counter() - t0)
         done.set()

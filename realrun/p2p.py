@@ -33,11 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from realrun.runtime import KIND_NAMES, Recorder
+from realrun.runtime import KIND_NAMES, TAG_SPACE, Recorder
 from simcore.records import RECV, SEND
-
-TAG_SPACE = 1 << 30
-"""Tags wrap modulo this (gloo's tags are 32-bit; only messages in flight need differ)."""
 
 Expected = tuple[int, int, int, int, torch.Tensor]
 """``(src, kind, key, iteration, buffer)`` of a message a rank will receive."""

@@ -191,6 +191,17 @@ def pass_seed(job: Any, mb: int, stage: int) -> int:
     return ((job.seed * 1_000_003 + mb) * 1_009 + stage) % (1 << 62)
 
 
+def _next_pass(actions: Sequence[sch.Action], i: int) -> str | None:
+    """The kind of the first pass after action ``i`` (a prediction's pass), or ``None``
+    when an update or all-reduce comes first (the weights change before it)."""
+    for a in actions[i + 1 :]:
+        if a.kind in sch.PASS_KINDS:
+            return a.kind
+        if a.kind in (sch.UPDATE, sch.ALLREDUCE):
+            return None
+    return None
+
+
 def seed_pass(seed: int, device: torch.device) -> None:
     """Seed the random numbers of one pass (dropout) on ``device``: the CPU generator
     alone, and the device's, not ``torch.manual_seed``, which also asks every other
@@ -297,6 +308,7 @@ class PipelineRuntime:
         self.act_peak = 0
         self.data: dict[int, Any] = {}
         self._predict_next = False
+        self._prediction: tuple[dict[str, torch.Tensor], int] | None = None
         self._load_next = False
         self._out_grads: dict[int, list[torch.Tensor]] = {}
         self.record_layers = job.record_layers and ctx.setup.device.type != "cuda"
@@ -404,7 +416,8 @@ class PipelineRuntime:
         )
         version = self.version
         if self._predict_next:
-            weights, version = self._predicted(True)
+            weights, version = self._prediction or self._predicted(True)
+            self._prediction = None
         elif self.feat.stash and self.async_:
             weights = self._stashed(mb)
         else:
@@ -483,7 +496,8 @@ class PipelineRuntime:
         self._grad_marks = k.get("marks", [])
         if out is None:  # the backward's weights differ from the forward's
             if self._predict_next:
-                weights, version = self._predicted(False)
+                weights, version = self._prediction or self._predicted(False)
+                self._prediction = None
             else:
                 weights, version = self._current(), self.version
             if self.record_layers:
@@ -627,6 +641,9 @@ class PipelineRuntime:
             elif kind == sch.PREDICT:
                 start = self.rec.now()
                 self._predict_next = True
+                nxt = _next_pass(acts, i)
+                if nxt in (sch.FORWARD, sch.BACKWARD):  # now: the span holds the work
+                    self._prediction = self._predicted(nxt == sch.FORWARD)
                 self.rec.span(
                     COMPUTE, PREDICT, f"predict stage{self.stage}", start, self.rec.now(), it
                 )

@@ -18,7 +18,13 @@ control message. One sender thread per process takes messages from a priority qu
 (lower first, FIFO among equals) and sends each whole before the next (a message on the
 wire is never pre-empted); one receiver thread per peer reads headers and payloads in
 order and hands them to a callback. gloo keeps the order of the messages of one tag
-between two ranks, so no polling is needed.
+between two ranks, so no polling is needed. A payload travels under a tag of its own
+(:func:`payload_tag`), and the receiver posts its receives ahead for the payloads a
+scheme says it expects, and the next header's receive before it handles a message:
+gloo sends a message only once the receiver has posted its buffer, and a receiver that
+posts on demand makes every message wait for its ready notice, which travels in the
+same TCP stream as the data going the other way (a parameter server's values, while
+its workers push).
 
 **Clock.** Each rank's zero is the moment it leaves the start barrier; on one machine
 (local or network namespaces) ranks read the same monotonic clock and leave the barrier
@@ -32,7 +38,7 @@ import itertools
 import resource
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +56,15 @@ HEADER_WORDS = 8
 """int64 words of a message header: 64 bytes, the simulator's control message size."""
 
 HEADER_BYTES = HEADER_WORDS * 8
+
+HEADER_TAG = 0
+"""The gloo tag of every message header."""
+
+TAG_SPACE = 1 << 30
+"""Tags wrap modulo this (gloo's tags are 32-bit; only messages in flight need differ)."""
+
+KEY_STRIDE = 1 << 16
+"""A payload's tag tells its iteration and key apart for keys below this."""
 
 PUSH, VALUE, ACK, PULL, GRAD, BATCH, STOP, ACT, ACT_GRAD = 1, 2, 3, 4, 5, 6, 9, 10, 11
 """Message kinds (``ACT``/``ACT_GRAD``: a pipeline stage's boundary activation and its
@@ -420,6 +435,12 @@ class LayerTimer:
 # ---- messages ----------------------------------------------------------------------------
 
 
+def payload_tag(kind: int, key: int, iteration: int) -> int:
+    """The gloo tag of the payload of message ``(kind, key, iteration)`` (never the
+    header's)."""
+    return 1 + ((iteration * KEY_STRIDE + key) * 16 + kind) % (TAG_SPACE - 1)
+
+
 @dataclass
 class Message:
     """One message to send: a header and an optional payload."""
@@ -431,13 +452,20 @@ class Message:
     payload: torch.Tensor | None
 
 
+Expected = tuple[int, int, int]
+"""``(kind, key, iteration)`` of a payload a peer will send."""
+
+
 class Messenger:
     """Point-to-point messages over a gloo process group (see module docs).
 
     ``on_message(src, kind, key, iteration, payload, arrived_s)`` runs on a receiver
     thread; ``buffer_for(src, kind, key)`` allocates the payload tensor of an incoming
     message (``None`` for control messages); ``label(kind, key)`` names a message and
-    the trace layer it is about (``-1`` for none) in the timeline.
+    the trace layer it is about (``-1`` for none) in the timeline. ``expected(src)``
+    yields the payload messages peer ``src`` will send, about in the order they come;
+    up to ``window`` of them per peer have their receive posted ahead (a message that
+    is not among them is received on demand).
     """
 
     def __init__(
@@ -450,11 +478,14 @@ class Messenger:
         on_message: Callable[..., None],
         buffer_for: Callable[[int, int, int], torch.Tensor | None],
         label: Callable[[int, int], tuple[str, int]] | None = None,
+        expected: Callable[[int], Iterable[Expected]] | None = None,
+        window: int = 0,
     ) -> None:
         self.rank, self.world, self.peers = rank, world, peers
         self.rec, self.group = rec, group
         self.on_message, self.buffer_for = on_message, buffer_for
         self.label = label or (lambda kind, _key: (KIND_NAMES.get(kind, "msg"), -1))
+        self.expected, self.window = expected, window
         self._queue: list[tuple[float, int, Message]] = []
         self._cond = threading.Condition()
         self._seq = itertools.count()
@@ -518,12 +549,13 @@ class Messenger:
                     [msg.kind, msg.key, msg.iteration, numel, 0, 0, 0, 0], dtype=torch.int64
                 )
                 start = self.rec.now()
-                dist.send(header, msg.dst, group=self.group, tag=0)
+                dist.send(header, msg.dst, group=self.group, tag=HEADER_TAG)
                 self.rec.header_bytes += HEADER_BYTES
                 nbytes = 0
                 if msg.payload is not None:
                     payload = msg.payload.contiguous()
-                    dist.send(payload, msg.dst, group=self.group, tag=1)
+                    tag = payload_tag(msg.kind, msg.key, msg.iteration)
+                    dist.send(payload, msg.dst, group=self.group, tag=tag)
                     nbytes = payload.numel() * payload.element_size()
                 if msg.kind == STOP:
                     stops += 1
@@ -547,21 +579,20 @@ class Messenger:
 
     def _recv_loop(self, src: int) -> None:
         try:
-            header = torch.empty(HEADER_WORDS, dtype=torch.int64)
+            inbox = _PostedPayloads(self, src)
+            headers = [torch.empty(HEADER_WORDS, dtype=torch.int64) for _ in range(2)]
+            turn = 0
+            work = dist.irecv(headers[turn], src, group=self.group, tag=HEADER_TAG)
             while True:
-                dist.recv(header, src, group=self.group, tag=0)
+                work.wait()
                 start = self.rec.now()
-                kind, key, it, numel = (int(v) for v in header[:4])
+                kind, key, it, numel = (int(v) for v in headers[turn][:4])
                 if kind == STOP:
+                    inbox.finish()
                     return
-                buf = self.buffer_for(src, kind, key) if numel else None
-                if buf is not None:
-                    if buf.numel() != numel:
-                        raise RuntimeError(
-                            f"message kind {kind} key {key} from rank {src}: "
-                            f"{numel} elements, expected {buf.numel()}"
-                        )
-                    dist.recv(buf, src, group=self.group, tag=1)
+                turn ^= 1  # the next header may come while this message is handled
+                work = dist.irecv(headers[turn], src, group=self.group, tag=HEADER_TAG)
+                buf = inbox.receive(kind, key, it, numel) if numel else None
                 end = self.rec.now()
                 nbytes = buf.numel() * buf.element_size() if buf is not None else HEADER_BYTES
                 name, layer = self.label(kind, key)
@@ -569,8 +600,67 @@ class Messenger:
                     RECV, "recv", name, start, end, it, layer, nbytes, self._flow(src, self.rank)
                 )
                 self.on_message(src, kind, key, it, buf, end)
+                inbox.top_up()
         except BaseException as exc:
             self._error = exc
+
+
+class _PostedPayloads:
+    """A receiver thread's posted payload receives from one peer (see :class:`Messenger`)."""
+
+    def __init__(self, messenger: Messenger, src: int) -> None:
+        self.m, self.src = messenger, src
+        self.posted: dict[Expected, tuple[Any, torch.Tensor]] = {}
+        self.upcoming = iter(messenger.expected(src)) if messenger.expected else iter(())
+        self.early: set[Expected] = set()  # expected ones that came before they were posted
+        self.top_up()
+
+    def top_up(self) -> None:
+        """Post receives for the next expected payloads, up to the window."""
+        m = self.m
+        while len(self.posted) < m.window:
+            nxt = next(self.upcoming, None)
+            if nxt is None:
+                return
+            if nxt in self.early:
+                self.early.discard(nxt)
+                continue
+            buf = m.buffer_for(self.src, nxt[0], nxt[1])
+            if buf is None:
+                raise RuntimeError(f"expected message {nxt} from rank {self.src} has no payload")
+            work = dist.irecv(buf, self.src, group=m.group, tag=payload_tag(*nxt))
+            self.posted[nxt] = (work, buf)
+
+    def receive(self, kind: int, key: int, it: int, numel: int) -> torch.Tensor | None:
+        """The payload of message ``(kind, key, it)`` of ``numel`` elements, received."""
+        entry = self.posted.pop((kind, key, it), None)
+        if entry is None:
+            buf = self.m.buffer_for(self.src, kind, key)
+            if buf is None:
+                return None
+            self._check(buf, kind, key, numel)
+            dist.recv(buf, self.src, group=self.m.group, tag=payload_tag(kind, key, it))
+            if self.m.expected is not None:
+                self.early.add((kind, key, it))
+            return buf
+        work, buf = entry
+        self._check(buf, kind, key, numel)
+        work.wait()
+        return buf
+
+    def _check(self, buf: torch.Tensor, kind: int, key: int, numel: int) -> None:
+        if buf.numel() != numel:
+            raise RuntimeError(
+                f"message kind {kind} key {key} from rank {self.src}: "
+                f"{numel} elements, expected {buf.numel()}"
+            )
+
+    def finish(self) -> None:
+        """The peer stopped: every posted receive must have been used."""
+        if self.posted:
+            raise RuntimeError(
+                f"rank {self.src} stopped before sending {sorted(self.posted)[:3]} (expected)"
+            )
 
 
 class Slots:

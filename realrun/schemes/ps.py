@@ -23,6 +23,7 @@ the protocol (push answered by the values).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +90,10 @@ class PSRuntime(WorkerLoop):
         ]
         self.slots = Slots()
         self.lock = threading.Lock()
+        kind = VALUE if ctx.is_worker else PUSH
+        # the payloads a peer sends per iteration, in the order backward pushes them
+        order = sorted(range(len(self.shards)), key=lambda k: -self.shards[k].shard.layer)
+        self.from_peer: dict[int, list[tuple[int, int]]] = {}
         if ctx.is_worker:
             peers = [self.W + s for s in range(self.S)]
             self.values: dict[tuple[int, int], torch.Tensor] = {}
@@ -97,6 +102,9 @@ class PSRuntime(WorkerLoop):
         else:
             peers = list(range(self.W))
             self._server_state()
+        for p in peers:
+            server = p if ctx.is_worker else ctx.rank
+            self.from_peer[p] = [(kind, k) for k in order if self.server_rank(k) == server]
         self.msg = Messenger(
             ctx.rank,
             self.job.world_size,
@@ -106,6 +114,8 @@ class PSRuntime(WorkerLoop):
             self.on_message,
             self.buffer_for,
             self.label,
+            self.expected,
+            2 * max(len(ks) for ks in self.from_peer.values()) if self.from_peer else 0,
         )
 
     # ---- layout (p3 overrides) -------------------------------------------------------
@@ -127,6 +137,13 @@ class PSRuntime(WorkerLoop):
         """A message's name in the timeline and its layer (``push L3``, ``pull L3``)."""
         layer = self.shards[key].shard.layer if kind != STOP else -1
         return f"{KIND_NAMES[kind]} L{layer}", layer
+
+    def expected(self, src: int) -> Iterator[tuple[int, int, int]]:
+        """The payloads rank ``src`` sends this rank: values from a server, pushes from a
+        worker, iteration by iteration (the messenger posts their receives ahead)."""
+        for it in range(self.job.total_iterations):
+            for kind, k in self.from_peer[src]:
+                yield kind, k, it
 
     def buffer_for(self, _src: int, kind: int, key: int) -> torch.Tensor | None:
         """A tensor for an incoming payload (values or a push of shard ``key``)."""
