@@ -383,7 +383,7 @@ def trace_path(
     return os.path.join(out_dir, "traces", f"{safe}-{runtime}{on}-b{batch}.json")
 
 
-def ensure_trace(out_dir: str, case: Case, topology_file: str) -> tuple[str, float]:
+def ensure_trace(out_dir: str, case: Case, topology_file: str) -> tuple[str, dict[str, float]]:
     """The layer trace of ``case``'s model, measured on this machine now inside the
     runtime the case uses, and the memory bandwidth its optimizer step reached; reused
     when ``out_dir`` already has them.
@@ -403,11 +403,11 @@ def ensure_trace(out_dir: str, case: Case, topology_file: str) -> tuple[str, flo
     rate_path = path.removesuffix(".json") + ".update.json"
     if os.path.exists(path) and os.path.exists(rate_path):
         with open(rate_path, encoding="utf-8") as fh:
-            return path, float(json.load(fh)["memory_bandwidth_bytes_per_s"])
+            return path, json.load(fh)
     import tempfile
 
     from realrun.launch import launch
-    from realrun.metrics import trace_from_run, update_bytes_per_s
+    from realrun.metrics import trace_from_run, update_cost
     from realrun.profiler import ProfileConfig, profile_model
     from simcore.config import OPTIMIZERS
     from traces.jsonfmt import save
@@ -431,21 +431,32 @@ def ensure_trace(out_dir: str, case: Case, topology_file: str) -> tuple[str, flo
     with tempfile.TemporaryDirectory(prefix="dtsim-validate-profile-") as tmp:
         records = launch(job, tmp)
     trace = trace_from_run(records, base)
-    rate = update_bytes_per_s(records, base, OPTIMIZERS[job.optimizer][1])
+    cost = update_cost(records, base, OPTIMIZERS[job.optimizer][1])
     tmp_path = path + ".tmp.json"
     save(trace, tmp_path)
     os.replace(tmp_path, path)
-    write_text(rate_path, json.dumps({"memory_bandwidth_bytes_per_s": rate}))
-    return path, rate
+    update = {
+        "memory_bandwidth_bytes_per_s": cost.bytes_per_s,
+        "step_overhead_s": cost.overhead_s,
+    }
+    write_text(rate_path, json.dumps(update))
+    return path, update
 
 
-def case_topology(out_dir: str, topology_file: str, trace_file: str, rate: float) -> str:
-    """The calibrated preset with the optimizer step's memory bandwidth measured with the
-    trace (next to the trace; the calibration itself is left as measured)."""
+def case_topology(
+    out_dir: str, topology_file: str, trace_file: str, update: Mapping[str, float]
+) -> str:
+    """The calibrated preset with the optimizer step's cost measured with the trace (its
+    memory bandwidth and fixed overhead, :func:`realrun.metrics.update_cost`; next to the
+    trace; the calibration itself is left as measured)."""
     from analysis.resolve import load_preset
 
     preset = dict(load_preset(topology_file))
-    preset["gpu"] = {**dict(preset.get("gpu") or {}), "memory_bandwidth": f"{rate:.6g}B/s"}
+    preset["gpu"] = {
+        **dict(preset.get("gpu") or {}),
+        "memory_bandwidth": f"{update['memory_bandwidth_bytes_per_s']:.6g}B/s",
+        "step_overhead": f"{update.get('step_overhead_s', 0.0) * 1e6:.6g}us",
+    }
     stem = os.path.basename(topology_file).removesuffix(".yaml")
     path = trace_file.removesuffix(".json") + f"-{stem}.yaml"
     if not os.path.exists(path):
@@ -777,8 +788,8 @@ def run_case(
     from simcore.engine import simulate
     from traces.atomic import write_text
 
-    trace_file, update_rate = ensure_trace(out_dir, case, topology_file)
-    topology_file = case_topology(out_dir, topology_file, trace_file, update_rate)
+    trace_file, update = ensure_trace(out_dir, case, topology_file)
+    topology_file = case_topology(out_dir, topology_file, trace_file, update)
     config = sim_config(case, trace_file, topology_file)
     result = simulate(config)
     sim = result.to_dict()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from simcore import metrics
@@ -282,14 +282,27 @@ def cpu_factor(rank: Mapping[str, Any], warm: int, charged_s: float) -> float:
     return min(1.0, cpu / charged_s) if cpu > 0 else 1.0
 
 
-def update_bytes_per_s(records: Mapping[str, Any], base: Trace, passes: int) -> float:
-    """The memory bandwidth an optimizer step reached in a real run, the simulator's model
-    of an update (``SimContext.update_s``: ``passes`` weight-sized passes over the
-    parameters): the bytes every update of an iteration passes over divided by the time
-    they took (each update span charged and scaled as :func:`trace_from_run` does, mean
-    over the measured iterations). A pipeline's stages each update their own layers of
-    ``base`` (a stage's replicas count once); ``ValueError`` when the run recorded no
-    update."""
+@dataclass(frozen=True)
+class UpdateCost:
+    """The simulator's model of an optimizer step measured in a real run:
+    ``overhead_s + passes * param_bytes / bytes_per_s`` (``gpu.step_overhead`` and
+    ``gpu.memory_bandwidth``)."""
+
+    bytes_per_s: float
+    overhead_s: float = 0.0
+
+
+def update_cost(records: Mapping[str, Any], base: Trace, passes: int) -> UpdateCost:
+    """The optimizer step's cost in a real run, the simulator's model of an update
+    (``SimContext.update_s``: a fixed overhead plus ``passes`` weight-sized passes over
+    the parameters). Each update span is charged and scaled as :func:`trace_from_run`
+    does, mean over the measured iterations. A pipeline's stages each update their own
+    layers of ``base`` (a stage's replicas count once); with stages of two or more
+    sizes, the overhead and the bandwidth are the least-squares line of the stages'
+    times over their bytes (a stage without weights still takes the overhead). One
+    size, or a line that does not rise from a non-negative overhead: no overhead, and
+    the bandwidth is all the stages' bytes over their time. ``ValueError`` when the run
+    recorded no update."""
     warm = int(records["job"]["warmup_iterations"])
     stage_layers = (records["job"].get("pipeline") or {}).get("stage_layers")
     per_stage: dict[int, list[float]] = {}
@@ -301,9 +314,13 @@ def update_bytes_per_s(records: Mapping[str, Any], base: Trace, passes: int) -> 
             per_stage.setdefault(int(r.get("stage", 0)), []).append(statistics.fmean(spans_s))
     if not per_stage:
         raise ValueError("the records hold no update spans of measured iterations")
-    nbytes = 0
-    for stage in per_stage:
+    xs, ys = [], []
+    for stage, means in sorted(per_stage.items()):
         layers = stage_layers[stage] if stage_layers else range(len(base.layers))
-        nbytes += sum(base.layers[i].param_bytes for i in layers)
-    seconds = sum(statistics.fmean(v) for v in per_stage.values())
-    return passes * nbytes / max(seconds, 1e-9)
+        xs.append(float(passes * sum(base.layers[i].param_bytes for i in layers)))
+        ys.append(statistics.fmean(means))
+    if len(set(xs)) >= 2:
+        slope, intercept = statistics.linear_regression(xs, ys)
+        if slope > 0 and intercept >= 0:
+            return UpdateCost(1.0 / slope, intercept)
+    return UpdateCost(sum(xs) / max(sum(ys), 1e-9))

@@ -55,6 +55,10 @@ class GpuSpec:
             (optimizer updates, SpecTrain's weight prediction).
         peak_flop_per_s: peak dense fp32 FLOP/s (for analytic traces and device
             rescaling); ``peak_flops`` in preset files.
+        step_overhead_s: fixed time of an optimizer step of a model or a pipeline stage,
+            whatever its bytes (``step_overhead``; measured by ``sim validate``'s
+            profiles, where a stage with no weights still takes it: the step's calls and
+            the runtime's work between the last backward and the step).
     """
 
     model: str = "V100"
@@ -62,6 +66,7 @@ class GpuSpec:
     memory_bytes: int = 16 * 2**30
     memory_bandwidth_bytes_per_s: float = 900e9
     peak_flop_per_s: float = 15.7e12
+    step_overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -663,4 +668,5 @@ def _gpu_spec(d: Mapping[str, Any]) -> GpuSpec:
             d.get("memory_bandwidth", base.memory_bandwidth_bytes_per_s)
         ),
         peak_flop_per_s=float(d.get("peak_flops", base.peak_flop_per_s)),
+        step_overhead_s=parse_time(d.get("step_overhead", base.step_overhead_s)),
     )

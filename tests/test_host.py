@@ -255,3 +255,18 @@ def test_bad_host_sections_are_named(change, needle):
             p[k] = v
     with pytest.raises(TopologyError, match=needle):
         build_topology(TopologySpec(p, 2))
+
+
+@pytest.mark.parametrize("scheme", ["dp", "gpipe"])
+def test_an_optimizer_steps_fixed_overhead_adds_once_per_step(scheme):
+    """``gpu.step_overhead`` is paid by every optimizer step whatever its bytes: one rank
+    alone (nothing shares its cores, dp's single rank has no messages) takes it once more
+    per iteration, and so does a GPipe flush (its stages step in parallel, stage 0 last,
+    on cores of their own)."""
+    base = preset(cores=4)
+    slow = copy.deepcopy(base)
+    slow["gpu"]["step_overhead"] = "5ms"
+    gpus = 1 if scheme == "dp" else 2
+    a = run(base, gpus, scheme).iteration_time_s
+    b = run(slow, gpus, scheme).iteration_time_s
+    assert b - a == pytest.approx(5e-3)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from realrun.metrics import trace_from_run, update_bytes_per_s
+from realrun.metrics import UpdateCost, trace_from_run, update_cost
 from traces.model import Layer, TraceMeta, chain
 
 
@@ -47,7 +47,7 @@ def test_each_layer_is_charged_from_the_previous_span_end():
     assert tr.meta.batch_size == 4  # the micro-batch
     assert a.param_bytes == 400
     assert "measured inside a gpipe run" in tr.meta.provenance
-    assert update_bytes_per_s(records(spans), base(), 5) == pytest.approx(5 * 800 / 0.1)
+    assert update_cost(records(spans), base(), 5) == UpdateCost(pytest.approx(5 * 800 / 0.1))
 
 
 def test_a_rank_that_waited_for_a_core_is_charged_its_cpu_time():
@@ -63,23 +63,45 @@ def test_a_rank_that_waited_for_a_core_is_charged_its_cpu_time():
     rec["ranks"][0]["main_cpu_at_end"] = {"0": 3.0, "1": 3.2}
     a, _b = trace_from_run(rec, base()).layers
     assert (a.forward_s, a.backward_s) == pytest.approx((0.05, 0.1))
-    assert update_bytes_per_s(rec, base(), 5) == pytest.approx(5 * 800 / 0.05)
+    assert update_cost(rec, base(), 5).bytes_per_s == pytest.approx(5 * 800 / 0.05)
     # CPU beyond the spans (messages posted and waited for) is not compute: unscaled
     rec["ranks"][0]["main_cpu_at_end"] = {"0": 3.0, "1": 3.8}
     a, _b = trace_from_run(rec, base()).layers
     assert (a.forward_s, a.backward_s) == pytest.approx((0.1, 0.2))
 
 
-def test_a_pipelines_update_rate_counts_each_stages_own_layers():
-    """Stage 0 updates layer a (400 B) in 0.1 s, stage 1 layer b (400 B) in 0.3 s: 800 B
-    in 0.4 s, not the whole model's bytes over one stage's time."""
+def stage_updates(stage_layers, seconds):
     rec = records([])
-    rec["job"]["pipeline"]["stage_layers"] = [[0], [1]]
+    rec["job"]["pipeline"]["stage_layers"] = stage_layers
     rec["ranks"] = [
         {"role": "worker", "stage": k, "spans": [span("update", "u", 1.0, 1.0 + t, 1)]}
-        for k, t in enumerate((0.1, 0.3))
+        for k, t in enumerate(seconds)
     ]
-    assert update_bytes_per_s(rec, base(), 1) == pytest.approx(800 / 0.4)
+    return rec
+
+
+def test_a_pipelines_update_rate_counts_each_stages_own_layers():
+    """Stage 0 updates layer a (400 B) in 0.1 s, stage 1 layer b (400 B) in 0.3 s: 800 B
+    in 0.4 s, not the whole model's bytes over one stage's time (one size: no line)."""
+    rec = stage_updates([[0], [1]], (0.1, 0.3))
+    assert update_cost(rec, base(), 1) == UpdateCost(pytest.approx(800 / 0.4), 0.0)
+
+
+def test_stages_of_different_sizes_give_the_steps_overhead():
+    """Stages of 0, 400 and 800 bytes updating in 0.5, 0.7 and 0.9 ms: a step costs
+    0.5 ms whatever its bytes, plus 400 B per 0.2 ms (the least-squares line)."""
+    rec = stage_updates([[], [0], [0, 1]], (0.5e-3, 0.7e-3, 0.9e-3))
+    cost = update_cost(rec, base(), 1)
+    assert cost.overhead_s == pytest.approx(0.5e-3)
+    assert cost.bytes_per_s == pytest.approx(400 / 0.2e-3)
+    # a line that falls, or would need a negative overhead: the plain ratio, no overhead
+    for layout, seconds in (
+        ([[], [0], [0, 1]], (0.9e-3, 0.7e-3, 0.5e-3)),
+        ([[0], [0, 1]], (0.1e-3, 0.9e-3)),
+    ):
+        nbytes = sum(400 * len(layers) for layers in layout)
+        cost = update_cost(stage_updates(layout, seconds), base(), 1)
+        assert cost == UpdateCost(pytest.approx(nbytes / sum(seconds)), 0.0)
 
 
 def test_unknown_layers_and_empty_runs_are_refused():
@@ -88,7 +110,7 @@ def test_unknown_layers_and_empty_runs_are_refused():
     with pytest.raises(ValueError, match="no forward or backward spans"):
         trace_from_run(records([span("forward", "a", 1, 2, 0)]), base())
     with pytest.raises(ValueError, match="no update spans"):
-        update_bytes_per_s(records([span("forward", "a", 1, 2, 1)]), base(), 5)
+        update_cost(records([span("forward", "a", 1, 2, 1)]), base(), 5)
 
 
 def test_a_real_one_rank_run_gives_a_trace_that_adds_up(tmp_path: Path) -> None:

@@ -103,9 +103,12 @@ class SimContext:
 
     def update_s(self, param_bytes: int) -> float:
         """Seconds for an optimizer step over ``param_bytes`` of weights on one GPU
-        (memory-bound: weight-sized passes over DRAM, see ``OPTIMIZERS``)."""
+        (memory-bound: weight-sized passes over DRAM, see ``OPTIMIZERS``, plus the
+        device's fixed ``step_overhead_s``)."""
+        spec = self.topology.gpu_spec
         return (
-            self.update_passes * param_bytes / self.topology.gpu_spec.memory_bandwidth_bytes_per_s
+            spec.step_overhead_s
+            + self.update_passes * param_bytes / spec.memory_bandwidth_bytes_per_s
         )
 
 
