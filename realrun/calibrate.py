@@ -711,6 +711,7 @@ def _preset(
             [sh[n]["sigma_s"] for n in sizes],
         )
         message_cpu, copy_cpu, cpu_fit = fit_cpu_cost(x, [un[n]["cpu_s"] for n in sizes])
+        process_copy_cpu = copy_cpu
         _, un_goodput, wall_fit = fit_latency_bandwidth(
             x, [un[n]["one_way_s"] for n in sizes], 0.0, [un[n]["sigma_s"] for n in sizes]
         )
@@ -742,13 +743,34 @@ def _preset(
             if rts:
                 one_way = _median(rts) / 2
                 wire = latency + max(0.0, n - burst) / goodput
-                messenger.append({"bytes": n, "busy": busy, "one_way_s": one_way, "wire_s": wire})
+                row = {"bytes": n, "busy": busy, "one_way_s": one_way, "wire_s": wire}
+                cpus = [
+                    rec["cpu_s"] / rec["messages"]
+                    for res in results
+                    for rec in res.get("messenger", [])
+                    if rec["role"] == "ping"
+                    and rec["bytes"] == 4 * _element_count(n)
+                    and rec.get("busy", False) == busy
+                    and rec.get("messages")
+                ]
+                if cpus:
+                    row["cpu_s"] = _median(cpus)
+                messenger.append(row)
     # what a message through the runtime's messenger takes beyond the wire's time (the
     # blocking send's wait for the receiver's buffer, the threads' wake-ups), measured with
     # idle main threads; the same ping-pong while both main threads compute is kept as
     # evidence of what the model leaves out (docs/validation.md)
     extra = [m["one_way_s"] - m["wire_s"] for m in messenger if not m["busy"]]
     handshake = max(0.0, _median(extra)) if extra else 0.0
+    # the messenger threads' own CPU per message and end (idle ranks: rank 0's process
+    # sends one message and receives one per round trip), beyond a plain send's or
+    # receive's (process CPU both, so the tbf frames' soft interrupts are in neither)
+    own = [
+        m["cpu_s"] - (message_cpu + m["bytes"] * process_copy_cpu)
+        for m in messenger
+        if not m["busy"] and "cpu_s" in m
+    ]
+    p2p_message_cpu = max(0.0, _median(own)) if own else 0.0
     compute = next(r["compute"] for r in results if r.get("compute"))
     red_x = [c["bytes"] for c in compute["reduce"]]
     red_fit = fit_line(red_x, [c["cpu_s"] for c in compute["reduce"]])
@@ -800,6 +822,7 @@ def _preset(
         "reduce_cpu_s_per_byte": reduce_per_byte,
         "reduce_residual_rel_max": red_fit.residual_rel_max,
         "p2p_handshake_s": handshake,
+        "p2p_message_cpu_s": p2p_message_cpu,
     }
     measured: dict[str, Any] = {
         "date": date,
@@ -838,6 +861,7 @@ def _preset(
             "copy_cpu_s_per_byte": copy_cpu,
             "reduce_cpu_s_per_byte": reduce_per_byte,
             "p2p_handshake_s": handshake,
+            "p2p_message_cpu_s": p2p_message_cpu,
             "socket_buffer": f"{tcp_send_buffer_bytes()}B",
         },
         "gloo": {"segment_bytes": GLOO_SEGMENT, "threads": GLOO_THREADS},
@@ -958,7 +982,9 @@ def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
         (
             "messenger handshake",
             f"{h.get('p2p_handshake_s', 0.0) * 1e6:.3g} us per point-to-point message "
-            "beyond the wire's time",
+            "beyond the wire's time, "
+            f"{h.get('p2p_message_cpu_s', 0.0) * 1e6:.3g} us CPU per message and end "
+            "beyond a plain send's",
         ),
         (
             "memory / compute",
@@ -1055,7 +1081,9 @@ def _rank_main(job_path: str) -> int:  # pragma: no cover - runs in the rank pro
         elif kind == "messenger":
             for n in MESSENGER_SIZES_BYTES:
                 if rank in (0, 1):
-                    row = _messenger_pingpong(dist, torch, rank, world, n, repeats, tag == "busy")
+                    row = _messenger_pingpong(
+                        dist, torch, rank, world, n, repeats, tag == "busy", cpu_now
+                    )
                     result.setdefault("messenger", []).append({**row, "busy": tag == "busy"})
                 dist.barrier()
                 step(f"messenger {format_bytes(n)} {tag or 'idle'}")
@@ -1134,12 +1162,20 @@ def _pingpong(
 
 
 def _messenger_pingpong(
-    dist: Any, torch: Any, rank: int, world: int, n: int, repeats: int, busy: bool = False
+    dist: Any,
+    torch: Any,
+    rank: int,
+    world: int,
+    n: int,
+    repeats: int,
+    busy: bool = False,
+    cpu_now: Callable[[], float] = time.process_time,
 ) -> dict[str, Any]:  # pragma: no cover - runs in the rank processes
     """Ping-pong of ``n``-byte messages between ranks 0 and 1 through the runtime's own
     :class:`~realrun.runtime.Messenger` (the path of ``ps`` and ``p3``: a sender
     thread, header then payload, a receiver thread per peer, payload receives posted
-    ahead): one warm-up, then ``4 * repeats`` timed round trips on rank 0."""
+    ahead): one warm-up, then ``4 * repeats`` timed round trips on rank 0, and the CPU
+    seconds rank 0's process (all its threads) spent on them."""
     import threading
 
     from realrun.runtime import ACT, Messenger, Recorder
@@ -1170,9 +1206,12 @@ def _messenger_pingpong(
     ]  # fmt: skip
     box[0].start()
     rts: list[float] = []
+    cpu = [0.0]
 
     def ping() -> None:
         for i in range(reps):
+            if i == 1:
+                cpu[0] = -cpu_now()
             t0 = time.perf_counter()
             box[0].send(1, ACT, i, 0, buf)
             waited = 0
@@ -1183,6 +1222,7 @@ def _messenger_pingpong(
                     raise RuntimeError("the messenger ping-pong got no answer within 60 s")
             if i:
                 rts.append(time.perf_counter() - t0)
+        cpu[0] += cpu_now()
         done.set()
 
     if busy:
@@ -1202,7 +1242,13 @@ def _messenger_pingpong(
     elif not done.wait(120):
         raise RuntimeError("the messenger ping-pong stopped before its last message")
     box[0].close()
-    return {"bytes": 4 * numel, "role": "ping" if rank == 0 else "pong", "round_trips_s": rts}
+    return {
+        "bytes": 4 * numel,
+        "role": "ping" if rank == 0 else "pong",
+        "round_trips_s": rts,
+        "cpu_s": cpu[0],
+        "messages": 2 * len(rts),
+    }
 
 
 def _compute_benchmarks(

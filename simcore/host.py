@@ -261,13 +261,19 @@ class CommCpu:
         self.spec, self.pool_of = spec, pool_of
 
     def join(
-        self, src: int, dst: int, nbytes: int, messages: int, reduce_bytes: int
+        self,
+        src: int,
+        dst: int,
+        nbytes: int,
+        messages: int,
+        reduce_bytes: int,
+        extra_s: float = 0.0,
     ) -> tuple[int, Callable[[Callable[[], None]], None]]:
-        """Queue the CPU work of one message; returns how many completions (the wire's
-        included) its delivery waits for, and a function that starts the tasks with the
-        callback to call on each completion."""
+        """Queue the CPU work of one message (each end ``extra_s`` more); returns how many
+        completions (the wire's included) its delivery waits for, and a function that
+        starts the tasks with the callback to call on each completion."""
         spec = self.spec
-        send_s = spec.message_cpu(nbytes, messages)
+        send_s = spec.message_cpu(nbytes, messages) + extra_s
         recv_s = send_s + reduce_bytes * spec.reduce_cpu_s_per_byte
 
         def start(on_one: Callable[[], None]) -> None:

@@ -270,24 +270,28 @@ class Network(ABC):
             ev.callbacks.append(self._deliver_local)
             return msg
         if self.cpu is not None:
-            if p2p and self.cpu.spec.p2p_handshake_s > 0:
+            spec = self.cpu.spec
+            extra_s = spec.p2p_message_cpu_s if p2p else 0.0
+            if p2p and spec.p2p_handshake_s > 0:
                 sender = self._senders.get(src)
                 if sender is None:
-                    spec = self.cpu.spec
                     sender = self._senders[src] = _Sender(
                         self, spec.p2p_handshake_s, spec.socket_buffer_bytes
                     )
-                sender.queue(msg, segments, reduce_bytes)
+                sender.queue(msg, segments, reduce_bytes, extra_s)
                 return msg
-            self._join_cpu(msg, segments, reduce_bytes)
+            self._join_cpu(msg, segments, reduce_bytes, extra_s)
         self._inject(msg)
         return msg
 
-    def _join_cpu(self, msg: Message, segments: int, reduce_bytes: int) -> None:
-        """Deliver ``msg`` only when the wire and both ends' CPU work are done."""
+    def _join_cpu(
+        self, msg: Message, segments: int, reduce_bytes: int, extra_s: float = 0.0
+    ) -> None:
+        """Deliver ``msg`` only when the wire and both ends' CPU work are done (each end's
+        with ``extra_s`` more: a messenger thread's own code)."""
         assert self.cpu is not None
         deliver = msg.on_arrival
-        left, start = self.cpu.join(msg.src, msg.dst, msg.nbytes, segments, reduce_bytes)
+        left, start = self.cpu.join(msg.src, msg.dst, msg.nbytes, segments, reduce_bytes, extra_s)
         count = [left]
 
         def one() -> None:
@@ -343,12 +347,12 @@ class _Sender:
 
     def __init__(self, net: Network, handshake_s: float, buffer_bytes: int = 0) -> None:
         self.net, self.handshake_s, self.buffer_bytes = net, handshake_s, buffer_bytes
-        self.heap: list[tuple[float, int, Message, int, int]] = []
+        self.heap: list[tuple[float, int, Message, int, int, float]] = []
         self.busy = False
         self.seq = 0
 
-    def queue(self, msg: Message, segments: int, reduce_bytes: int) -> None:
-        heapq.heappush(self.heap, (msg.priority, self.seq, msg, segments, reduce_bytes))
+    def queue(self, msg: Message, segments: int, reduce_bytes: int, extra_s: float) -> None:
+        heapq.heappush(self.heap, (msg.priority, self.seq, msg, segments, reduce_bytes, extra_s))
         self.seq += 1
         if not self.busy:
             self._next()
@@ -358,11 +362,11 @@ class _Sender:
             self.busy = False
             return
         self.busy = True
-        _prio, _seq, msg, segments, reduce_bytes = heapq.heappop(self.heap)
+        _prio, _seq, msg, segments, reduce_bytes, extra_s = heapq.heappop(self.heap)
         ev = Timeout(self.net.env, self.handshake_s)
-        ev.callbacks.append(lambda _e: self._go(msg, segments, reduce_bytes))
+        ev.callbacks.append(lambda _e: self._go(msg, segments, reduce_bytes, extra_s))
 
-    def _go(self, msg: Message, segments: int, reduce_bytes: int) -> None:
+    def _go(self, msg: Message, segments: int, reduce_bytes: int, extra_s: float) -> None:
         deliver = msg.on_arrival
         released = [False]
 
@@ -381,7 +385,7 @@ class _Sender:
             slowest = max(st.service for st in msg.hops)
             ev = Timeout(self.net.env, max(0, msg.nbytes - self.buffer_bytes) * slowest)
             ev.callbacks.append(release)
-        self.net._join_cpu(msg, segments, reduce_bytes)
+        self.net._join_cpu(msg, segments, reduce_bytes, extra_s)
         self.net._inject(msg)
 
 

@@ -90,6 +90,9 @@ class HostSpec:
         socket_buffer_bytes: how much of a message the kernel takes off a blocking send
             (TCP's send buffer): the sender moves on when what is left to go fits in it,
             not when the message has arrived; 0: it waits for the arrival.
+        p2p_message_cpu_s: CPU seconds a point-to-point message handed to a sending
+            thread (a parameter server's) costs each end beyond ``message_cpu_s``: the
+            messenger threads' own code (headers, queues, hand-overs, callbacks).
     """
 
     cores: int = 1
@@ -99,6 +102,7 @@ class HostSpec:
     reduce_cpu_s_per_byte: float = 0.0
     p2p_handshake_s: float = 0.0
     socket_buffer_bytes: int = 0
+    p2p_message_cpu_s: float = 0.0
 
     def message_cpu(self, nbytes: int, messages: int = 1) -> float:
         """CPU seconds one end spends on ``nbytes`` sent as ``messages`` messages."""
@@ -635,6 +639,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         "reduce_cpu_s_per_byte",
         "p2p_handshake_s",
         "socket_buffer",
+        "p2p_message_cpu_s",
     }
     unknown = sorted(set(d) - allowed)
     if unknown:
@@ -647,6 +652,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         reduce_cpu_s_per_byte=float(d.get("reduce_cpu_s_per_byte", 0.0)),
         p2p_handshake_s=float(d.get("p2p_handshake_s", 0.0)),
         socket_buffer_bytes=parse_size(d.get("socket_buffer", 0)),
+        p2p_message_cpu_s=float(d.get("p2p_message_cpu_s", 0.0)),
     )
 
 

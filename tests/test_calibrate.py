@@ -213,6 +213,10 @@ def test_local_calibration_writes_a_topology_sim_run_reads(tmp_path: Any, capsys
         (2, 1 << 20),
         (2, 8 << 20),
     ]
+    # the messenger ping-pong's CPU is measured: what a parameter server's message costs
+    # each end beyond a plain send (its threads' Python), never negative
+    assert all(r["cpu_s"] > 0 for r in preset["measured"]["messenger"])
+    assert preset["host"]["p2p_message_cpu_s"] >= 0
     loaded = load_preset(path)
     assert loaded["name"] == "local-calibrated"
     code, out, err = run_main(
