@@ -189,6 +189,26 @@ def test_sender_handshake_serialises_point_to_point_messages():
         assert len(posted) == 1, scheme
 
 
+def test_a_messenger_message_costs_both_ends_its_own_cpu():
+    """``p2p_message_cpu_s`` is CPU work at both ends of every parameter-server message:
+    on one core a 1 ms charge makes the iteration slower (compute waits behind it), more
+    is never faster, and the messages' bytes do not change; pipeline and gossip messages
+    (no messenger threads) are not charged."""
+    times, sent = [], set()
+    for c in (0.0, 1e-3, 3e-3):
+        res = run(preset(cores=1, p2p_message_cpu_s=c), 2, "ps")
+        times.append(res.iteration_time_s)
+        sent.add(res.comm_bytes_total)
+    assert times == sorted(times) and times[1] > times[0]
+    assert len(sent) == 1
+    for scheme in ("gpipe", "gossip"):
+        same = {
+            run(preset(cores=1, p2p_message_cpu_s=c), 2, scheme).iteration_time_s
+            for c in (0.0, 3e-3)
+        }
+        assert len(same) == 1, scheme
+
+
 def test_a_send_returns_once_the_socket_buffer_holds_the_rest():
     """A parameter server's sender moves on when what is left of a message fits in the send
     buffer, so pushes to different servers overlap: faster than a sender held until each
