@@ -25,7 +25,7 @@ same keys as ``sim run --json``. Pure functions; no torch.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -243,6 +243,31 @@ def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:
         ),
         base.edges,
     )
+
+
+def median_trace(traces: Sequence[Trace]) -> Trace:
+    """One trace from in-run traces of the same model and batch (:func:`trace_from_run`
+    of repeated runs): each layer's forward and backward time is the median over them,
+    everything else the first one's. Raises ``ValueError`` for none, or traces of
+    different layers."""
+    if not traces:
+        raise ValueError("no traces to take the median of")
+    first = traces[0]
+    names = [layer.name for layer in first.layers]
+    if any([layer.name for layer in t.layers] != names for t in traces[1:]):
+        raise ValueError("the traces to take the median of have different layers")
+    if len(traces) == 1:
+        return first
+    layers = tuple(
+        replace(
+            layer,
+            forward_s=statistics.median(t.layers[i].forward_s for t in traces),
+            backward_s=statistics.median(t.layers[i].backward_s for t in traces),
+        )
+        for i, layer in enumerate(first.layers)
+    )
+    meta = replace(first.meta, provenance=f"{first.meta.provenance}; median of {len(traces)} runs")
+    return Trace(meta, layers, first.edges)
 
 
 def _charged_spans(rank: Mapping[str, Any], warm: int) -> list[tuple[str, str, float]]:
