@@ -197,10 +197,12 @@ WAITING_FRAMES = (
     "torch/nn/parallel/distributed.py",
     "torch/autograd/",
     "realrun/runtime.py",
+    "realrun/p2p.py",
     "threading.py",
 )
 """Where a rank's main thread is when it waits for other ranks: in a collective, in DDP,
-in backward (which waits for DDP's all-reduces), or in our message waits."""
+in backward (which waits for DDP's all-reduces), or in our message waits (the
+messenger's, or a posted receive's for the pipelines and gossip)."""
 
 
 def _waiting_ranks(
@@ -220,10 +222,16 @@ def _waiting_ranks(
         with open(os.path.join(out_dir, f"rank{r}.log"), "rb") as fh:
             fh.seek(sizes[r])
             dump = fh.read().decode("utf-8", "replace")
-        main = _main_thread_stack(dump)
-        if main and any(any(w in line for w in WAITING_FRAMES) for line in main):
+        if waits_for_others(dump):
             waiting.add(r)
     return waiting
+
+
+def waits_for_others(dump: str) -> bool:
+    """Whether a faulthandler dump shows the main thread in one of the
+    :data:`WAITING_FRAMES`."""
+    main = _main_thread_stack(dump)
+    return any(any(w in line for w in WAITING_FRAMES) for line in main)
 
 
 def _main_thread_stack(dump: str) -> list[str]:

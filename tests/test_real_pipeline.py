@@ -388,3 +388,20 @@ def test_dead_or_hung_pipeline_rank_is_named(
     assert words in str(info.value)
     out = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert out.stdout.strip() == "", "a rank process outlived the run"
+
+
+def test_a_rank_waiting_for_a_posted_receive_is_waiting_not_hung():
+    """The hang diagnosis names the rank that is not waiting for others: a main thread in
+    a posted receive (pipelines, gossip) or the messenger waits; one in its own code (or
+    asleep, as the fault hook) is not."""
+    from realrun.launch import waits_for_others
+
+    def dump(*frames: str) -> str:
+        lines = "\n".join(f'  File "/x/{f}", line 1 in f' for f in frames)
+        other = 'Thread 0x1 (most recent call first):\n  File "/x/realrun/p2p.py"\n\n'
+        return f"{other}Current thread 0x2 (most recent call first):\n{lines}\n"
+
+    assert waits_for_others(dump("realrun/p2p.py", "realrun/pipeline.py"))
+    assert waits_for_others(dump("realrun/runtime.py", "realrun/schemes/ps.py"))
+    assert not waits_for_others(dump("realrun/worker.py", "realrun/pipeline.py"))
+    assert not waits_for_others("")
