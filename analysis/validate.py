@@ -388,8 +388,9 @@ def trace_path(
 
 def ensure_trace(out_dir: str, case: Case, topology_file: str) -> tuple[str, dict[str, float]]:
     """The layer trace of ``case``'s model, measured on this machine now inside the
-    runtime the case uses, and the memory bandwidth its optimizer step reached; reused
-    when ``out_dir`` already has them.
+    runtime the case uses (the median of :data:`PROFILE_REPEATS` runs), and its
+    optimizer step's cost (``memory_bandwidth_bytes_per_s``, ``step_overhead_s``);
+    reused when ``out_dir`` already has them.
 
     A real run on this machine's loopback (:func:`profile_scheme`'s runtime) is turned
     into the trace by :func:`realrun.metrics.trace_from_run`, so what the runtime does

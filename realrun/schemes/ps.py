@@ -114,8 +114,8 @@ class PSRuntime(WorkerLoop):
             self.on_message,
             self.buffer_for,
             self.label,
-            self.expected,
-            2 * max(len(ks) for ks in self.from_peer.values()) if self.from_peer else 0,
+            expected=self.expected,
+            window=2 * max((len(ks) for ks in self.from_peer.values()), default=0),
         )
 
     # ---- layout (p3 overrides) -------------------------------------------------------
