@@ -731,28 +731,20 @@ def _preset(
     messenger = []
     for busy in (False, True):
         for n in MESSENGER_SIZES_BYTES:
-            rts = [
-                rt
+            recs = [
+                rec
                 for res in results
                 for rec in res.get("messenger", [])
                 if rec["role"] == "ping"
                 and rec["bytes"] == 4 * _element_count(n)
                 and rec.get("busy", False) == busy
-                for rt in rec["round_trips_s"]
             ]
+            rts = [rt for rec in recs for rt in rec["round_trips_s"]]
             if rts:
                 one_way = _median(rts) / 2
                 wire = latency + max(0.0, n - burst) / goodput
                 row = {"bytes": n, "busy": busy, "one_way_s": one_way, "wire_s": wire}
-                cpus = [
-                    rec["cpu_s"] / rec["messages"]
-                    for res in results
-                    for rec in res.get("messenger", [])
-                    if rec["role"] == "ping"
-                    and rec["bytes"] == 4 * _element_count(n)
-                    and rec.get("busy", False) == busy
-                    and rec.get("messages")
-                ]
+                cpus = [rec["cpu_s"] / rec["messages"] for rec in recs if rec.get("messages")]
                 if cpus:
                     row["cpu_s"] = _median(cpus)
                 messenger.append(row)
