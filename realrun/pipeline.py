@@ -522,15 +522,18 @@ class PipelineRuntime:
             else [None] * (len(x_req) + len(w))
         )
         self.mod.on_grad = None
-        if self.record_layers:
+        for i, g in enumerate(got[len(x_req) :]):  # in place: no allocation per micro-batch
+            if g is not None:
+                if self.grads[i] is None:
+                    self.grads[i] = g.detach()
+                else:
+                    self.grads[i].add_(g)
+        if self.record_layers:  # the accumulation is part of the last layer's backward
             marks = sorted(self._grad_marks, key=lambda m: m[1])
             for i, ((name, index), t) in enumerate(marks):
                 end = marks[i + 1][1] if i + 1 < len(marks) else self.rec.now()
                 self.rec.span(COMPUTE, BACKWARD, name, bstart if i == 0 else t, end, it, index)
             self._grad_marks = []
-        for i, g in enumerate(got[len(x_req) :]):
-            if g is not None:
-                self.grads[i] = g.detach() if self.grads[i] is None else self.grads[i] + g
         in_grads: list[torch.Tensor | None] = []
         it_x = iter(got[: len(x_req)])
         for t in k["x"]:
