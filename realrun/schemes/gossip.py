@@ -22,6 +22,14 @@ partner's gradients of every layer, its batch), so the worker keeps gloo receive
 ahead for them and sends with ``isend`` (:class:`realrun.p2p.PostedLink`): no Python
 thread carries them. An iteration ends for a worker once it has its partner's gradients
 of that iteration.
+
+The receives are posted one iteration's messages ahead, no more: the next iteration's are
+posted as this iteration's are used (during the next forward, before backward sends), so
+a worker whose partner is still busy with its previous exchange waits for the partner's
+ready notice instead of pushing into a link that is still receiving (gloo sends after the
+receiver's notice). Two iterations ahead let drifting workers overlap exchanges with
+different partners on one link: ``mlp_medium`` on four ranks at 1 Gbit/s took 172-181 ms
+an iteration instead of 110-112 ms (two runs each, measured).
 """
 
 from __future__ import annotations
@@ -105,7 +113,7 @@ class GossipRuntime(WorkerLoop):
                 self.ctx.group,
                 self.rec,
                 self._expected(),
-                2 * per_it + 2,
+                per_it,  # one iteration ahead (module docs)
                 self.label,
                 self.job.timeout_s * 4,
             )
