@@ -250,6 +250,23 @@ class _SavedBytes:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
 
 
+def accumulate(sums: list[torch.Tensor | None], grads: Sequence[torch.Tensor | None]) -> None:
+    """Add one micro-batch's weight gradients into ``sums`` in place (no allocation per
+    micro-batch); a sum starts as the gradient itself, or a copy of it where autograd
+    handed the same tensor to two weights (``a + b`` gives both one gradient)."""
+    started: set[int] = set()
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        total = sums[i]
+        if total is None:
+            ptr = g.untyped_storage().data_ptr()
+            sums[i] = g.detach().clone() if ptr in started else g.detach()
+            started.add(ptr)
+        else:
+            total.add_(g)
+
+
 class PipelineRuntime:
     """One rank of a pipeline scheme (see module docs)."""
 
@@ -523,12 +540,7 @@ class PipelineRuntime:
             else [None] * (len(x_req) + len(w))
         )
         self.mod.on_grad = None
-        for i, g in enumerate(got[len(x_req) :]):  # in place: no allocation per micro-batch
-            if g is not None:
-                if self.grads[i] is None:
-                    self.grads[i] = g.detach()
-                else:
-                    self.grads[i].add_(g)
+        accumulate(self.grads, got[len(x_req) :])
         if self.record_layers:  # the accumulation is part of the last layer's backward
             marks = sorted(self._grad_marks, key=lambda m: m[1])
             for i, ((name, index), t) in enumerate(marks):

@@ -18,6 +18,7 @@ from realrun.job import Job  # noqa: E402
 from realrun.launch import launch  # noqa: E402
 from realrun.metrics import summarize  # noqa: E402
 from realrun.pipeline import (  # noqa: E402
+    accumulate,
     make_schedule,
     microbatch,
     prescribed_versions,
@@ -161,6 +162,24 @@ def assert_versions(records: dict[str, Any], job: Job) -> None:
     for r in records["ranks"]:
         got = [tuple(x) for x in r["passes"]]
         assert got == prescribed_versions(sched, r["rank"]), f"rank {r['rank']}"
+
+
+def test_accumulated_gradients_stay_apart_when_autograd_shares_one() -> None:
+    # a + b: autograd hands both weights the same gradient tensor; summing in place must
+    # not add b's gradient into a's sum
+    a = torch.zeros(3, requires_grad=True)
+    b = torch.zeros(3, requires_grad=True)
+    sums: list[Any] = [None, None]
+    for scale in (1.0, 2.0):  # two micro-batches
+        grads = torch.autograd.grad(a + b, [a, b], torch.full((3,), scale))
+        assert grads[0] is grads[1]
+        accumulate(sums, grads)
+    assert torch.equal(sums[0], torch.full((3,), 3.0))
+    assert torch.equal(sums[1], torch.full((3,), 3.0))
+    assert sums[0].untyped_storage().data_ptr() != sums[1].untyped_storage().data_ptr()
+    accumulate(sums, [None, torch.ones(3)])  # a weight without a gradient keeps its sum
+    assert torch.equal(sums[0], torch.full((3,), 3.0))
+    assert torch.equal(sums[1], torch.full((3,), 4.0))
 
 
 @pytest.mark.parametrize(
