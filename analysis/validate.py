@@ -798,6 +798,7 @@ def run_case(
     from simcore.engine import simulate
     from traces.atomic import write_text
 
+    calibration = topology_file
     trace_file, update = ensure_trace(out_dir, case, topology_file)
     topology_file = case_topology(out_dir, topology_file, trace_file, update)
     config = sim_config(case, trace_file, topology_file)
@@ -806,6 +807,13 @@ def run_case(
     job = make_job(case, config)
     records = runner(job, case.bandwidth_bytes_per_s, repeats)
     reals = [summarize(r, cluster="netns") for r in records]
+    profiled_s = float(sim["iteration_time_s"])
+    measured: list[Any] = []
+    if measured_compute(case):
+        measured = [
+            simulate_measured(case, rec, k, out_dir, calibration, trace_file, update, job)
+            for k, rec in enumerate(records)
+        ]
     if case.scheme == "gossip":
         reals = [without_shuffle_labels(r) for r in reals]
     # Links are compared over the measured iterations: a pipeline's simulation runs lead
@@ -818,9 +826,19 @@ def run_case(
         sim["measured_bytes_by_link"] = measured_links_sim(result)
         for real, rec in zip(reals, records, strict=True):
             real["measured_bytes_by_link"] = measured_links_real(rec)
-    row = case_row(case, sim, reals)
-    med = row["real_iteration_time_s"]
+    med = statistics.median(float(r["iteration_time_s"]) for r in reals)
     i = min(range(len(reals)), key=lambda k: abs(reals[k]["iteration_time_s"] - med))
+    if measured:
+        # the repeat's own compute: compare run k with its simulation, the median of both
+        result = measured[i]
+        times = [m.iteration_time_s for m in measured]
+        sim = dict(sim, iteration_time_s=statistics.median(times))
+        sim["per_gpu_utilization"] = result.per_gpu_utilization
+        sim["bubble_fraction"] = result.bubble_fraction
+    row = case_row(case, sim, reals)
+    row["compute_from"] = "measured runs" if measured else "profile"
+    row["sim_profiled_iteration_time_s"] = profiled_s
+    row["sim_iteration_times_s"] = _compact([m.iteration_time_s for m in measured])
     real_path, sim_path, _ = timeline_paths(out_dir, case.case_id)
     os.makedirs(os.path.dirname(real_path), exist_ok=True)
     real_meta = dict(reals[i], topology=f"measured, {case.bandwidth}")
@@ -830,6 +848,58 @@ def run_case(
     sim_meta = dict(sim, topology=f"simulated, {case.bandwidth}")
     write_text(sim_path, json.dumps(_chrome(result.spans, result.device_names, sim_meta)))
     return row
+
+
+def measured_compute(case: Case) -> bool:
+    """Whether ``case`` is simulated on the compute its real runs measured (each repeat
+    on its own: a pipeline, whose runtime records every layer's span) rather than on the
+    profile taken before them (data-parallel schemes: what DDP's hooks and a messenger
+    do on the main thread would land in the layers' spans, and the simulator models
+    them apart)."""
+    return profile_scheme(case.scheme) in PIPELINES
+
+
+def simulate_measured(
+    case: Case,
+    records: Mapping[str, Any],
+    repeat: int,
+    out_dir: str,
+    calibration: str,
+    profile_trace: str,
+    profile_update: Mapping[str, float],
+    job: Any,
+) -> Any:
+    """Simulate ``case`` on the layer times and optimizer steps that real run ``records``
+    measured (:func:`realrun.metrics.trace_from_run`, in CPU time), on the stages that
+    run used (``scheme.stages``); the trace and its preset are kept in
+    ``traces/measured/`` of ``out_dir``."""
+    from realrun.metrics import trace_from_run, update_cost
+    from simcore.config import OPTIMIZERS
+    from simcore.engine import simulate
+    from traces.jsonfmt import load, save
+
+    base = load(profile_trace.removesuffix(".json") + ".layers.json")
+    trace = trace_from_run(records, base)
+    path = os.path.join(out_dir, "traces", "measured", f"{case.case_id}-r{repeat}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    save(trace, path)
+    try:
+        cost = update_cost(records, base, OPTIMIZERS[job.optimizer][1])
+        update = {
+            "memory_bandwidth_bytes_per_s": cost.bytes_per_s,
+            "step_overhead_s": cost.overhead_s,
+        }
+    except ValueError:  # no update in the measured iterations: the profile's
+        update = dict(profile_update)
+    layers = job.pipeline["stage_layers"]
+    cuts = ",".join(base.layers[min(stage)].name for stage in layers[1:])
+    pinned = replace(case, options=(*case.options, ("stages", cuts)))
+    config = sim_config(pinned, path, case_topology(out_dir, calibration, path, update))
+    from realrun.pipeline import plan
+
+    if plan(config)["stage_layers"] != layers:
+        raise RuntimeError(f"the stages cut at {cuts} are not those the real run used ({layers})")
+    return simulate(config)
 
 
 # ---- the whole validation ----------------------------------------------------------------

@@ -327,6 +327,7 @@ class PipelineRuntime:
         self.data: dict[int, Any] = {}
         self._predict_next = False
         self._prediction: tuple[dict[str, torch.Tensor], int] | None = None
+        self._predicted_bufs: list[torch.Tensor] | None = None
         self._load_next = False
         self._out_grads: dict[int, list[torch.Tensor]] = {}
         self.record_layers = job.record_layers and ctx.setup.device.type != "cuda"
@@ -369,18 +370,26 @@ class PipelineRuntime:
         return dict(zip(self.names, self.params))
 
     def _predicted(self, forward: bool) -> tuple[dict[str, torch.Tensor], int]:
+        """SpecTrain's predicted weights, written into the one prediction buffer the stage
+        keeps (a pass's graph is gone before the next prediction): one fused pass per
+        weight, no allocation (allocating two weight-sized temporaries per prediction
+        took ~1.4 ms instead of ~0.3 on a 1 MB stage of ``cnn_medium``)."""
         s = sch.version_difference(self.stage, self.n_stages, forward)
         lr = self.job.lr
-        out = {}
-        for n, p in zip(self.names, self.params):
-            buf = (
-                self.optimizer.state.get(p, {}).get("momentum_buffer")
-                if self.optimizer is not None
-                else None
-            )
-            w = p.detach().clone() if buf is None else p.detach() - s * lr * buf
-            out[n] = w.requires_grad_()
-        return out, self.version + s
+        if self._predicted_bufs is None:
+            self._predicted_bufs = [torch.empty_like(p).requires_grad_() for p in self.params]
+        with torch.no_grad():
+            for w, p in zip(self._predicted_bufs, self.params):
+                v = (
+                    self.optimizer.state.get(p, {}).get("momentum_buffer")
+                    if self.optimizer is not None
+                    else None
+                )
+                if v is None:
+                    w.copy_(p)
+                else:
+                    torch.add(p, v, alpha=-s * lr, out=w)
+        return dict(zip(self.names, self._predicted_bufs)), self.version + s
 
     def _stashed(self, mb: int) -> dict[str, torch.Tensor]:
         v = self.version

@@ -334,6 +334,29 @@ def test_baselines_cut_the_chain_evenly():
         assert p.replicas == (1, 1, 1)
 
 
+def test_given_cuts_make_exactly_those_stages():
+    trace = chain(
+        TraceMeta("c", "V100", 1),
+        [Layer(f"l{i}", 1.0 + i, 0.0, param_bytes=10 * i) for i in range(6)],
+    )
+    best = partition(trace, 3, B10, straight=True)
+    cuts = [trace.layers[min(s.layers)].name for s in best.stages[1:]]
+    again = partition(trace, 3, B10, cuts=cuts)
+    assert [s.layers for s in again.stages] == [s.layers for s in best.stages]
+    assert again.method == "given" and again.replicas == (1, 1, 1)
+    odd = partition(trace, 3, B10, cuts=["l1", "l5"])
+    assert [len(s.layers) for s in odd.stages] == [1, 4, 1]
+    assert odd.bottleneck_s == pytest.approx(2 + 3 + 4 + 5)  # l1..l4 on one stage
+    for cuts, words in (
+        (["l2"], "make 2 stages, not 3"),
+        (["l2", "nope"], "'nope' is not a layer"),
+        (["l0", "l2"], "'l0' is not a layer that can start"),
+        (["l4", "l2"], "does not come after"),
+    ):
+        with pytest.raises(PartitionError, match=words):
+            partition(trace, 3, B10, cuts=cuts)
+
+
 def test_inputs_and_unused_outputs_join_their_neighbours():
     trace = load_builtin("gnmt")
     p = partition(trace, 4, B10)

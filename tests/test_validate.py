@@ -375,6 +375,16 @@ def test_validate_end_to_end_on_an_emulated_cluster(
     assert (Path(out) / "traces" / "mlp_medium-dp-b24.json").exists()
     assert (Path(out) / "traces" / "mlp_medium-gpipe-2r-b6.json").exists()
     assert (Path(out) / "traces" / "mlp_medium-gpipe-2r-b6.layers.json").exists()
+    # the pipeline is simulated on each repeat's own measured compute, on its stages
+    by = df.set_index("scheme")
+    assert by.loc["dp", "compute_from"] == "profile"
+    assert by.loc["gpipe", "compute_from"] == "measured runs"
+    sims = json.loads(by.loc["gpipe", "sim_iteration_times_s"])
+    assert len(sims) == 1
+    assert sims[0] == pytest.approx(by.loc["gpipe", "sim_iteration_time_s"], rel=0.01)
+    assert by.loc["gpipe", "sim_profiled_iteration_time_s"] > 0
+    measured = Path(out) / "traces" / "measured" / f"{by.loc['gpipe', 'point_id']}-r0.json"
+    assert measured.exists()
     med = float(df["abs_rel_err"].median())
     # the same command with a gate below the error: resumes (nothing runs) and exits 1
     code, stdout, err = run_main(capsys, *args, "--fail-above", f"{med / 2}")

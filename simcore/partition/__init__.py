@@ -11,6 +11,10 @@ the slowest stage is as fast as possible.
   topological order, cut so that each stage has about the same number of layers,
   parameter bytes or compute time.
 
+``cuts`` (names of the first layer of every stage but the first) gives the stages instead
+of any method: a straight pipeline cut there (method ``given``). That is how a run is
+simulated on the stages another run used, whatever its own layer times would choose.
+
 Every method's stages are timed with the same cost model, so bottlenecks and predicted
 speedups compare directly. The speedup over data parallelism uses the same weight
 synchronisation term as the DP: ``(C + 4(N-1) P/(N B)) / N`` per batch.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,8 +170,10 @@ def partition(
     memory_limit_bytes: float | None = None,
     optimizer_copies: int = 1,
     max_states: int = DEFAULT_MAX_STATES,
+    cuts: Sequence[str] | None = None,
 ) -> Partition:
-    """Partition ``trace`` over exactly ``gpus`` GPUs (see module docs).
+    """Partition ``trace`` over exactly ``gpus`` GPUs (see module docs), or cut it where
+    ``cuts`` says (:func:`given_groups`).
 
     ``bandwidth_bytes_per_s`` prices weight synchronisation among replicas and, with
     ``activation_term``, transfers between stages. ``memory_limit_bytes`` bounds each
@@ -192,7 +199,11 @@ def partition(
     states = 0
     exact = True
     pairs = 0
-    if method == "antichain":
+    if cuts:
+        groups = given_groups(g, cuts, gpus)
+        reps = [1] * gpus
+        method = "given"
+    elif method == "antichain":
         try:
             st: States = antichain_states(g, max_states)
         except PartitionError:
@@ -245,6 +256,34 @@ def baseline_groups(g: PartitionGraph, gpus: int, method: str) -> list[list[int]
         weights = list(g.compute_s)
     cuts = balanced_cuts(weights, gpus)
     bounds = [0, *cuts, n]
+    return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
+
+
+def given_groups(g: PartitionGraph, cuts: Sequence[str], gpus: int) -> list[list[int]]:
+    """Nodes per stage of a straight pipeline over the topological order, cut before the
+    layers named in ``cuts`` (one name per stage after the first, in order)."""
+    names = [g.trace.layers[g.layer[v]].name for v in range(g.n)]
+    if len(cuts) != gpus - 1:
+        raise PartitionError(
+            f"{len(cuts)} stage cut(s) {','.join(cuts)!r} make {len(cuts) + 1} stages, "
+            f"not {gpus}: give the first layer of each of stages 2..{gpus}"
+        )
+    where = {name: v for v, name in enumerate(names)}
+    bounds = [0]
+    for name in cuts:
+        v = where.get(name)
+        if v is None or v == 0:
+            raise PartitionError(
+                f"stage cut {name!r} is not a layer that can start a stage; "
+                f"layers: {', '.join(names[1:])}"
+            )
+        if v <= bounds[-1]:
+            raise PartitionError(
+                f"stage cut {name!r} does not come after the previous cut "
+                "(give the cuts in the layers' order)"
+            )
+        bounds.append(v)
+    bounds.append(g.n)
     return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
 
 

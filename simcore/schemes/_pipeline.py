@@ -73,6 +73,11 @@ class PipelineOptions:
         "compute",
         choices=METHODS,
     )
+    stages: str = option(
+        "",
+        "the stages themselves instead of a partition method: the first layer of every "
+        "stage but the first, comma-separated (e.g. body.3,body.6); one GPU per stage",
+    )
     activations: bool = option(
         True,
         "let the partitioner count activation transfers "
@@ -211,6 +216,7 @@ class PipelineScheme(Scheme):
         if not math.isfinite(bw):
             bw = topo.gpu_spec.memory_bandwidth_bytes_per_s
         straight = self.feat.straight
+        cuts = [c.strip() for c in self.options.stages.split(",") if c.strip()]
         try:
             return partition(
                 ctx.trace,
@@ -220,8 +226,11 @@ class PipelineScheme(Scheme):
                 straight=straight,
                 activation_term=self.options.activations,
                 optimizer_copies=ctx.optimizer_state_bytes(1),
+                cuts=cuts or None,
             )
         except PartitionError as exc:
+            if cuts:
+                raise ConfigError("scheme.stages", self.options.stages, str(exc)) from None
             raise ConfigError("scheme.partition", self.options.partition, str(exc)) from None
 
     def microbatches(self, part: Partition) -> int:
