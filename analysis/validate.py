@@ -850,13 +850,18 @@ def run_case(
     return row
 
 
+MEASURED_COMPUTE = (*PIPELINES, "dp")
+"""Schemes whose cases are simulated on each real run's own measured compute (see
+:func:`measured_compute`)."""
+
+
 def measured_compute(case: Case) -> bool:
-    """Whether ``case`` is simulated on the compute its real runs measured (each repeat
-    on its own: a pipeline, whose runtime records every layer's span) rather than on the
-    profile taken before them (data-parallel schemes: what DDP's hooks and a messenger
-    do on the main thread would land in the layers' spans, and the simulator models
-    them apart)."""
-    return profile_scheme(case.scheme) in PIPELINES
+    """Whether ``case`` is simulated on the compute its real runs measured, each repeat on
+    its own (:data:`MEASURED_COMPUTE`: the pipelines and ``dp``, whose runtimes record
+    every layer's span and the waits between them), rather than on the profile taken
+    before them (``ps``, ``p3``, ``gossip``: a worker's main thread also posts its
+    messages and averages, inside the layers' spans, which the simulator models apart)."""
+    return case.scheme in MEASURED_COMPUTE
 
 
 def simulate_measured(
@@ -891,10 +896,13 @@ def simulate_measured(
         }
     except ValueError:  # no update in the measured iterations: the profile's
         update = dict(profile_update)
+    topology = case_topology(out_dir, calibration, path, update)
+    if not job.pipeline:
+        return simulate(sim_config(case, path, topology))
     layers = job.pipeline["stage_layers"]
     cuts = ",".join(base.layers[min(stage)].name for stage in layers[1:])
     pinned = replace(case, options=(*case.options, ("stages", cuts)))
-    config = sim_config(pinned, path, case_topology(out_dir, calibration, path, update))
+    config = sim_config(pinned, path, topology)
     from realrun.pipeline import plan
 
     if plan(config)["stage_layers"] != layers:

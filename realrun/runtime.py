@@ -373,6 +373,11 @@ class LayerTimer:
         """Backward begins now."""
         self._last_ready = self.rec.now()
 
+    @property
+    def last_grad_s(self) -> float:
+        """When the latest layer's gradients were ready (the end of its backward span)."""
+        return self._last_ready
+
     def finish_backward(self) -> list[RealLayer]:
         """After ``backward()``: the layers whose gradients never arrived (unused in this
         pass), now handed to ``on_grad_ready`` in backward order."""

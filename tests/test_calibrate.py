@@ -23,6 +23,7 @@ from realrun.calibrate import (
     fit_cpu_cost,
     fit_latency_bandwidth,
     fit_line,
+    fit_shaped_link,
     format_rate_text,
     write_calibration,
 )
@@ -125,6 +126,26 @@ def test_the_tbf_bucket_is_fitted_out(rate: float, latency_s: float) -> None:
     assert lat == pytest.approx(latency_s, rel=1e-6)
     naive = fit_line(SIZES, t, robust=False)
     assert 1 / naive.slope > rate * 1.0001
+
+
+def test_a_shaped_links_latency_is_its_tiny_messages_time() -> None:
+    """Medium messages slower than the bucket model (as on this machine's tbf links) pull
+    a free intercept up; the latency is read from the tiny messages instead (the
+    shortest: a disturbed size is only ever slower), the goodput stays the fit's."""
+    rate, latency_s = 25e6, 110e-6
+    burst = burst_payload_bytes(rate)
+    t = latency_s + np.maximum(SIZES - burst, 0) / rate
+    t[(SIZES > 4096) & (SIZES < 1 << 20)] += 250e-6  # the medium sizes
+    t[SIZES == 64] += 2e-3  # one tiny size disturbed
+    lat, goodput, fit = fit_shaped_link(SIZES, t, burst, 0.01 * t)
+    assert lat == pytest.approx(latency_s)
+    assert goodput == pytest.approx(fit_latency_bandwidth(SIZES, t, burst, 0.01 * t)[1])
+    assert fit.intercept == lat and fit.residual_rel_max > 0
+    # without sizes of 1 KiB or less: the plain fit
+    big = SIZES > 1024
+    assert fit_shaped_link(SIZES[big], t[big], burst, 0.01 * t[big])[0] == pytest.approx(
+        fit_latency_bandwidth(SIZES[big], t[big], burst, 0.01 * t[big])[0]
+    )
 
 
 def test_cpu_costs_are_recovered() -> None:

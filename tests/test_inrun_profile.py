@@ -157,3 +157,26 @@ def test_repeated_profiles_give_each_layers_median():
         median_trace([runs[0], other])
     with pytest.raises(ValueError, match="no traces"):
         median_trace([])
+
+
+def test_a_data_parallel_runs_wait_for_its_last_buckets_is_no_layers_compute(
+    tmp_path: Path,
+) -> None:
+    """In a real two-rank dp run, what ``backward()`` does after the last layer's
+    gradients (DDP waiting for the last buckets' all-reduce) is recorded as a wait, so
+    the in-run profile charges the optimizer step only its own span, not that wait."""
+    pytest.importorskip("torch")
+    from realrun.metrics import _charged_spans
+    from tests.test_real import run
+
+    recs, _result, job = run(tmp_path, scheme="dp", workers=2, iterations=4, profile=True)
+    warm = job.warmup_iterations
+    for rank in recs["ranks"]:
+        stream = [s for s in rank["spans"] if s[1] == "compute" and s[6] >= warm]
+        waits = [s for s in stream if s[2] == "wait" and s[3] == "end of backward"]
+        assert {s[6] for s in waits} == set(range(warm, warm + job.iterations)), rank["rank"]
+        steps = [s[5] - s[4] for s in stream if s[2] == "update"]
+        charged = [c for kind, _n, c in _charged_spans(rank, warm) if kind == "update"]
+        assert len(charged) == len(steps)
+        for c, own in zip(charged, steps, strict=True):
+            assert c <= own * 1.01 + 1e-4  # from the wait's end: the step and no more

@@ -134,6 +134,10 @@ class WorkerLoop:
             start = self.rec.now()
             timer.start_backward()
             loss.backward()
+            if self.record_layers:
+                # what backward() does after the last layer's gradients (DDP: waiting for
+                # the last buckets' all-reduce and unpacking them) is no layer's compute
+                self.wait_span(timer.last_grad_s, "end of backward", it)
             timer.finish_backward()
             self.sync()
             if not self.record_layers:
