@@ -70,6 +70,13 @@ def test_every_rank_takes_the_cross_product() -> None:
     ]
 
 
+def test_which_cases_run_on_their_own_measured_compute() -> None:
+    """The pipelines and dp record every layer and wait; ps, p3 and gossip stay on the
+    profile (their workers' messaging is inside the layers' spans)."""
+    on_runs = {s for s in va.SCHEMES if va.measured_compute(va.Case(s, "mlp_medium", 1e8, 2))}
+    assert on_runs == {"dp", "mp", "gpipe", "pipedream", "spectrain"}
+
+
 def test_bandwidth_labels() -> None:
     assert va.bandwidth_label(125e6) == "1Gbps"
     assert va.bandwidth_label(25e6) == "200Mbps"
@@ -375,16 +382,16 @@ def test_validate_end_to_end_on_an_emulated_cluster(
     assert (Path(out) / "traces" / "mlp_medium-dp-b24.json").exists()
     assert (Path(out) / "traces" / "mlp_medium-gpipe-2r-b6.json").exists()
     assert (Path(out) / "traces" / "mlp_medium-gpipe-2r-b6.layers.json").exists()
-    # the pipeline is simulated on each repeat's own measured compute, on its stages
+    # both are simulated on each repeat's own measured compute (gpipe on its stages)
     by = df.set_index("scheme")
-    assert by.loc["dp", "compute_from"] == "profile"
-    assert by.loc["gpipe", "compute_from"] == "measured runs"
-    sims = json.loads(by.loc["gpipe", "sim_iteration_times_s"])
-    assert len(sims) == 1
-    assert sims[0] == pytest.approx(by.loc["gpipe", "sim_iteration_time_s"], rel=0.01)
-    assert by.loc["gpipe", "sim_profiled_iteration_time_s"] > 0
-    measured = Path(out) / "traces" / "measured" / f"{by.loc['gpipe', 'point_id']}-r0.json"
-    assert measured.exists()
+    for scheme in ("dp", "gpipe"):
+        assert by.loc[scheme, "compute_from"] == "measured runs"
+        sims = json.loads(by.loc[scheme, "sim_iteration_times_s"])
+        assert len(sims) == 1
+        assert sims[0] == pytest.approx(by.loc[scheme, "sim_iteration_time_s"], rel=0.01)
+        assert by.loc[scheme, "sim_profiled_iteration_time_s"] > 0
+        kept = Path(out) / "traces" / "measured" / f"{by.loc[scheme, 'point_id']}-r0.json"
+        assert kept.exists()
     med = float(df["abs_rel_err"].median())
     # the same command with a gate below the error: resumes (nothing runs) and exits 1
     code, stdout, err = run_main(capsys, *args, "--fail-above", f"{med / 2}")
