@@ -875,9 +875,9 @@ def simulate_measured(
     job: Any,
 ) -> Any:
     """Simulate ``case`` on the layer times and optimizer steps that real run ``records``
-    measured (:func:`realrun.metrics.trace_from_run`, in CPU time), on the stages that
-    run used (``scheme.stages``); the trace and its preset are kept in
-    ``traces/measured/`` of ``out_dir``."""
+    measured (:func:`realrun.metrics.trace_from_run`, in CPU time), a pipeline on the
+    stages that run used (``scheme.stages``, checked against the run's plan); the trace
+    and its preset are kept in ``traces/measured/`` of ``out_dir``."""
     from realrun.metrics import trace_from_run, update_cost
     from simcore.config import OPTIMIZERS
     from simcore.engine import simulate
