@@ -798,10 +798,8 @@ def run_case(
     from simcore.engine import simulate
     from traces.atomic import write_text
 
-    calibration = topology_file
     trace_file, update = ensure_trace(out_dir, case, topology_file)
-    topology_file = case_topology(out_dir, topology_file, trace_file, update)
-    config = sim_config(case, trace_file, topology_file)
+    config = sim_config(case, trace_file, case_topology(out_dir, topology_file, trace_file, update))
     result = simulate(config)
     sim = result.to_dict()
     job = make_job(case, config)
@@ -811,7 +809,7 @@ def run_case(
     measured: list[Any] = []
     if measured_compute(case):
         measured = [
-            simulate_measured(case, rec, k, out_dir, calibration, trace_file, update, job)
+            simulate_measured(case, rec, k, out_dir, topology_file, trace_file, update, job)
             for k, rec in enumerate(records)
         ]
     if case.scheme == "gossip":

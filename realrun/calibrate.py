@@ -259,6 +259,11 @@ def fit_latency_bandwidth(
     return fit.intercept, 1.0 / fit.slope, fit
 
 
+LATENCY_MAX_BYTES = 1024
+"""Ping-pong sizes whose one-way time is the link's latency (far below a packet and tbf's
+bucket)."""
+
+
 def fit_shaped_link(
     sizes_bytes: Sequence[float],
     one_way_s: Sequence[float],
@@ -317,10 +322,6 @@ def tcp_send_buffer_bytes() -> int:
     except (OSError, ValueError, IndexError):
         return 4 << 20
 
-
-LATENCY_MAX_BYTES = 1024
-"""Ping-pong sizes whose one-way time is the link's latency (far below a packet and tbf's
-bucket)."""
 
 SHAPED_CPU_MIN_BYTES = 1 << 20
 """Smallest ping-pong size whose machine-wide CPU enters the shaped per-byte fit."""

@@ -128,7 +128,10 @@ def validate(
     x bandwidths x ranks), calibrate the emulated cluster (once per bandwidth), profile
     the model on this machine (once per batch), simulate on the calibrated topology, run
     it for real --repeats times (network namespaces, needs root) and compare iteration
-    time, throughput, bytes per link (exactly), utilisation and bubble per rank.
+    time, throughput, bytes per link (exactly), utilisation and bubble per rank. The
+    pipelines and dp are compared on each run's own measured compute (every run
+    simulated again on its layer times, medians compared; the profile's prediction is
+    kept in the table); ps, p3 and gossip on the profile.
 
     Writes DIR/validation.parquet and .csv (one row per case), DIR/report.md with a
     scatter of simulated against measured time and per-case timelines, and the Chrome
