@@ -323,6 +323,31 @@ def tcp_send_buffer_bytes() -> int:
         return 4 << 20
 
 
+ROUTE_LINKS = 2
+"""Network links between two hosts of the emulated cluster (host to switch, switch to
+host): the preset's per-link latency is the measured one-way latency over this."""
+
+SEND_BUFFER_MIN_BYTES = 4 * MiB
+"""Smallest shaped ping-pong size whose send returns measure the socket's send buffer:
+larger than any buffer the kernel grows to here, so every such send waits for the wire."""
+
+
+def send_buffer_bytes(returns: Sequence[tuple[int, float]], goodput_bytes_per_s: float) -> int:
+    """How much of a message a blocking send hands the kernel before it returns, from
+    ``(bytes, median seconds the send took to return)`` of shaped ping-pongs: a send of
+    ``n`` bytes returns once all but the buffer's worth has gone at the link's goodput,
+    so the buffer is ``n - returned_s * goodput`` (the median over the sizes of at least
+    :data:`SEND_BUFFER_MIN_BYTES`). Linux grows a connection's buffer with its congestion
+    window, far below ``net.ipv4.tcp_wmem``'s maximum on a slow shaped link (about 1 MiB
+    of 4 at 200 Mbit/s here). Without such sizes (or unshaped): that maximum."""
+    est = [
+        min(float(n), max(0.0, n - t * goodput_bytes_per_s))
+        for n, t in returns
+        if n >= SEND_BUFFER_MIN_BYTES and math.isfinite(t)
+    ]
+    return round(_median(est)) if est else tcp_send_buffer_bytes()
+
+
 SHAPED_CPU_MIN_BYTES = 1 << 20
 """Smallest ping-pong size whose machine-wide CPU enters the shaped per-byte fit."""
 
@@ -677,10 +702,12 @@ def _pingpong_rows(
 ) -> dict[int, dict[str, float]]:
     """Per size, from the ping-pongs with ``tag`` (``shaped``, ``unshaped``): median
     one-way time (round trips / 2, pooled over pairs), CPU seconds per message and side
-    (mean of both sides, pooled over pairs), and the spread of one-way."""
+    (mean of both sides, pooled over pairs), the spread of one-way, and the median time a
+    blocking send took to return."""
     out = {}
     for n in sizes:
         one_way: list[float] = []
+        returns: list[float] = []
         cpu: list[float] = []
         machine: list[float] = []
         for res in results:
@@ -689,6 +716,7 @@ def _pingpong_rows(
                     continue
                 if rec["role"] == "ping":
                     one_way += [rt / 2 for rt in rec["round_trips_s"]]
+                    returns += rec.get("send_returns_s", [])
                     if "machine_cpu_s" in rec:  # both sides and the kernel, per message
                         machine.append(rec["machine_cpu_s"] / rec["messages"] / 2)
                 cpu.append(rec["cpu_s"] / rec["messages"])
@@ -698,6 +726,7 @@ def _pingpong_rows(
             "sigma_s": _median_error(one_way),
             "cpu_s": float(np.mean(cpu)),
             "machine_cpu_s": float(np.mean(machine)) if machine else float("nan"),
+            "send_return_s": _median(returns) if returns else float("nan"),
         }
     return out
 
@@ -829,9 +858,13 @@ def _preset(
             "unshaped_s": un[n]["one_way_s"],
             "cpu_s": un[n]["cpu_s"],
             "shaped_machine_cpu_s": sh[n]["machine_cpu_s"] if rate is not None else None,
+            "shaped_send_return_s": sh[n]["send_return_s"] if rate is not None else None,
         }
         for n in sizes
     ]
+    send_buffer = send_buffer_bytes(
+        [(n, sh[n]["send_return_s"]) for n in sizes] if rate is not None else [], goodput
+    )
     fits = {
         "latency_s": latency,
         "goodput_bytes_per_s": goodput,
@@ -851,6 +884,7 @@ def _preset(
         "reduce_residual_rel_max": red_fit.residual_rel_max,
         "p2p_handshake_s": handshake,
         "p2p_message_cpu_s": p2p_message_cpu,
+        "socket_buffer_bytes": send_buffer,
     }
     measured: dict[str, Any] = {
         "date": date,
@@ -890,7 +924,7 @@ def _preset(
             "reduce_cpu_s_per_byte": reduce_per_byte,
             "p2p_handshake_s": handshake,
             "p2p_message_cpu_s": p2p_message_cpu,
-            "socket_buffer": f"{tcp_send_buffer_bytes()}B",
+            "socket_buffer": f"{send_buffer}B",
         },
         "gloo": {"segment_bytes": GLOO_SEGMENT, "threads": GLOO_THREADS},
         "box": {
@@ -903,7 +937,9 @@ def _preset(
         "network": {
             "kind": "ethernet",
             "bandwidth": format_rate_text(goodput),
-            "latency": _time_text(latency),
+            # per link: a message between two hosts crosses two (host to switch, switch
+            # to host), and the measured latency is the whole way's
+            "latency": _time_text(latency / ROUTE_LINKS),
             # tbf's bucket: that much payload leaves at the unshaped speed after an idle spell
             **(
                 {"burst": f"{round(burst)}B", "peak_bandwidth": format_rate_text(un_goodput)}
@@ -1154,26 +1190,31 @@ def _pingpong(
     tag: str,
 ) -> dict[str, Any]:  # pragma: no cover - runs in the rank processes
     """One size of the ping-pong between ranks ``a`` (sends first) and ``b``: one warm-up,
-    then the timed round trips and the CPU seconds this process spent on them."""
+    then the timed round trips, how long each blocking send of ``a`` took to return (the
+    receive is posted: what the kernel did not take into the socket's send buffer had to
+    go out first) and the CPU seconds this process spent on them."""
     buf = torch.zeros(_element_count(n), dtype=torch.float32)
     peer = b if rank == a else a
     ping = rank == a
 
-    def once() -> None:
+    def once() -> float:
         if ping:
+            t0 = time.perf_counter()
             dist.send(buf, peer)
+            returned = time.perf_counter() - t0
             dist.recv(buf, peer)
-        else:
-            dist.recv(buf, peer)
-            dist.send(buf, peer)
+            return returned
+        dist.recv(buf, peer)
+        dist.send(buf, peer)
+        return 0.0
 
     once()  # warm-up
-    rts = []
+    rts, returns = [], []
     reps = repeats * (SMALL_FACTOR if n <= SMALL_BYTES else 1)
     c0, m0 = cpu_now(), machine_busy_s()
     for _ in range(reps):
         t0 = time.perf_counter()
-        once()
+        returns.append(once())
         rts.append(time.perf_counter() - t0)
     cpu = cpu_now() - c0
     machine = machine_busy_s() - m0
@@ -1184,6 +1225,7 @@ def _pingpong(
         "bytes": 4 * buf.numel(),
         "role": "ping" if ping else "pong",
         "round_trips_s": rts,
+        "send_returns_s": returns,
         "cpu_s": cpu,
         "messages": 2 * reps,
     }

@@ -140,6 +140,7 @@ class Message:
         "priority",
         "rank_dst",
         "rank_src",
+        "socket",
         "src",
         "start_s",
         "tag",
@@ -167,6 +168,7 @@ class Message:
         self.chunks_left = 0
         self.rank_src, self.rank_dst, self.iteration = rank_src, rank_dst, iteration
         self.payload = payload
+        self.socket: _Socket | None = None
 
     @property
     def route(self) -> tuple[Link, ...]:
@@ -334,22 +336,46 @@ class Network(ABC):
         return [(s.link, s.sent_bytes, s.recv_bytes, s.sent_bytes * s.service) for s in self.state]
 
 
+class _Socket:
+    """The send side of one TCP connection (a sender to one destination device): bytes
+    handed to the kernel (``queued``) and bytes that have reached the other end
+    (``acked``); a blocking send waits in ``waiters`` until ``acked`` reaches its mark."""
+
+    __slots__ = ("acked", "queued", "waiters")
+
+    def __init__(self) -> None:
+        self.queued = 0
+        self.acked = 0
+        self.waiters: list[tuple[int, int, Callable[[], None]]] = []
+
+    def ack(self, nbytes: int) -> None:
+        """``nbytes`` more have arrived: release the sends whose rest now fits."""
+        self.acked += nbytes
+        waiters = self.waiters
+        while waiters and waiters[0][0] <= self.acked:
+            heapq.heappop(waiters)[2]()
+
+
 class _Sender:
     """A device's sending thread on a CPU host (a rank's messenger): it hands gloo one
     point-to-point message at a time, lowest priority number first, and a blocking send
     returns once the receiver has posted its buffer and the kernel has taken the bytes.
     So each message holds the sender for a handshake (``handshake_s``, calibrated) and
-    then until what is left of it fits in the socket's send buffer (``buffer_bytes``,
-    at the rate of the slowest link of its route; until it is delivered when 0); the next
-    one waits."""
+    then until what its connection to the destination has not yet delivered, this
+    message included, fits in the socket's send buffer (``buffer_bytes``; until the
+    message has arrived when 0). The next one waits. Earlier messages to the same
+    destination still on their way fill the same buffer: a second message to a peer
+    that is still receiving the first holds the sender longer than a message to an idle
+    peer."""
 
-    __slots__ = ("buffer_bytes", "busy", "handshake_s", "heap", "net", "seq")
+    __slots__ = ("buffer_bytes", "busy", "handshake_s", "heap", "net", "seq", "sockets")
 
     def __init__(self, net: Network, handshake_s: float, buffer_bytes: int = 0) -> None:
         self.net, self.handshake_s, self.buffer_bytes = net, handshake_s, buffer_bytes
         self.heap: list[tuple[float, int, Message, int, int, float]] = []
         self.busy = False
         self.seq = 0
+        self.sockets: dict[int, _Socket] = {}
 
     def queue(self, msg: Message, segments: int, reduce_bytes: int, extra_s: float) -> None:
         heapq.heappush(self.heap, (msg.priority, self.seq, msg, segments, reduce_bytes, extra_s))
@@ -367,24 +393,17 @@ class _Sender:
         ev.callbacks.append(lambda _e: self._go(msg, segments, reduce_bytes, extra_s))
 
     def _go(self, msg: Message, segments: int, reduce_bytes: int, extra_s: float) -> None:
-        deliver = msg.on_arrival
-        released = [False]
-
-        def release(_e: Any = None) -> None:
-            if not released[0]:
-                released[0] = True
-                self._next()
-
-        def delivered(m: Message) -> None:
-            release()
-            if deliver is not None:
-                deliver(m)
-
-        msg.on_arrival = delivered
-        if self.buffer_bytes > 0:
-            slowest = max(st.service for st in msg.hops)
-            ev = Timeout(self.net.env, max(0, msg.nbytes - self.buffer_bytes) * slowest)
-            ev.callbacks.append(release)
+        sock = self.sockets.get(msg.dst)
+        if sock is None:
+            sock = self.sockets[msg.dst] = _Socket()
+        sock.queued += msg.nbytes
+        msg.socket = sock
+        mark = sock.queued - self.buffer_bytes
+        if mark <= sock.acked:
+            self._next()
+        else:
+            self.seq += 1
+            heapq.heappush(sock.waiters, (mark, self.seq, self._next))
         self.net._join_cpu(msg, segments, reduce_bytes, extra_s)
         self.net._inject(msg)
 
@@ -456,6 +475,8 @@ class DetailedNetwork(Network):
         hops = msg.hops
         hops[hop - 1].recv_bytes += size
         if hop == len(hops):
+            if msg.socket is not None:
+                msg.socket.ack(size)
             msg.chunks_left -= 1
             if msg.chunks_left == 0:
                 self._complete(msg)
@@ -524,6 +545,8 @@ class DetailedNetwork(Network):
         if prev.queue and prev.free_at <= now:
             self._advance(prev, now)
         if hop == len(msg.hops):
+            if msg.socket is not None:
+                msg.socket.ack(ev.size)
             msg.chunks_left -= 1
             if msg.chunks_left == 0:
                 self._complete(msg)
@@ -705,12 +728,16 @@ class AnalyticNetwork(Network):
         msg.payload = payload
         for st, w in zip(msg.hops, weights, strict=True):
             st.recv_bytes += round(msg.nbytes * w)
+        if msg.socket is not None:
+            msg.socket.ack(msg.nbytes)
         self._complete(msg)
 
     def _arrive(self, ev: Any) -> None:
         msg: Message = ev.value
         for st in msg.hops:
             st.recv_bytes += msg.nbytes
+        if msg.socket is not None:
+            msg.socket.ack(msg.nbytes)
         self._complete(msg)
 
 

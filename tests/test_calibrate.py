@@ -25,9 +25,12 @@ from realrun.calibrate import (
     fit_line,
     fit_shaped_link,
     format_rate_text,
+    send_buffer_bytes,
+    tcp_send_buffer_bytes,
     write_calibration,
 )
-from simcore.units import parse_rate, parse_size, parse_time
+from simcore.topology import TopologySpec, build_topology
+from simcore.units import parse_rate, parse_size
 from tests.helpers import netns_unavailable_reason
 
 SIZES = np.array([4, 64, 1024, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20], dtype=float)
@@ -128,6 +131,21 @@ def test_the_tbf_bucket_is_fitted_out(rate: float, latency_s: float) -> None:
     assert 1 / naive.slope > rate * 1.0001
 
 
+def test_the_send_buffer_is_what_a_big_send_did_not_wait_for() -> None:
+    """A blocking send of n bytes returns once all but the buffer has gone at the goodput:
+    the buffer is n - returned * goodput, the median over the big sizes (smaller ones are
+    taken whole by the kernel and say nothing); none measured: tcp_wmem's maximum."""
+    goodput, buffer = 25e6, 1_300_000
+    rows = [(n, max(0.0, n - buffer) / goodput) for n in (1 << 20, 4 << 20, 16 << 20)]
+    assert send_buffer_bytes(rows, goodput) == buffer
+    rows.append((64 << 20, ((64 << 20) - 3 * buffer) / goodput))  # one size disturbed
+    assert send_buffer_bytes(rows, goodput) == buffer  # the median shrugs it off
+    assert send_buffer_bytes([(4 << 20, 1e-4)], goodput) == (4 << 20) - 2500  # capped at n
+    assert send_buffer_bytes([(4 << 20, 10.0)], goodput) == 0
+    assert send_buffer_bytes([(1 << 20, 0.0)], goodput) == tcp_send_buffer_bytes()
+    assert send_buffer_bytes([], goodput) == tcp_send_buffer_bytes()
+
+
 def test_a_shaped_links_latency_is_its_tiny_messages_time() -> None:
     """Medium messages slower than the bucket model (as on this machine's tbf links) pull
     a free intercept up; the latency is read from the tiny messages instead (the
@@ -195,13 +213,23 @@ def _check_preset(preset: dict[str, Any], path: str) -> None:
     net = data["network"]
     goodput = parse_rate(net["bandwidth"])
     assert goodput == pytest.approx(data["measured"]["fits"]["goodput_bytes_per_s"], rel=1e-3)
-    assert parse_time(net["latency"]) == pytest.approx(
+    # the latency is per link; the route between two hosts adds up to the measured one
+    topo = build_topology(TopologySpec(data, 2))
+    route = topo.route(topo.gpus[0], topo.gpus[1])
+    assert sum(link.latency for link in route) == pytest.approx(
         data["measured"]["fits"]["latency_s"], rel=1e-3, abs=1e-9
     )
     m = data["measured"]
     assert m["date"].endswith("Z") and m["torch"].startswith("2.")
     for row in m["p2p"]:
-        assert set(row) == {"bytes", "shaped_s", "unshaped_s", "cpu_s", "shaped_machine_cpu_s"}
+        assert set(row) == {
+            "bytes",
+            "shaped_s",
+            "unshaped_s",
+            "cpu_s",
+            "shaped_machine_cpu_s",
+            "shaped_send_return_s",
+        }
         assert row["unshaped_s"] > 0 and row["cpu_s"] > 0
     for row in m["allreduce"]:
         assert set(row) == {"ranks", "bytes", "time_s", "spread_s"}
@@ -281,6 +309,11 @@ def test_netns_calibration_measures_goodput_below_the_tbf_rate(
     # 4 MiB over 200 Mbit/s takes about 0.17 s one way; unshaped it is far faster
     assert big["shaped_s"] > 0.15 and big["unshaped_s"] < big["shaped_s"] / 5
     assert preset["measured"]["allreduce"] == []
+    # the 4 MiB send returned before the message was through: the kernel took part of it
+    assert 0 < big["shaped_send_return_s"] < big["shaped_s"]
+    buffer = parse_size(preset["host"]["socket_buffer"])
+    assert buffer == preset["measured"]["fits"]["socket_buffer_bytes"]
+    assert 0 < buffer <= min(4 << 20, tcp_send_buffer_bytes())
 
 
 @pytest.mark.skipif(_REASON is not None, reason=f"network namespaces unavailable: {_REASON}")

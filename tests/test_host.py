@@ -290,3 +290,40 @@ def test_an_optimizer_steps_fixed_overhead_adds_once_per_step(scheme):
     a = run(base, gpus, scheme).iteration_time_s
     b = run(slow, gpus, scheme).iteration_time_s
     assert b - a == pytest.approx(5e-3)
+
+
+@pytest.mark.parametrize("buffer_bytes", [1 << 20, 8 << 20])
+def test_a_send_waits_while_its_peer_connection_holds_a_full_buffer(buffer_bytes):
+    """The send buffer is per connection: rank 0 sends two 1 MiB messages to rank 1, whose
+    link two other ranks keep busy, then a small one to idle rank 2. With a 1 MiB buffer the
+    second message to rank 1 returns only once the first has arrived (what is in flight to
+    rank 1 must fit in the buffer), so the small message leaves after that; with 8 MiB all
+    three are handed over at once and the small one arrives long before rank 1's first."""
+    from simcore.engine import cpu_pools
+    from simcore.host import CommCpu
+    from simcore.network import DetailedNetwork
+
+    p = preset(cores=4, p2p_handshake_s=1e-6, socket_buffer=buffer_bytes)
+    topo = build_topology(TopologySpec(p, 4))
+    env = Environment()
+    net = DetailedNetwork(env, topo, chunk_bytes=64 << 10)
+    net.cpu = CommCpu(topo.host_spec, cpu_pools(env, topo))
+    arrived: dict[str, float] = {}
+    g = topo.gpus
+
+    def send(src, dst, nbytes, tag):
+        net.send(g[src], g[dst], nbytes, lambda m: arrived.setdefault(m.tag, env.now), tag=tag)
+
+    for other in (2, 3):
+        send(other, 1, 8 << 20, f"bulk{other}")
+    send(0, 1, 1 << 20, "first")
+    send(0, 1, 1 << 20, "second")
+    send(0, 2, 1024, "small")
+    env.run()
+    rate = 1.0 / max(st.service for st in net.hops(g[0], g[1]))
+    if buffer_bytes == 1 << 20:
+        assert arrived["small"] > arrived["first"]
+    else:
+        assert arrived["small"] < 2.5 * (1 << 20) / rate < arrived["first"]
+    sockets = net._senders[g[0]].sockets
+    assert sockets[g[1]].queued == sockets[g[1]].acked == 2 << 20
