@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from analysis.matrix_defaults import BATCH, ITERATIONS, RANKS, REPEATS, WARMUP_ITERATIONS
 from simcore.config import ConfigError
 from simcore.units import parse_rate
 from traces.atomic import write_text
@@ -57,17 +58,10 @@ whose compute dominates."""
 BANDWIDTHS = ("200Mbps", "1Gbps")
 """The default link rates of the emulated cluster."""
 
-RANKS = (2, 3, 4)
 MIN_RANKS, MAX_RANKS = 2, 4
 """Ranks a validation case may have: at least two (something to communicate), at most four
 (a parameter-server case then has eight processes on this machine's cores)."""
 
-BATCH = 24
-"""Samples per iteration and worker (a pipeline's mini-batch): divisible by 2, 3 and 4."""
-
-ITERATIONS = 10
-WARMUP_ITERATIONS = 3
-REPEATS = 3
 CHUNK_BYTES = 64 * 1024
 """Chunk size of the simulated network in validation: a TCP segment as the kernel hands it
 on (64 KiB with segmentation offload)."""

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from analysis.matrix_defaults import BATCH, ITERATIONS, REPEATS
 from dtsim.cli.errors import BadInput
 from dtsim.cli.output import table
 
@@ -60,21 +61,21 @@ from dtsim.cli.output import table
 @click.option(
     "--repeats",
     type=int,
-    default=3,
+    default=REPEATS,
     show_default=True,
     help="Real runs per case (median, min, max and spread are reported).",
 )
 @click.option(
     "--iterations",
     type=int,
-    default=4,
+    default=ITERATIONS,
     show_default=True,
     help="Measured iterations per run (after the warm-up iterations).",
 )
 @click.option(
     "--batch-size",
     type=int,
-    default=24,
+    default=BATCH,
     show_default=True,
     help="Samples per worker per iteration (a pipeline: its mini-batch); a multiple of 12.",
 )
