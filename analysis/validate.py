@@ -646,10 +646,37 @@ def without_shuffle_labels(real: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+POSTED_SENDS = (*PIPELINES, "gossip")
+"""Schemes whose ranks hand each message to gloo on their main thread (``isend`` through
+:class:`realrun.p2p.PostedLink`): their send spans are time the main thread spent there.
+The parameter servers' messenger sends from a thread of its own."""
+
+
+def send_hold_s(records: Mapping[str, Any]) -> float:
+    """The most any worker's main thread spent per measured iteration handing messages to
+    gloo (the sum of its send spans; the simulator's sends never hold a rank), or 0 for a
+    scheme that sends from another thread (see :data:`POSTED_SENDS`)."""
+    job = records["job"]
+    if job["scheme"] not in POSTED_SENDS:
+        return 0.0
+    warm, iters = int(job["warmup_iterations"]), int(job["iterations"])
+    held = [
+        sum(s[5] - s[4] for s in r["spans"] if s[1] == "send" and warm <= s[6] < warm + iters)
+        for r in records["ranks"]
+        if r.get("role", "worker") == "worker"
+    ]
+    return max(held, default=0.0) / max(iters, 1)
+
+
 def _busy_s(result: Mapping[str, Any]) -> float:
     """Mean compute seconds per measured iteration over the ranks (utilisation x time)."""
     util = list(result["per_gpu_utilization"]) or [0.0]
     return float(result["iteration_time_s"]) * sum(util) / len(util)
+
+
+SEND_HOLD_SHARE = 0.2
+"""A too-fast case's ``why`` names the real runs' send holds (:func:`send_hold_s`) when
+they come to at least this share of the miss."""
 
 
 def why_missed(
@@ -661,7 +688,9 @@ def why_missed(
     """Why a case's simulated iteration time misses the measured one by more than
     :data:`HIT` (empty for a hit): inside the noise band of the real runs (the simulated
     time lies between the fastest and the slowest of them), or the term that differs
-    most: compute (busy time per iteration) or the rest (communication and waiting)."""
+    most: compute (busy time per iteration) or the rest (communication and waiting),
+    and, for a case predicted too fast, how long the real ranks' sends held them
+    (``real["send_hold_s"]``) where that is a good part of the miss."""
     if abs(rel_err) <= HIT:
         return ""
     lo, hi = real_range_s
@@ -679,11 +708,18 @@ def why_missed(
         term, a, b, d = "compute", c_sim, c_real, d_compute
     else:
         term, a, b, d = "communication and waiting", o_sim, o_real, d_other
-    return (
+    why = (
         f"{term} per iteration differs most: simulated {1e3 * a:.1f} ms, measured "
         f"{1e3 * b:.1f} ms ({'+' if d >= 0 else ''}{1e3 * d:.1f} ms of the "
         f"{'+' if t_sim >= t_real else ''}{1e3 * (t_sim - t_real):.1f} ms)"
     )
+    hold = float(real.get("send_hold_s", 0.0))
+    if t_sim < t_real and hold >= SEND_HOLD_SHARE * (t_real - t_sim):
+        why += (
+            f"; a real rank's sends held its main thread {1e3 * hold:.1f} ms per iteration "
+            "(the simulator's sends never hold a rank)"
+        )
+    return why
 
 
 def _compact(values: Sequence[float]) -> str:
@@ -760,6 +796,7 @@ def case_row(
         "sim_bubble": float(sim["bubble_fraction"]),
         "real_bubble_per_rank": _compact([1 - u for u in median_run["per_gpu_utilization"]]),
         "sim_bubble_per_rank": _compact([1 - u for u in sim["per_gpu_utilization"]]),
+        "real_send_hold_s": float(median_run.get("send_hold_s", 0.0)),
         "real_compute_s": _busy_s(real_for_why),
         "sim_compute_s": _busy_s(sim),
         "why": why_missed(rel, (min(times), max(times)), sim, real_for_why),
@@ -798,7 +835,7 @@ def run_case(
     sim = result.to_dict()
     job = make_job(case, config)
     records = runner(job, case.bandwidth_bytes_per_s, repeats)
-    reals = [summarize(r, cluster="netns") for r in records]
+    reals = [dict(summarize(r, cluster="netns"), send_hold_s=send_hold_s(r)) for r in records]
     profiled_s = float(sim["iteration_time_s"])
     measured: list[Any] = []
     if measured_compute(case):
