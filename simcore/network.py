@@ -339,21 +339,24 @@ class Network(ABC):
 class _Socket:
     """The send side of one TCP connection (a sender to one destination device): bytes
     handed to the kernel (``queued``) and bytes that have reached the other end
-    (``acked``); a blocking send waits in ``waiters`` until ``acked`` reaches its mark."""
+    (``acked``). A blocking send still in the kernel's way waits as ``waiting``: the
+    ``acked`` count it needs and what to call then (the sender hands over one message at
+    a time, so there is at most one)."""
 
-    __slots__ = ("acked", "queued", "waiters")
+    __slots__ = ("acked", "queued", "waiting")
 
     def __init__(self) -> None:
         self.queued = 0
         self.acked = 0
-        self.waiters: list[tuple[int, int, Callable[[], None]]] = []
+        self.waiting: tuple[int, Callable[[], None]] | None = None
 
     def ack(self, nbytes: int) -> None:
-        """``nbytes`` more have arrived: release the sends whose rest now fits."""
+        """``nbytes`` more have arrived: release the waiting send if its rest now fits."""
         self.acked += nbytes
-        waiters = self.waiters
-        while waiters and waiters[0][0] <= self.acked:
-            heapq.heappop(waiters)[2]()
+        if self.waiting is not None and self.waiting[0] <= self.acked:
+            release = self.waiting[1]
+            self.waiting = None
+            release()
 
 
 class _Sender:
@@ -399,13 +402,12 @@ class _Sender:
         sock.queued += msg.nbytes
         msg.socket = sock
         mark = sock.queued - self.buffer_bytes
+        self.net._join_cpu(msg, segments, reduce_bytes, extra_s)
+        self.net._inject(msg)
         if mark <= sock.acked:
             self._next()
         else:
-            self.seq += 1
-            heapq.heappush(sock.waiters, (mark, self.seq, self._next))
-        self.net._join_cpu(msg, segments, reduce_bytes, extra_s)
-        self.net._inject(msg)
+            sock.waiting = (mark, self._next)
 
 
 class DetailedNetwork(Network):
