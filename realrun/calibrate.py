@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from simcore.units import format_bytes, format_rate, parse_rate
+from simcore.units import format_bytes, format_rate, parse_rate, parse_size
 
 __all__ = [
     "DEFAULT_ALLREDUCE_RANKS",
@@ -338,8 +338,9 @@ def send_buffer_bytes(returns: Sequence[tuple[int, float]], goodput_bytes_per_s:
     ``n`` bytes returns once all but the buffer's worth has gone at the link's goodput,
     so the buffer is ``n - returned_s * goodput`` (the median over the sizes of at least
     :data:`SEND_BUFFER_MIN_BYTES`). Linux grows a connection's buffer with its congestion
-    window, far below ``net.ipv4.tcp_wmem``'s maximum on a slow shaped link (about 1 MiB
-    of 4 at 200 Mbit/s here). Without such sizes (or unshaped): that maximum."""
+    window up to ``net.ipv4.tcp_wmem``'s maximum: 3.4-3.6 MB of 4 MiB here on the
+    calibration's long-lived connections, about 1.3 MB on a new connection's first big
+    sends. Without such sizes (or unshaped): that maximum."""
     est = [
         min(float(n), max(0.0, n - t * goodput_bytes_per_s))
         for n, t in returns
@@ -1049,6 +1050,11 @@ def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
             "beyond the wire's time, "
             f"{h.get('p2p_message_cpu_s', 0.0) * 1e6:.3g} us CPU per message and end "
             "beyond a plain send's",
+        ),
+        (
+            "send buffer",
+            f"{format_bytes(parse_size(h.get('socket_buffer', 0)))} a blocking send hands "
+            "the kernel before it returns",
         ),
         (
             "memory / compute",
