@@ -646,28 +646,6 @@ def without_shuffle_labels(real: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-POSTED_SENDS = (*PIPELINES, "gossip")
-"""Schemes whose ranks hand each message to gloo on their main thread (``isend`` through
-:class:`realrun.p2p.PostedLink`): their send spans are time the main thread spent there.
-The parameter servers' messenger sends from a thread of its own."""
-
-
-def send_hold_s(records: Mapping[str, Any]) -> float:
-    """The most any worker's main thread spent per measured iteration handing messages to
-    gloo (the sum of its send spans; the simulator's sends never hold a rank), or 0 for a
-    scheme that sends from another thread (see :data:`POSTED_SENDS`)."""
-    job = records["job"]
-    if job["scheme"] not in POSTED_SENDS:
-        return 0.0
-    warm, iters = int(job["warmup_iterations"]), int(job["iterations"])
-    held = [
-        sum(s[5] - s[4] for s in r["spans"] if s[1] == "send" and warm <= s[6] < warm + iters)
-        for r in records["ranks"]
-        if r.get("role", "worker") == "worker"
-    ]
-    return max(held, default=0.0) / max(iters, 1)
-
-
 def _busy_s(result: Mapping[str, Any]) -> float:
     """Mean compute seconds per measured iteration over the ranks (utilisation x time)."""
     util = list(result["per_gpu_utilization"]) or [0.0]
@@ -675,8 +653,8 @@ def _busy_s(result: Mapping[str, Any]) -> float:
 
 
 SEND_HOLD_SHARE = 0.2
-"""A too-fast case's ``why`` names the real runs' send holds (:func:`send_hold_s`) when
-they come to at least this share of the miss."""
+"""A too-fast case's ``why`` names the real runs' send holds
+(:func:`realrun.metrics.send_hold_s`) when they come to at least this share of the miss."""
 
 
 def why_missed(
@@ -835,7 +813,7 @@ def run_case(
     sim = result.to_dict()
     job = make_job(case, config)
     records = runner(job, case.bandwidth_bytes_per_s, repeats)
-    reals = [dict(summarize(r, cluster="netns"), send_hold_s=send_hold_s(r)) for r in records]
+    reals = [summarize(r, cluster="netns") for r in records]
     profiled_s = float(sim["iteration_time_s"])
     measured: list[Any] = []
     if measured_compute(case):

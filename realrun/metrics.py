@@ -20,6 +20,8 @@ same keys as ``sim run --json``. Pure functions; no torch.
   over ``iteration_time_s``.
 * ``peak_memory_bytes``: the largest worker's peak resident memory (CPU) or peak CUDA
   allocation (GPU).
+* ``send_hold_s``: the most any worker's main thread spent per measured iteration handing
+  messages to gloo (:func:`send_hold_s`; 0 where a messenger thread sends).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from realrun.job import PIPELINE_SCHEMES
 from simcore import metrics
-from simcore.records import BACKWARD, COMPUTE, FORWARD, UPDATE
+from simcore.records import BACKWARD, COMPUTE, FORWARD, SEND, UPDATE
 from traces.model import Trace
 
 BUSY = (FORWARD, BACKWARD, UPDATE, "aggregate")
@@ -148,6 +151,7 @@ def summarize(
         "peak_memory_bytes": max(peaks) if peaks else 0,
         "per_gpu_peak_memory_bytes": peaks,
         "cpu_s_per_iteration_by_rank": cpu_per_it,
+        "send_hold_s": send_hold_s(records),
         "events": sum(len(r["spans"]) for r in ranks),
         "wall_s": wall_s,
         "device_names": [r["device"] for r in ranks],
@@ -176,6 +180,29 @@ def spans(records: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """Every rank's spans (Span field order), workers first."""
     ranks = sorted(records["ranks"], key=lambda r: r["rank"])
     return [tuple(s) for r in ranks for s in r["spans"]]
+
+
+POSTED_SEND_SCHEMES = (*PIPELINE_SCHEMES, "gossip")
+"""Schemes whose ranks hand each message to gloo on their main thread (``isend`` through
+:class:`realrun.p2p.PostedLink`), so that their send spans are the main thread's time;
+the parameter servers' messenger sends from a thread of its own."""
+
+
+def send_hold_s(records: Mapping[str, Any]) -> float:
+    """The most any worker's main thread spent per measured iteration handing messages to
+    gloo (the sum of its send spans in the measured iterations; the simulator's sends never
+    hold a rank), or 0 for a scheme that sends from another thread
+    (:data:`POSTED_SEND_SCHEMES`)."""
+    job = records["job"]
+    if job["scheme"] not in POSTED_SEND_SCHEMES:
+        return 0.0
+    warm, iters = int(job["warmup_iterations"]), int(job["iterations"])
+    held = [
+        sum(s[5] - s[4] for s in r["spans"] if s[1] == SEND and warm <= s[6] < warm + iters)
+        for r in records["ranks"]
+        if r.get("role", "worker") == "worker"
+    ]
+    return max(held, default=0.0) / max(iters, 1)
 
 
 def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:

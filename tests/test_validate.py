@@ -234,6 +234,8 @@ def test_why_names_the_noise_band_or_the_term_that_differs() -> None:
 
 
 def test_why_names_sends_that_held_a_rank_and_only_those() -> None:
+    from realrun.metrics import send_hold_s
+
     """A too-fast pipeline case whose real ranks spent a good part of the miss inside
     their sends says so; the time is read from the main thread's send spans of the
     measured iterations, the most of any worker, and a messenger scheme has none."""
@@ -243,8 +245,8 @@ def test_why_names_sends_that_held_a_rank_and_only_those() -> None:
         "job": {"scheme": "pipedream", "warmup_iterations": 2, "iterations": 2},
         "ranks": [rank, {"rank": 1, "role": "worker", "spans": []}],
     }
-    assert va.send_hold_s(records) == pytest.approx(0.002)  # 4 ms in iteration 3 of 2..3
-    assert va.send_hold_s(dict(records, job=dict(records["job"], scheme="ps"))) == 0.0
+    assert send_hold_s(records) == pytest.approx(0.002)  # 4 ms in iteration 3 of 2..3
+    assert send_hold_s(dict(records, job=dict(records["job"], scheme="ps"))) == 0.0
     case = va.Case("pipedream", "mlp_medium", 125e6, 2)
     steady = [dict(_result(0.100, [0.5, 0.5], REAL_LINKS, 4.0), send_hold_s=0.005)] * 3
     row = va.case_row(case, _result(0.080, [50 / 80, 50 / 80], SIM_LINKS, 4.0), steady)
