@@ -11,11 +11,17 @@ plus batch size and iterations). For each case the harness
    times linearly with the batch and divides them among the micro-batches, so a trace of
    the micro-batch gives each micro-batch pass its measured time), kept as
    ``traces/<model>-b<batch>.json``;
-3. **simulates** the case in-process on the calibrated preset with that trace;
+3. **simulates** the case in-process on the calibrated preset with that trace (the
+   prediction from the profile, kept in the row);
 4. **runs it for real** ``repeats`` times on an emulated cluster (network namespaces,
    links shaped to the bandwidth) with the very stages the simulation used (a pipeline's
    plan is made from the same configuration);
-5. appends one row (:func:`case_row`) to the store: measured iteration time (median, min,
+5. **simulates each run again on the compute it measured** (:func:`simulate_measured`:
+   every scheme's runtime records its layers' spans, so a run is also a profile of
+   itself, taken under its own contention at the same minute; this machine's compute
+   drifts faster than a case takes), and compares the median of those simulations with
+   the median of the runs;
+6. appends one row (:func:`case_row`) to the store: measured iteration time (median, min,
    max and spread over the repeats), the simulated one and the relative error, throughput,
    bytes per link on both sides and whether they are equal, utilisation and bubble per
    rank, and ``why`` a case misses.
@@ -815,12 +821,11 @@ def run_case(
     records = runner(job, case.bandwidth_bytes_per_s, repeats)
     reals = [summarize(r, cluster="netns") for r in records]
     profiled_s = float(sim["iteration_time_s"])
-    measured: list[Any] = []
-    if measured_compute(case):
-        measured = [
-            simulate_measured(case, rec, k, out_dir, topology_file, trace_file, update, job)
-            for k, rec in enumerate(records)
-        ]
+    # each repeat is simulated again on the compute it measured (see the module docs)
+    measured = [
+        simulate_measured(case, rec, k, out_dir, topology_file, trace_file, update, job)
+        for k, rec in enumerate(records)
+    ]
     if case.scheme == "gossip":
         reals = [without_shuffle_labels(r) for r in reals]
     # Links are compared over the measured iterations: a pipeline's simulation runs lead
@@ -835,15 +840,12 @@ def run_case(
             real["measured_bytes_by_link"] = measured_links_real(rec)
     med = statistics.median(float(r["iteration_time_s"]) for r in reals)
     i = min(range(len(reals)), key=lambda k: abs(reals[k]["iteration_time_s"] - med))
-    if measured:
-        # the repeat's own compute: compare run k with its simulation, the median of both
-        result = measured[i]
-        times = [m.iteration_time_s for m in measured]
-        sim = dict(sim, iteration_time_s=statistics.median(times))
-        sim["per_gpu_utilization"] = result.per_gpu_utilization
-        sim["bubble_fraction"] = result.bubble_fraction
+    # the repeat's own compute: compare run k with its simulation, the median of both
+    result = measured[i]
+    sim = dict(sim, iteration_time_s=statistics.median(m.iteration_time_s for m in measured))
+    sim["per_gpu_utilization"] = result.per_gpu_utilization
+    sim["bubble_fraction"] = result.bubble_fraction
     row = case_row(case, sim, reals)
-    row["compute_from"] = "measured runs" if measured else "profile"
     row["sim_profiled_iteration_time_s"] = profiled_s
     row["sim_iteration_times_s"] = _compact([m.iteration_time_s for m in measured])
     real_path, sim_path, _ = timeline_paths(out_dir, case.case_id)
@@ -855,20 +857,6 @@ def run_case(
     sim_meta = dict(sim, topology=f"simulated, {case.bandwidth}")
     write_text(sim_path, json.dumps(_chrome(result.spans, result.device_names, sim_meta)))
     return row
-
-
-MEASURED_COMPUTE = (*PIPELINES, "dp")
-"""Schemes whose cases are simulated on each real run's own measured compute (see
-:func:`measured_compute`)."""
-
-
-def measured_compute(case: Case) -> bool:
-    """Whether ``case`` is simulated on the compute its real runs measured, each repeat on
-    its own (:data:`MEASURED_COMPUTE`: the pipelines and ``dp``, whose runtimes record
-    every layer's span and the waits between them), rather than on the profile taken
-    before them (``ps``, ``p3``, ``gossip``: a worker's main thread also posts its
-    messages and averages, inside the layers' spans, which the simulator models apart)."""
-    return case.scheme in MEASURED_COMPUTE
 
 
 def simulate_measured(
@@ -888,6 +876,7 @@ def simulate_measured(
     from realrun.metrics import trace_from_run, update_cost
     from simcore.config import OPTIMIZERS
     from simcore.engine import simulate
+    from simcore.schemes.gossip import step_passes
     from traces.jsonfmt import load, save
 
     base = load(profile_trace.removesuffix(".json") + ".layers.json")
@@ -896,7 +885,13 @@ def simulate_measured(
     os.makedirs(os.path.dirname(path), exist_ok=True)
     save(trace, path)
     try:
-        cost = update_cost(records, base, OPTIMIZERS[job.optimizer][1])
+        # a gossip worker's step spans its averaging too, as the simulator's does
+        passes = (
+            step_passes(job.optimizer, case.ranks)
+            if case.scheme == "gossip"
+            else OPTIMIZERS[job.optimizer][1]
+        )
+        cost = update_cost(records, base, passes)
         update = {
             "memory_bandwidth_bytes_per_s": cost.bytes_per_s,
             "step_overhead_s": cost.overhead_s,

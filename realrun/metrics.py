@@ -236,7 +236,7 @@ def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:
     for r in records["ranks"]:
         if r.get("role", "worker") != "worker":
             continue
-        for kind, name, charged in _charged_spans(r, warm):
+        for kind, name, _it, _layer, charged in _charged_spans(r, warm):
             if kind in (FORWARD, BACKWARD):
                 if name not in index:
                     raise ValueError(f"the run recorded layer {name!r}, which the trace lacks")
@@ -297,10 +297,10 @@ def median_trace(traces: Sequence[Trace]) -> Trace:
     return Trace(meta, layers, first.edges)
 
 
-def _charged_spans(rank: Mapping[str, Any], warm: int) -> list[tuple[str, str, float]]:
-    """``(kind, name, charged seconds)`` of the rank's compute spans of measured
-    iterations, each charged from the end of the span before it (waits get none), scaled
-    by the rank's :func:`cpu_factor`."""
+def _charged_spans(rank: Mapping[str, Any], warm: int) -> list[tuple[str, str, int, int, float]]:
+    """``(kind, name, iteration, layer, charged seconds)`` of the rank's compute spans of
+    measured iterations (``layer`` -1 for a span of no one layer), each charged from the
+    end of the span before it (waits get none), scaled by the rank's :func:`cpu_factor`."""
     marked = [int(k) for k in rank.get("main_cpu_at_end") or {}]
     last = max(marked) if marked else float("inf")
     stream = sorted(
@@ -313,10 +313,10 @@ def _charged_spans(rank: Mapping[str, Any], warm: int) -> list[tuple[str, str, f
         kind, name, start, end = s[2], s[3], s[4], s[5]
         begin = start if last_end is None else min(last_end, start)
         if kind != "wait":  # realrun.runtime.WAIT (this module does not import torch)
-            out.append((kind, name, end - begin))
+            out.append((kind, name, int(s[6]), int(s[7]), end - begin))
         last_end = end
-    factor = cpu_factor(rank, warm, sum(c for _k, _n, c in out))
-    return [(k, n, c * factor) for k, n, c in out]
+    factor = cpu_factor(rank, warm, sum(c for *_k, c in out))
+    return [(k, n, it, layer, c * factor) for k, n, it, layer, c in out]
 
 
 def cpu_factor(rank: Mapping[str, Any], warm: int, charged_s: float) -> float:
@@ -348,22 +348,33 @@ def update_cost(records: Mapping[str, Any], base: Trace, passes: int) -> UpdateC
     """The optimizer step's cost in a real run, the simulator's model of an update
     (``SimContext.update_s``: a fixed overhead plus ``passes`` weight-sized passes over
     the parameters). Each update span is charged and scaled as :func:`trace_from_run`
-    does, mean over the measured iterations. A pipeline's stages each update their own
-    layers of ``base`` (a stage's replicas count once); with stages of two or more
-    sizes, the overhead and the bandwidth are the least-squares line of the stages'
-    times over their bytes (a stage without weights still takes the overhead). One
-    size, or a line that does not rise from a non-negative overhead: no overhead, and
-    the bandwidth is all the stages' bytes over their time. ``ValueError`` when the run
-    recorded no update."""
+    does, mean over the rank's steps: a span of no one layer is a step (a pipeline
+    stage may take several an iteration), and the spans of one iteration that name
+    layers add up to one (``gossip`` steps layer by layer). ``passes`` counts what the
+    simulator's step makes of the weights (``gossip``: its averaging too). A pipeline's
+    stages each update their own layers of ``base`` (a stage's replicas count once);
+    with stages of two or more sizes, the overhead and the bandwidth are the
+    least-squares line of the stages' times over their bytes (a stage without weights
+    still takes the overhead). One size, or a line that does not rise from a
+    non-negative overhead: no overhead, and the bandwidth is all the stages' bytes over
+    their time. ``ValueError`` when the run recorded no update."""
     warm = int(records["job"]["warmup_iterations"])
     stage_layers = (records["job"].get("pipeline") or {}).get("stage_layers")
     per_stage: dict[int, list[float]] = {}
     for r in records["ranks"]:
         if r.get("role", "worker") != "worker":
             continue
-        spans_s = [c for kind, _n, c in _charged_spans(r, warm) if kind == UPDATE]
-        if spans_s:
-            per_stage.setdefault(int(r.get("stage", 0)), []).append(statistics.fmean(spans_s))
+        steps: list[float] = []
+        by_layer: dict[int, float] = {}  # an iteration's step taken layer by layer
+        for kind, _n, it, layer, charged in _charged_spans(r, warm):
+            if kind == UPDATE and layer < 0:
+                steps.append(charged)
+            elif kind == UPDATE:
+                by_layer[it] = by_layer.get(it, 0.0) + charged
+        steps += by_layer.values()
+        if steps:
+            stage = int(r.get("stage", 0))
+            per_stage.setdefault(stage, []).append(statistics.fmean(steps))
     if not per_stage:
         raise ValueError("the records hold no update spans of measured iterations")
     xs, ys = [], []

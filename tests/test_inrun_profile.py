@@ -70,6 +70,28 @@ def test_a_rank_that_waited_for_a_core_is_charged_its_cpu_time():
     assert (a.forward_s, a.backward_s) == pytest.approx((0.1, 0.2))
 
 
+def test_a_step_taken_layer_by_layer_adds_up_per_iteration():
+    """Gossip steps each layer on its own: two update spans of 0.05 s an iteration, one
+    per layer, are a step of 0.1 s over both layers' 800 bytes, not 0.05 s."""
+    spans = []
+    for it in (1, 2):
+        t = 10.0 * it
+        spans += [
+            span("forward", "a", t, t + 0.1, it),
+            layer_span("update", "update L0", t + 0.1, t + 0.15, it, 0),
+            layer_span("update", "update L1", t + 0.15, t + 0.2, it, 1),
+        ]
+    assert update_cost(records(spans), base(), 1) == UpdateCost(pytest.approx(800 / 0.1))
+    # a pipeline stage's steps name no layer: two an iteration are two steps of 0.05 s
+    for s in spans:
+        s[7] = -1
+    assert update_cost(records(spans), base(), 1) == UpdateCost(pytest.approx(800 / 0.05))
+
+
+def layer_span(kind, name, a, b, it, layer):
+    return ["r0", "compute", kind, name, a, b, it, layer, 0, 0, -1]
+
+
 def stage_updates(stage_layers, seconds):
     rec = records([])
     rec["job"]["pipeline"]["stage_layers"] = stage_layers
@@ -176,7 +198,7 @@ def test_a_data_parallel_runs_wait_for_its_last_buckets_is_no_layers_compute(
         waits = [s for s in stream if s[2] == "wait" and s[3] == "end of backward"]
         assert {s[6] for s in waits} == set(range(warm, warm + job.iterations)), rank["rank"]
         steps = [s[5] - s[4] for s in stream if s[2] == "update"]
-        charged = [c for kind, _n, c in _charged_spans(rank, warm) if kind == "update"]
+        charged = [c for kind, *_x, c in _charged_spans(rank, warm) if kind == "update"]
         assert len(charged) == len(steps)
         for c, own in zip(charged, steps, strict=True):
             assert c <= own * 1.01 + 1e-4  # from the wait's end: the step and no more

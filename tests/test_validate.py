@@ -70,13 +70,6 @@ def test_every_rank_takes_the_cross_product() -> None:
     ]
 
 
-def test_which_cases_run_on_their_own_measured_compute() -> None:
-    """The pipelines and dp record every layer and wait; ps, p3 and gossip stay on the
-    profile (their workers' messaging is inside the layers' spans)."""
-    on_runs = {s for s in va.SCHEMES if va.measured_compute(va.Case(s, "mlp_medium", 1e8, 2))}
-    assert on_runs == {"dp", "mp", "gpipe", "pipedream", "spectrain"}
-
-
 def test_bandwidth_labels() -> None:
     assert va.bandwidth_label(125e6) == "1Gbps"
     assert va.bandwidth_label(25e6) == "200Mbps"
@@ -413,7 +406,6 @@ def test_validate_end_to_end_on_an_emulated_cluster(
     # both are simulated on each repeat's own measured compute (gpipe on its stages)
     by = df.set_index("scheme")
     for scheme in ("dp", "gpipe"):
-        assert by.loc[scheme, "compute_from"] == "measured runs"
         sims = json.loads(by.loc[scheme, "sim_iteration_times_s"])
         assert len(sims) == 1
         assert sims[0] == pytest.approx(by.loc[scheme, "sim_iteration_time_s"], rel=0.01)

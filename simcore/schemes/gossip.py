@@ -64,6 +64,12 @@ AVERAGE_PASSES = 3
 """Weight-sized memory passes to average a partner's gradient in: read both, write one."""
 
 
+def step_passes(optimizer: str, workers: int) -> int:
+    """Weight-sized memory passes of a worker's step of a layer: the optimizer's, plus
+    the average with the partner's gradients when there is a partner."""
+    return OPTIMIZERS[optimizer][1] + (AVERAGE_PASSES if workers > 1 else 0)
+
+
 @dataclass(frozen=True)
 class GossipOptions:
     """Options of ``gossip``."""
@@ -245,7 +251,7 @@ class Gossip(Scheme):
             else 0
         )
         self.shuffle_slot = len(self.grads)  # the slot of the shuffled batch
-        passes = OPTIMIZERS[ctx.config.optimizer][1] + (AVERAGE_PASSES if p > 1 else 0)
+        passes = step_passes(ctx.config.optimizer, p)
         bw = ctx.topology.gpu_spec.memory_bandwidth_bytes_per_s
         self.update_s = {i: passes * trace.layers[i].param_bytes / bw for i in self.grads}
         self._updates: dict[int, dict[int, tuple[Any, ...]]] = {}
