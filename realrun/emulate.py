@@ -233,6 +233,7 @@ def _pipeline(
         pass_seed,
         prescribed_versions,
         seed_pass,
+        stage_backward,
     )
     from realrun.stages import split_model
 
@@ -374,30 +375,8 @@ def _pipeline(
             if not feat.stash:
                 w = weights(k, v, False, (mb, sch.BACKWARD) in pred[k])
                 out = run_stage(k, w, xs[k], mb)
-            sel = [
-                (o, None if g_out is None else g_out[j])
-                for j, o in enumerate(out)
-                if o.requires_grad
-            ]
-            x_req = [t for t in xs[k] if t.requires_grad]
             wl = [w[name] for name in names[k]]
-            got = (
-                torch.autograd.grad(
-                    [o for o, _ in sel], x_req + wl, [g for _, g in sel], allow_unused=True
-                )
-                if sel and x_req + wl
-                else [None] * (len(x_req) + len(wl))
-            )
-            grads[k][mb] = [
-                torch.zeros_like(t) if g is None else g for t, g in zip(wl, got[len(x_req) :])
-            ]
-            it_x = iter(got[: len(x_req)])
-            g_out = [
-                (lambda g, t: torch.zeros_like(t) if g is None else g)(next(it_x), t)
-                if t.requires_grad
-                else None
-                for t in xs[k]
-            ]
+            grads[k][mb], g_out = stage_backward(out, g_out, xs[k], wl)
             em.passes[k].append([mb, sch.BACKWARD, v])
             em.gaps[k].append(feeds[k][mb] - ver[k][(mb, sch.FORWARD)])
             done_b[k].add(mb)

@@ -705,6 +705,34 @@ class PipelineRuntime:
             self.rec.span(COMPUTE, WAIT, what, start, end, it)
 
 
+def stage_backward(
+    out: Sequence[torch.Tensor],
+    g_out: Sequence[torch.Tensor | None] | None,
+    inputs: Sequence[torch.Tensor],
+    weights: list[torch.Tensor],
+) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """One stage's backward in a single-process replay: the gradients of ``weights`` and
+    of ``inputs`` from the stage's outputs ``out`` and their gradients ``g_out`` (``None``
+    at the last stage, whose first output is the loss). A weight or input the outputs do
+    not depend on gets zeros; an input that needs no gradient gets ``None``."""
+    sel = [(o, None if g_out is None else g_out[j]) for j, o in enumerate(out) if o.requires_grad]
+    x_req = [t for t in inputs if t.requires_grad]
+    got: Sequence[torch.Tensor | None] = (
+        torch.autograd.grad(
+            [o for o, _ in sel], x_req + weights, [g for _, g in sel], allow_unused=True
+        )
+        if sel and x_req + weights
+        else [None] * (len(x_req) + len(weights))
+    )
+    w_grads = [torch.zeros_like(t) if g is None else g for t, g in zip(weights, got[len(x_req) :])]
+    it_x = iter(got[: len(x_req)])
+    g_in: list[torch.Tensor | None] = []
+    for t in inputs:
+        g = next(it_x) if t.requires_grad else None
+        g_in.append(torch.zeros_like(t) if t.requires_grad and g is None else g)
+    return w_grads, g_in
+
+
 def replay_reference(job: Any) -> tuple[dict[str, Any], list[list[Any]]]:
     """Single-process replay of a pipeline's schedule: micro-batches in order, each
     stage's forward and backward on the weight version the schedule prescribes
@@ -804,26 +832,8 @@ def replay_reference(job: Any) -> tuple[dict[str, Any], list[list[Any]]]:
             if not same:
                 w = weights(k, v, False, predicts(k, mb, sch.BACKWARD))
                 out = run_stage(k, w, xs[k], mb)
-            sel = [
-                (o, None if g_out is None else g_out[j])
-                for j, o in enumerate(out)
-                if o.requires_grad
-            ]
-            x_req = [t for t in xs[k] if t.requires_grad]
             wl = [w[name] for name in split.stages[k].param_names]
-            got = torch.autograd.grad(
-                [o for o, _ in sel], x_req + wl, [g for _, g in sel], allow_unused=True
-            )
-            grads[k][mb] = [
-                torch.zeros_like(t) if g is None else g for t, g in zip(wl, got[len(x_req) :])
-            ]
-            it_x = iter(got[: len(x_req)])
-            g_out = [
-                (lambda g, t: torch.zeros_like(t) if g is None else g)(next(it_x), t)
-                if t.requires_grad
-                else None
-                for t in xs[k]
-            ]
+            grads[k][mb], g_out = stage_backward(out, g_out, xs[k], wl)
             passes[k].append([mb, sch.BACKWARD, v])
             done_b[k].add(mb)
         for k in range(n):  # updates whose backwards are all done
