@@ -874,9 +874,8 @@ def simulate_measured(
     stages that run used (``scheme.stages``, checked against the run's plan); the trace
     and its preset are kept in ``traces/measured/`` of ``out_dir``."""
     from realrun.metrics import trace_from_run, update_cost
-    from simcore.config import OPTIMIZERS
     from simcore.engine import simulate
-    from simcore.schemes.gossip import step_passes
+    from simcore.schemes import get_scheme
     from traces.jsonfmt import load, save
 
     base = load(profile_trace.removesuffix(".json") + ".layers.json")
@@ -885,12 +884,8 @@ def simulate_measured(
     os.makedirs(os.path.dirname(path), exist_ok=True)
     save(trace, path)
     try:
-        # a gossip worker's step spans its averaging too, as the simulator's does
-        passes = (
-            step_passes(job.optimizer, case.ranks)
-            if case.scheme == "gossip"
-            else OPTIMIZERS[job.optimizer][1]
-        )
+        # fitted with the passes the simulator's step of this scheme makes
+        passes = get_scheme(case.scheme).step_passes(job.optimizer, case.ranks)
         cost = update_cost(records, base, passes)
         update = {
             "memory_bandwidth_bytes_per_s": cost.bytes_per_s,

@@ -218,3 +218,15 @@ def test_options_are_checked():
     assert {
         tuple(sorted((r, s))) for t in range(2) for r, s in enumerate(partners(4, t)[0])
     } <= pairs
+
+
+def test_a_gossip_step_also_averages_with_the_partner() -> None:
+    """The passes a step makes of the weights, which the validation fits a run's measured
+    steps with: the optimizer's alone for a lone worker and for the other schemes; with
+    a partner, gossip's averaging (read both gradients, write one) on top."""
+    from simcore.schemes import get_scheme
+
+    for opt, (_state, passes) in OPTIMIZERS.items():
+        assert get_scheme("gossip").step_passes(opt, 1) == passes
+        assert get_scheme("gossip").step_passes(opt, 4) == passes + AVERAGE_PASSES
+        assert get_scheme("dp").step_passes(opt, 4) == passes

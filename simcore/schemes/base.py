@@ -136,6 +136,12 @@ class Scheme(ABC):
         return 0
 
     @classmethod
+    def step_passes(cls, optimizer: str, gpus: int) -> int:
+        """Weight-sized memory passes of one of the scheme's optimizer steps (the
+        optimizer's, ``OPTIMIZERS``; a scheme whose step does more says so)."""
+        return OPTIMIZERS[optimizer][1]
+
+    @classmethod
     def check(cls, config: SimConfig, options: Any, topology: Topology) -> None:
         """Reject configurations the scheme cannot run (raise ``ConfigError``); the base
         accepts everything."""

@@ -64,12 +64,6 @@ AVERAGE_PASSES = 3
 """Weight-sized memory passes to average a partner's gradient in: read both, write one."""
 
 
-def step_passes(optimizer: str, workers: int) -> int:
-    """Weight-sized memory passes of a worker's step of a layer: the optimizer's, plus
-    the average with the partner's gradients when there is a partner."""
-    return OPTIMIZERS[optimizer][1] + (AVERAGE_PASSES if workers > 1 else 0)
-
-
 @dataclass(frozen=True)
 class GossipOptions:
     """Options of ``gossip``."""
@@ -213,6 +207,12 @@ class Gossip(Scheme):
     Options = GossipOptions
 
     @classmethod
+    def step_passes(cls, optimizer: str, gpus: int) -> int:
+        """A worker steps layer by layer: the optimizer's passes, plus the average with
+        its partner's gradients when it has one."""
+        return OPTIMIZERS[optimizer][1] + (AVERAGE_PASSES if gpus > 1 else 0)
+
+    @classmethod
     def check(cls, config: SimConfig, options: Any, topology: Topology) -> None:
         p = topology.num_gpus
         if not is_power_of_two(p):
@@ -251,7 +251,7 @@ class Gossip(Scheme):
             else 0
         )
         self.shuffle_slot = len(self.grads)  # the slot of the shuffled batch
-        passes = step_passes(ctx.config.optimizer, p)
+        passes = self.step_passes(ctx.config.optimizer, p)
         bw = ctx.topology.gpu_spec.memory_bandwidth_bytes_per_s
         self.update_s = {i: passes * trace.layers[i].param_bytes / bw for i in self.grads}
         self._updates: dict[int, dict[int, tuple[Any, ...]]] = {}
