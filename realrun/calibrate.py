@@ -947,6 +947,8 @@ def _preset(
                 if burst > 0
                 else {}
             ),
+            # the ranks' TCP connections take turns on a host's shaped link
+            "sharing": "fair",
             "nic_link": {"kind": "pcie", "bandwidth": "100GB/s", "latency": "0us"},
         },
         "measured": measured,

@@ -6,7 +6,10 @@ direction for ``chunk_bytes / bandwidth`` seconds and reaches the next device af
 link's latency, where it queues for the next link. Flows contend exactly where they share
 a link direction, and the two directions of a link are independent. Queues are FIFO, or
 ordered by message priority (lower number first, FIFO among equals) when the network is
-built with ``priority=True``; a chunk on the wire is never pre-empted.
+built with ``priority=True``; a chunk on the wire is never pre-empted. On a topology
+whose ``link_sharing`` is ``fair`` the flows (source and destination device) queued on
+a link take turns, chunk by chunk and byte for byte, among equal priorities (start-time
+fair queueing), as TCP connections through one bottleneck share it.
 
 For FIFO links the departure of a chunk is known the moment it arrives
 (``max(now, link_free_at) + service``), so each chunk costs one simulation event per hop;
@@ -62,6 +65,7 @@ class LinkState:
     __slots__ = (
         "burst_s",
         "busy",
+        "finish",
         "free_at",
         "latency",
         "link",
@@ -72,6 +76,7 @@ class LinkState:
         "seq",
         "service",
         "tat",
+        "vtime",
     )
 
     def __init__(self, link: Link) -> None:
@@ -86,9 +91,13 @@ class LinkState:
         self.free_at = 0.0
         self.sent_bytes = 0
         self.recv_bytes = 0
-        self.queue: list[tuple[float, int, float, Message, int, int]] = []
+        self.queue: list[tuple[float, float, int, float, Message, int, int]] = []
         self.busy = False
         self.seq = 0
+        # fair sharing: the start tag of the chunk in service (virtual time) and each
+        # flow's (source device, destination device) finish tag
+        self.vtime = 0.0
+        self.finish: dict[tuple[int, int], float] = {}
 
     def transmit(self, start: float, nbytes: float) -> float:
         """When ``nbytes`` put on this link at ``start`` have left it. A token bucket
@@ -339,16 +348,22 @@ class Network(ABC):
 class _Socket:
     """The send side of one TCP connection (a sender to one destination device): bytes
     handed to the kernel (``queued``) and bytes that have reached the other end
-    (``acked``). A blocking send still in the kernel's way waits as ``waiting``: the
-    ``acked`` count it needs and what to call then (the sender hands over one message at
-    a time, so there is at most one)."""
+    (``acked``); messages handed over (``sent``) and messages the receiving thread is
+    done with (``delivered``). A blocking send still in the kernel's way waits as
+    ``waiting``: the ``acked`` count it needs and what to call then; one waiting for the
+    receiver to post its header waits as ``waiting_slot``: the ``delivered`` count it
+    needs (the sender hands over one message at a time, so there is at most one of
+    each)."""
 
-    __slots__ = ("acked", "queued", "waiting")
+    __slots__ = ("acked", "delivered", "queued", "sent", "waiting", "waiting_slot")
 
     def __init__(self) -> None:
         self.queued = 0
         self.acked = 0
+        self.sent = 0
+        self.delivered = 0
         self.waiting: tuple[int, Callable[[], None]] | None = None
+        self.waiting_slot: tuple[int, Callable[[], None]] | None = None
 
     def ack(self, nbytes: int) -> None:
         """``nbytes`` more have arrived: release the waiting send if its rest now fits."""
@@ -358,20 +373,37 @@ class _Socket:
             self.waiting = None
             release()
 
+    def done(self) -> None:
+        """The receiving thread is done with one more message: release a send waiting for
+        its header to be posted if it now is."""
+        self.delivered += 1
+        if self.waiting_slot is not None and self.waiting_slot[0] <= self.delivered:
+            release = self.waiting_slot[1]
+            self.waiting_slot = None
+            release()
+
 
 class _Sender:
     """A device's sending thread on a CPU host (a rank's messenger): it hands gloo one
     point-to-point message at a time, lowest priority number first, and a blocking send
     returns once the receiver has posted its buffer and the kernel has taken the bytes.
-    So each message holds the sender for a handshake (``handshake_s``, calibrated) and
-    then until what its connection to the destination has not yet delivered, this
-    message included, fits in the socket's send buffer (``buffer_bytes``; until the
-    message has arrived when 0). The next one waits. Earlier messages to the same
-    destination still on their way fill the same buffer: a second message to a peer
-    that is still receiving the first holds the sender longer than a message to an idle
-    peer."""
+
+    The receiver's thread for this sender keeps one header receive posted ahead of the
+    message it is handling (realrun.runtime.Messenger; payloads' receives are posted
+    further ahead), so a message can start only once the receiving thread is done with
+    all but the last one sent before it to the same destination (:data:`HEADERS_AHEAD`):
+    a small control message queued behind two large ones to a busy peer holds the
+    sender until the first of them has arrived, as it holds a real messenger. Then
+    each message holds the sender for a handshake (``handshake_s``, calibrated) and
+    until what its connection to the destination has not yet delivered, this message
+    included, fits in the socket's send buffer (``buffer_bytes``; until the message has
+    arrived when 0). The next one waits."""
 
     __slots__ = ("buffer_bytes", "busy", "handshake_s", "heap", "net", "seq", "sockets")
+
+    HEADERS_AHEAD = 1
+    """Header receives a messenger's receiving thread keeps posted beyond the message it
+    is handling."""
 
     def __init__(self, net: Network, handshake_s: float, buffer_bytes: int = 0) -> None:
         self.net, self.handshake_s, self.buffer_bytes = net, handshake_s, buffer_bytes
@@ -392,15 +424,34 @@ class _Sender:
             return
         self.busy = True
         _prio, _seq, msg, segments, reduce_bytes, extra_s = heapq.heappop(self.heap)
-        ev = Timeout(self.net.env, self.handshake_s)
-        ev.callbacks.append(lambda _e: self._go(msg, segments, reduce_bytes, extra_s))
-
-    def _go(self, msg: Message, segments: int, reduce_bytes: int, extra_s: float) -> None:
         sock = self.sockets.get(msg.dst)
         if sock is None:
             sock = self.sockets[msg.dst] = _Socket()
+
+        def handshake() -> None:
+            ev = Timeout(self.net.env, self.handshake_s)
+            ev.callbacks.append(lambda _e: self._go(msg, sock, segments, reduce_bytes, extra_s))
+
+        need = sock.sent - self.HEADERS_AHEAD
+        if need <= sock.delivered:
+            handshake()
+        else:
+            sock.waiting_slot = (need, handshake)
+
+    def _go(
+        self, msg: Message, sock: _Socket, segments: int, reduce_bytes: int, extra_s: float
+    ) -> None:
         sock.queued += msg.nbytes
+        sock.sent += 1
         msg.socket = sock
+        deliver = msg.on_arrival
+
+        def done(m: Message) -> None:
+            sock.done()
+            if deliver is not None:
+                deliver(m)
+
+        msg.on_arrival = done
         mark = sock.queued - self.buffer_bytes
         self.net._join_cpu(msg, segments, reduce_bytes, extra_s)
         self.net._inject(msg)
@@ -427,6 +478,8 @@ class DetailedNetwork(Network):
             raise ValueError(f"chunk_bytes must be at least 1, got {chunk_bytes}")
         self.chunk_bytes = int(chunk_bytes)
         self.priority = priority
+        self.fair = topology.link_sharing == "fair"
+        self._queued = priority or self.fair
         self._at = EventQueue(env).at
         self._on_fifo_arrival = self._arrive_fifo
         self._on_prio_arrival = self._arrive_prio
@@ -434,7 +487,7 @@ class DetailedNetwork(Network):
     def _inject(self, msg: Message) -> None:
         n = msg.nbytes
         c = self.chunk_bytes
-        if self.priority:
+        if self._queued:
             full, last = divmod(n, c)
             msg.chunks_left = full + (1 if last else 0)
             for _ in range(full):
@@ -493,22 +546,44 @@ class DetailedNetwork(Network):
         st.sent_bytes += size
         self._at(end + st.latency, _ChunkArrival(self._on_fifo_arrival, msg, hop + 1, size))
 
-    # ---- priority queues -------------------------------------------------------------
+    # ---- queued links: priorities, fair sharing ---------------------------------------
     # A chunk that finds its link idle (free, nobody queued) is served at once. Otherwise
     # it queues with its arrival time, and the choice of what the link serves next at
     # ``free_at`` is made lazily by the arrival event of the chunk that was on the wire
     # (``free_at + latency``): among the chunks that had queued by ``free_at``, the best
-    # (lowest priority number, then first come) goes. Later chunks cannot jump into a
-    # service that had started before they came, and every chunk and hop costs exactly
-    # one event.
+    # goes: lowest priority number, then (fair sharing) lowest start tag, then first
+    # come. Later chunks cannot jump into a service that had started before they came,
+    # and every chunk and hop costs exactly one event.
+    #
+    # Fair sharing is start-time fair queueing over flows (a source and a destination
+    # device: one TCP connection): a chunk's start tag is the larger of the link's
+    # virtual time (the tag of the chunk in service) and its flow's last finish tag,
+    # and its finish tag that plus its bytes. Flows that queue together take turns
+    # chunk by chunk, byte for byte, as TCP connections through one bottleneck do,
+    # instead of each message waiting for every byte queued before it.
+    def _tag(self, st: LinkState, msg: Message, size: int, idle: bool) -> float:
+        if not self.fair:
+            return 0.0
+        finish = st.finish
+        if idle and finish:  # a new busy period: nobody is owed service
+            st.vtime = max(st.vtime, max(finish.values()))
+        flow = (msg.src, msg.dst)
+        last = finish.get(flow, 0.0)
+        start = last if last > st.vtime else st.vtime
+        finish[flow] = start + size
+        return start
+
     def _enqueue(self, msg: Message, hop: int, size: int) -> None:
         st = msg.hops[hop]
         now = self.env.now
-        if st.free_at <= now and not st.queue:
+        idle = st.free_at <= now and not st.queue
+        tag = self._tag(st, msg, size, idle)
+        if idle:
+            st.vtime = tag
             self._serve(st, msg, hop, size, now)
             return
         st.seq += 1
-        heapq.heappush(st.queue, (msg.priority, st.seq, now, msg, hop, size))
+        heapq.heappush(st.queue, (msg.priority, tag, st.seq, now, msg, hop, size))
 
     def _serve(self, st: LinkState, msg: Message, hop: int, size: int, start: float) -> None:
         if msg.start_s < 0:
@@ -526,16 +601,17 @@ class DetailedNetwork(Network):
         while queue and st.free_at <= now:
             start = st.free_at
             later = []
-            while queue and queue[0][2] > start:
+            while queue and queue[0][3] > start:
                 later.append(heapq.heappop(queue))
             if queue:
-                _, _, _, msg, hop, size = heapq.heappop(queue)
+                _, tag, _, _, msg, hop, size = heapq.heappop(queue)
             else:  # the link went idle until the first of the later chunks came
-                first = min(later, key=lambda e: (e[2], e[1]))
+                first = min(later, key=lambda e: (e[3], e[2]))
                 later.remove(first)
-                _, _, start, msg, hop, size = first
+                _, tag, _, start, msg, hop, size = first
             for entry in later:
                 heapq.heappush(queue, entry)
+            st.vtime = tag
             self._serve(st, msg, hop, size, start)
 
     def _arrive_prio(self, ev: _ChunkArrival) -> None:

@@ -30,6 +30,12 @@ from simcore.units import UnitError, parse_rate, parse_size, parse_time
 LINK_KINDS = ("pcie", "nvlink", "nvswitch", "qpi", "ib", "ethernet")
 """Link kinds a topology may use (``comm_bytes_by_link_kind`` is keyed by these)."""
 
+LINK_SHARING = ("fifo", "fair")
+"""How a link direction shares itself among messages queued on it (``network.sharing`` in
+a preset): ``fifo``, each message after every byte queued before it; ``fair``, flows (a
+source and a destination device) take turns, as TCP connections through one bottleneck
+do (see :mod:`simcore.network`)."""
+
 DEVICE_KINDS = ("gpu", "cpu", "nic", "pcie_switch", "nvswitch", "switch", "server")
 """Device kinds. ``server`` is a dedicated parameter-server host on the fabric."""
 
@@ -217,6 +223,8 @@ class Topology:
         host_spec: the machines' CPU model (:class:`HostSpec`): ranks and communication
             share their cores; ``None`` on GPU clusters.
         gloo: how collectives behave on CPU hosts (:class:`GlooSpec`), or ``None``.
+        link_sharing: one of :data:`LINK_SHARING`; the detailed network model honours
+            it, the analytic one always serialises messages in the order they were sent.
     """
 
     name: str
@@ -231,8 +239,14 @@ class Topology:
     summary: str = ""
     host_spec: HostSpec | None = None
     gloo: GlooSpec | None = None
+    link_sharing: str = "fifo"
 
     def __post_init__(self) -> None:
+        if self.link_sharing not in LINK_SHARING:
+            raise TopologyError(
+                f"network.sharing: {self.link_sharing!r} is not allowed; choose one of "
+                f"{', '.join(LINK_SHARING)}"
+            )
         self._adj: list[list[Link]] = [[] for _ in self.devices]
         for link in self.links:
             self._adj[link.src].append(link)
@@ -484,7 +498,8 @@ def _build_topology(spec: TopologySpec) -> Topology:
     ``nic_attach``, optional ``ring_order``) and ``network`` (``kind``, ``bandwidth``,
     ``latency``, ``nic_link`` with kind/bandwidth/latency, optionally ``burst`` and
     ``peak_bandwidth``: a token bucket on each direction of every host link, as ``tc
-    tbf`` shapes an emulated cluster's). GPUs inside a box are the
+    tbf`` shapes an emulated cluster's, and ``sharing``, one of :data:`LINK_SHARING`).
+    GPUs inside a box are the
     implicit devices ``gpu0 .. gpu{n-1}``. Device names get a ``n{box}.`` prefix when the
     cluster has more than one box.
 
@@ -505,6 +520,7 @@ def _build_topology(spec: TopologySpec) -> Topology:
         net_lat = parse_time(net.get("latency", "1us"))
         net_burst = parse_size(net.get("burst", 0))
         net_peak = parse_rate(net["peak_bandwidth"]) if net.get("peak_bandwidth") else 0.0
+        sharing = str(net.get("sharing", "fifo"))
         nic_link = net.get("nic_link") or {"kind": "pcie", "bandwidth": "12GB/s", "latency": "1us"}
         nic_kind = str(nic_link.get("kind", "pcie"))
         nic_bw = parse_rate(nic_link.get("bandwidth", "12GB/s"))
@@ -611,6 +627,7 @@ def _build_topology(spec: TopologySpec) -> Topology:
         summary=str(p.get("summary", "")),
         host_spec=host_spec,
         gloo=gloo,
+        link_sharing=sharing,
     )
     return topo
 

@@ -327,3 +327,42 @@ def test_a_send_waits_while_its_peer_connection_holds_a_full_buffer(buffer_bytes
         assert arrived["small"] < 2.5 * (1 << 20) / rate < arrived["first"]
     sockets = net._senders[g[0]].sockets
     assert sockets[g[1]].queued == sockets[g[1]].acked == 2 << 20
+
+
+@pytest.mark.parametrize("headers_ahead", [1, 1 << 30])
+def test_a_message_waits_for_its_peer_to_post_its_header(monkeypatch, headers_ahead):
+    """A messenger's receiving thread keeps one header receive posted beyond the message
+    it handles, so the third message to a peer waits until the peer is done with the
+    first, whatever the socket buffer: rank 0 sends two 1 MiB messages to rank 1 (whose
+    link two other ranks keep busy) and a 64-byte one, then 1 KiB to idle rank 2. The
+    64-byte one, and the message to rank 2 queued behind it, arrive only after rank 1's
+    first; with unlimited headers posted (the model without the rule) rank 2's comes long
+    before."""
+    from simcore.engine import cpu_pools
+    from simcore.host import CommCpu
+    from simcore.network import DetailedNetwork, _Sender
+
+    monkeypatch.setattr(_Sender, "HEADERS_AHEAD", headers_ahead)
+    p = preset(cores=4, p2p_handshake_s=1e-6, socket_buffer=8 << 20)
+    topo = build_topology(TopologySpec(p, 4))
+    env = Environment()
+    net = DetailedNetwork(env, topo, chunk_bytes=64 << 10)
+    net.cpu = CommCpu(topo.host_spec, cpu_pools(env, topo))
+    arrived: dict[str, float] = {}
+    g = topo.gpus
+
+    def send(src, dst, nbytes, tag):
+        net.send(g[src], g[dst], nbytes, lambda m: arrived.setdefault(m.tag, env.now), tag=tag)
+
+    for other in (2, 3):
+        send(other, 1, 8 << 20, f"bulk{other}")
+    for tag, dst, nbytes in (("first", 1, 1 << 20), ("second", 1, 1 << 20), ("ctrl", 1, 64)):
+        send(0, dst, nbytes, tag)
+    send(0, 2, 1024, "small")
+    env.run()
+    if headers_ahead == 1:
+        assert arrived["first"] < arrived["ctrl"] and arrived["first"] < arrived["small"]
+    else:
+        assert arrived["small"] < 0.5 * arrived["first"]
+    sockets = net._senders[g[0]].sockets
+    assert sockets[g[1]].sent == sockets[g[1]].delivered == 3

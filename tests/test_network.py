@@ -93,16 +93,86 @@ def test_priority_queue_lets_urgent_chunks_jump_ahead_but_never_preempts():
     assert [tag for tag, _ in fifo] == ["bulk", "urgent"]
 
 
+# ---- fair sharing (TCP connections through one bottleneck) ------------------------------
+def star(sharing: str, bw: float = B):
+    """Ranks a, b, c, each on its own link to switch s (a link direction each way)."""
+    b = TopologyBuilder("star")
+    for name in "abc":
+        b.device(name, "gpu", 0)
+    b.device("s", "switch", -1)
+    for name in "abc":
+        b.link(name, "s", "ethernet", bw, LAT)
+    return b.build([0, 1, 2], link_sharing=sharing)
+
+
+def test_fair_flows_out_of_one_link_finish_together_where_fifo_serves_one_first():
+    """a sends two equal messages at once, to b and to c, over its one link: FIFO
+    delivers one after n/B and the other after 2n/B; fair sharing interleaves the two
+    flows chunk by chunk, so both take about 2n/B (the first within a chunk of the
+    second). (Flows from different links meet at the switch interleaved already.)"""
+    n, c = 1_000_000, 10_000
+    sends = [(0, 0, 1, n, 0, "to b"), (0, 0, 2, n, 0, "to c")]
+    fifo, _ = run_messages(DetailedNetwork, star("fifo"), sends, chunk_bytes=c)
+    fair, _ = run_messages(DetailedNetwork, star("fair"), sends, chunk_bytes=c)
+    assert [t for _, t in fifo] == [
+        pytest.approx(n / B + c / B + 2 * LAT),
+        pytest.approx(2 * n / B + c / B + 2 * LAT),
+    ]
+    first, second = sorted(t for _, t in fair)
+    assert second == pytest.approx(2 * n / B + c / B + 2 * LAT)
+    assert second - c / B <= first + 1e-12 < second
+
+
+def test_a_fair_link_lets_a_small_message_past_a_large_one_to_another_peer():
+    """a sends 1 MB to c, then 20 kB to b: FIFO holds the small one behind every byte of the
+    large one on a's link; fair sharing alternates the two flows' chunks, so it arrives
+    after about twice its own time."""
+    big, small, c = 1_000_000, 20_000, 10_000
+    sends = [(0, 0, 2, big, 0, "big"), (0, 0, 1, small, 0, "small")]
+    fifo, _ = run_messages(DetailedNetwork, star("fifo"), sends, chunk_bytes=c)
+    fair, _ = run_messages(DetailedNetwork, star("fair"), sends, chunk_bytes=c)
+    assert dict(fifo)["small"] > big / B
+    assert dict(fair)["small"] == pytest.approx(2 * small / B + c / B + 2 * LAT)
+    assert dict(fair)["big"] == pytest.approx(dict(fifo)["big"] + small / B)
+
+
+def test_a_flow_alone_on_fair_links_takes_what_it_takes_on_fifo_links():
+    sends = [(0, 0, 2, 123_456, 0, "m"), (1.0, 1, 0, 7_777, 0, "later")]
+    fifo, _ = run_messages(DetailedNetwork, star("fifo"), sends, chunk_bytes=4096)
+    fair, _ = run_messages(DetailedNetwork, star("fair"), sends, chunk_bytes=4096)
+    assert fair == [(tag, pytest.approx(t)) for tag, t in fifo]
+
+
+def test_priorities_still_go_first_on_fair_links():
+    """Among flows of equal priority a fair link takes turns; a lower priority number
+    still goes before them (P3's slices on a cluster preset that shares fairly)."""
+    c = 1000
+    sends = [(0, 0, 2, 10 * c, 5, "bulk"), (0.5 * c / B, 1, 2, 2 * c, 0, "urgent")]
+    log, _ = run_messages(DetailedNetwork, star("fair"), sends, chunk_bytes=c, priority=True)
+    assert [tag for tag, _ in log] == ["urgent", "bulk"]
+
+
+def test_an_unknown_link_sharing_is_refused_with_the_choices():
+    from simcore.topology import TopologyError
+
+    with pytest.raises(
+        TopologyError, match="'round-robin' is not allowed; choose one of fifo, fair"
+    ):
+        star("round-robin")
+
+
 @pytest.mark.parametrize(
-    "net_cls, kw",
+    "net_cls, kw, sharing",
     [
-        (DetailedNetwork, {"chunk_bytes": 777}),
-        (DetailedNetwork, {"priority": True, "chunk_bytes": 500}),
-        (AnalyticNetwork, {}),
+        (DetailedNetwork, {"chunk_bytes": 777}, "fifo"),
+        (DetailedNetwork, {"chunk_bytes": 777}, "fair"),
+        (DetailedNetwork, {"priority": True, "chunk_bytes": 500}, "fifo"),
+        (DetailedNetwork, {"priority": True, "chunk_bytes": 500}, "fair"),
+        (AnalyticNetwork, {}, "fifo"),
     ],
 )
-def test_bytes_sent_equal_bytes_received_on_every_link(net_cls, kw):
-    topo = line(3)
+def test_bytes_sent_equal_bytes_received_on_every_link(net_cls, kw, sharing):
+    topo = line(3) if sharing == "fifo" else star(sharing)
     sends = [(i * 1e-6, i % 2, 1 - i % 2, 1000 + 37 * i, i % 3, str(i)) for i in range(20)]
     log, net = run_messages(net_cls, topo, sends, **kw)
     assert len(log) == 20
