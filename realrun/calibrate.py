@@ -91,8 +91,15 @@ GLOO_THREADS = 2
 TCP_PAYLOAD_BYTES = 1448
 #: Messages up to this size are repeated SMALL_FACTOR times as often (they take
 #: microseconds, and a busy machine's scheduling noise needs more samples to average out).
-MESSENGER_SIZES_BYTES = (1 * KiB, 64 * KiB)
-"""Payloads of the ping-pong through the runtime's messenger (small: the handshake shows)."""
+MESSENGER_SIZES_BYTES = (1 * KiB, 64 * KiB, 256 * KiB, 1 * MiB)
+"""Payloads of the ping-pong through the runtime's messenger: the small ones show the
+handshake, all of them the messenger's CPU per message and per byte (p3's slices are
+about 200 KB, ps's shards a few MB)."""
+
+HANDSHAKE_MAX_BYTES = 64 * KiB
+"""The messenger sizes the handshake is taken from: a larger message's time beyond the
+wire's line is TCP's (its window after the idle half of a round trip), not the
+handshake's."""
 
 SMALL_BYTES = 64 * KiB
 SMALL_FACTOR = 4
@@ -290,6 +297,23 @@ def fit_shaped_link(
     rel = np.abs(times - fitted) / np.abs(times)
     line = LineFit(latency, fit.slope, float(rel.max()), float(np.median(rel)), len(times), 1.0)
     return latency, goodput, line
+
+
+def fit_messenger_cpu(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(p2p_message_cpu_s, p2p_copy_cpu_s_per_byte)`` from ``(bytes, CPU seconds)``
+    of messages through the messenger beyond a plain send's: a straight line with
+    non-negative coefficients (least squares on absolute residuals, robust to a point
+    another process disturbed), since the excess of a small message can be near zero or
+    below it. With fewer than two sizes: the median as the per-message cost and no
+    per-byte one; ``(0, 0)`` without points."""
+    if not points:
+        return 0.0, 0.0
+    xs = [float(n) for n, _ in points]
+    ys = [float(c) for _, c in points]
+    if len(set(xs)) < 2:
+        return max(0.0, _median(ys)), 0.0
+    fit = fit_line(xs, ys, relative=False)
+    return fit.intercept, fit.slope
 
 
 def fit_cpu_cost(
@@ -818,17 +842,22 @@ def _preset(
     # blocking send's wait for the receiver's buffer, the threads' wake-ups), measured with
     # idle main threads; the same ping-pong while both main threads compute is kept as
     # evidence of what the model leaves out (docs/validation.md)
-    extra = [m["one_way_s"] - m["wire_s"] for m in messenger if not m["busy"]]
+    extra = [
+        m["one_way_s"] - m["wire_s"]
+        for m in messenger
+        if not m["busy"] and m["bytes"] <= HANDSHAKE_MAX_BYTES
+    ]
     handshake = max(0.0, _median(extra)) if extra else 0.0
     # the messenger threads' own CPU per message and end (idle ranks: rank 0's process
     # sends one message and receives one per round trip), beyond a plain send's or
     # receive's (process CPU both, so the tbf frames' soft interrupts are in neither)
-    own = [
-        m["cpu_s"] - (message_cpu + m["bytes"] * process_copy_cpu)
-        for m in messenger
-        if not m["busy"] and "cpu_s" in m
-    ]
-    p2p_message_cpu = max(0.0, _median(own)) if own else 0.0
+    p2p_message_cpu, p2p_copy_cpu = fit_messenger_cpu(
+        [
+            (m["bytes"], m["cpu_s"] - (message_cpu + m["bytes"] * process_copy_cpu))
+            for m in messenger
+            if not m["busy"] and "cpu_s" in m
+        ]
+    )
     compute = next(r["compute"] for r in results if r.get("compute"))
     red_x = [c["bytes"] for c in compute["reduce"]]
     red_fit = fit_line(red_x, [c["cpu_s"] for c in compute["reduce"]])
@@ -885,6 +914,7 @@ def _preset(
         "reduce_residual_rel_max": red_fit.residual_rel_max,
         "p2p_handshake_s": handshake,
         "p2p_message_cpu_s": p2p_message_cpu,
+        "p2p_copy_cpu_s_per_byte": p2p_copy_cpu,
         "socket_buffer_bytes": send_buffer,
     }
     measured: dict[str, Any] = {
@@ -925,6 +955,7 @@ def _preset(
             "reduce_cpu_s_per_byte": reduce_per_byte,
             "p2p_handshake_s": handshake,
             "p2p_message_cpu_s": p2p_message_cpu,
+            "p2p_copy_cpu_s_per_byte": p2p_copy_cpu,
             "socket_buffer": f"{send_buffer}B",
         },
         "gloo": {"segment_bytes": GLOO_SEGMENT, "threads": GLOO_THREADS},
@@ -1051,7 +1082,8 @@ def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
             f"{h.get('p2p_handshake_s', 0.0) * 1e6:.3g} us per point-to-point message "
             "beyond the wire's time, "
             f"{h.get('p2p_message_cpu_s', 0.0) * 1e6:.3g} us CPU per message and end "
-            "beyond a plain send's",
+            f"and {h.get('p2p_copy_cpu_s_per_byte', 0.0) * 1e9:.3g} ns per byte beyond a "
+            "plain send's",
         ),
         (
             "send buffer",

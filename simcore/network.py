@@ -282,7 +282,7 @@ class Network(ABC):
             return msg
         if self.cpu is not None:
             spec = self.cpu.spec
-            extra_s = spec.p2p_message_cpu_s if p2p else 0.0
+            extra_s = spec.p2p_cpu(nbytes) if p2p else 0.0
             if p2p and spec.p2p_handshake_s > 0:
                 sender = self._senders.get(src)
                 if sender is None:

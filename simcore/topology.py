@@ -99,6 +99,9 @@ class HostSpec:
         p2p_message_cpu_s: CPU seconds a point-to-point message handed to a sending
             thread (a parameter server's) costs each end beyond ``message_cpu_s``: the
             messenger threads' own code (headers, queues, hand-overs, callbacks).
+        p2p_copy_cpu_s_per_byte: CPU seconds per byte such a message costs each end
+            beyond ``copy_cpu_s_per_byte`` (the messenger's buffers and tensor handling);
+            ``sim calibrate`` fits it with ``p2p_message_cpu_s`` over message sizes.
     """
 
     cores: int = 1
@@ -109,10 +112,16 @@ class HostSpec:
     p2p_handshake_s: float = 0.0
     socket_buffer_bytes: int = 0
     p2p_message_cpu_s: float = 0.0
+    p2p_copy_cpu_s_per_byte: float = 0.0
 
     def message_cpu(self, nbytes: int, messages: int = 1) -> float:
         """CPU seconds one end spends on ``nbytes`` sent as ``messages`` messages."""
         return messages * self.message_cpu_s + nbytes * self.copy_cpu_s_per_byte
+
+    def p2p_cpu(self, nbytes: int) -> float:
+        """CPU seconds a message of ``nbytes`` through a messenger costs each end beyond
+        :meth:`message_cpu`."""
+        return self.p2p_message_cpu_s + nbytes * self.p2p_copy_cpu_s_per_byte
 
 
 @dataclass(frozen=True)
@@ -657,6 +666,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         "p2p_handshake_s",
         "socket_buffer",
         "p2p_message_cpu_s",
+        "p2p_copy_cpu_s_per_byte",
     }
     unknown = sorted(set(d) - allowed)
     if unknown:
@@ -670,6 +680,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         p2p_handshake_s=float(d.get("p2p_handshake_s", 0.0)),
         socket_buffer_bytes=parse_size(d.get("socket_buffer", 0)),
         p2p_message_cpu_s=float(d.get("p2p_message_cpu_s", 0.0)),
+        p2p_copy_cpu_s_per_byte=float(d.get("p2p_copy_cpu_s_per_byte", 0.0)),
     )
 
 

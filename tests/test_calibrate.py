@@ -266,6 +266,7 @@ def test_local_calibration_writes_a_topology_sim_run_reads(tmp_path: Any, capsys
     # each end beyond a plain send (its threads' Python), never negative
     assert all(r["cpu_s"] > 0 for r in preset["measured"]["messenger"])
     assert preset["host"]["p2p_message_cpu_s"] >= 0
+    assert preset["host"]["p2p_copy_cpu_s_per_byte"] >= 0
     loaded = load_preset(path)
     assert loaded["name"] == "local-calibrated"
     code, out, err = run_main(
@@ -383,3 +384,19 @@ def test_bad_arguments_name_the_argument() -> None:
         calibrate("local", sizes_bytes=(4,))
     with pytest.raises(ValueError, match="allreduce_ranks"):
         calibrate("local", allreduce_ranks=(1,))
+
+
+def test_the_messengers_cpu_is_a_line_over_message_sizes():
+    """``fit_messenger_cpu``: the messenger's CPU per message beyond a plain send's, over
+    its ping-pong sizes, is fitted as per message plus per byte (non-negative, a small
+    message's excess may come out below zero); one size gives the median and no slope."""
+    from realrun.calibrate import fit_messenger_cpu
+
+    per_msg, per_byte = 1.2e-4, 8e-10
+    sizes = [1 << 10, 64 << 10, 256 << 10, 1 << 20]
+    a, b = fit_messenger_cpu([(n, per_msg + n * per_byte) for n in sizes])
+    assert a == pytest.approx(per_msg, rel=1e-6) and b == pytest.approx(per_byte, rel=1e-6)
+    a, b = fit_messenger_cpu([(1024, -2e-5), (65536, 5e-5), (262144, 2e-4), (1 << 20, 8e-4)])
+    assert a >= 0 and b > 0
+    assert fit_messenger_cpu([(1024, 3e-4), (1024, 1e-4), (1024, 2e-4)]) == (2e-4, 0.0)
+    assert fit_messenger_cpu([]) == (0.0, 0.0)

@@ -209,6 +209,24 @@ def test_a_messenger_message_costs_both_ends_its_own_cpu():
         assert len(same) == 1, scheme
 
 
+def test_a_messenger_message_costs_its_bytes_too():
+    """``p2p_copy_cpu_s_per_byte`` adds CPU per byte of every messenger message at both
+    ends (``HostSpec.p2p_cpu``): on one core more of it is never faster, and the bytes
+    sent do not change."""
+    from simcore.topology import HostSpec
+
+    assert HostSpec(p2p_message_cpu_s=1e-4, p2p_copy_cpu_s_per_byte=1e-9).p2p_cpu(
+        10**6
+    ) == pytest.approx(1.1e-3)
+    times, sent = [], set()
+    for c in (0.0, 1e-9, 5e-9):
+        res = run(preset(cores=1, p2p_copy_cpu_s_per_byte=c), 2, "ps")
+        times.append(res.iteration_time_s)
+        sent.add(res.comm_bytes_total)
+    assert times == sorted(times) and times[2] > times[0]
+    assert len(sent) == 1
+
+
 def test_a_send_returns_once_the_socket_buffer_holds_the_rest():
     """A parameter server's sender moves on when what is left of a message fits in the send
     buffer, so pushes to different servers overlap: faster than a sender held until each
