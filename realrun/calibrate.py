@@ -681,8 +681,11 @@ def calibrate(
     shaped = cluster == "netns" and bandwidth_bytes_per_s is not None
     # one set of processes on one cluster: unshaped first (ping-pong with CPU times, the
     # compute benchmarks while the other ranks wait), then shaped where a rate is given
+    # (the messenger's CPU is taken unshaped: over a shaped link its threads also burn
+    # CPU while a message is in flight, which does not carry over to a training run's
+    # many messages at once; the shaped link's own cost per byte is the preset's)
     steps = ["pingpong:unshaped", "compute"]
-    steps += ["shape", "pingpong:shaped"] if shaped else []
+    steps += ["messenger:unshaped", "shape", "pingpong:shaped"] if shaped else []
     steps += ["messenger:idle", "messenger:busy", "allreduce"]
     job = {
         "sizes": sizes,
@@ -802,7 +805,7 @@ def _preset(
         )
         message_cpu, copy_cpu, cpu_fit = fit_cpu_cost(x, [un[n]["cpu_s"] for n in sizes])
         process_copy_cpu = copy_cpu
-        _, un_goodput, wall_fit = fit_latency_bandwidth(
+        un_latency, un_goodput, wall_fit = fit_latency_bandwidth(
             x, [un[n]["one_way_s"] for n in sizes], 0.0, [un[n]["sigma_s"] for n in sizes]
         )
         # a shaped link costs more CPU per byte than the same link unshaped: tbf cuts the
@@ -819,7 +822,7 @@ def _preset(
         raise CalibrationError(f"the measurements cannot be fitted: {err}") from None
     burst = burst_payload_bytes(rate)
     messenger = []
-    for busy in (False, True):
+    for shaped_row, busy in ((False, False), (True, False), (True, True), (False, True)):
         for n in MESSENGER_SIZES_BYTES:
             recs = [
                 rec
@@ -828,12 +831,23 @@ def _preset(
                 if rec["role"] == "ping"
                 and rec["bytes"] == 4 * _element_count(n)
                 and rec.get("busy", False) == busy
+                and rec.get("shaped", False) == shaped_row
             ]
             rts = [rt for rec in recs for rt in rec["round_trips_s"]]
             if rts:
                 one_way = _median(rts) / 2
-                wire = latency + max(0.0, n - burst) / goodput
-                row = {"bytes": n, "busy": busy, "one_way_s": one_way, "wire_s": wire}
+                wire = (
+                    latency + max(0.0, n - burst) / goodput
+                    if shaped_row or rate is None
+                    else un_latency + n / un_goodput
+                )
+                row = {
+                    "bytes": n,
+                    "busy": busy,
+                    "shaped": shaped_row,
+                    "one_way_s": one_way,
+                    "wire_s": wire,
+                }
                 cpus = [rec["cpu_s"] / rec["messages"] for rec in recs if rec.get("messages")]
                 if cpus:
                     row["cpu_s"] = _median(cpus)
@@ -842,20 +856,23 @@ def _preset(
     # blocking send's wait for the receiver's buffer, the threads' wake-ups), measured with
     # idle main threads; the same ping-pong while both main threads compute is kept as
     # evidence of what the model leaves out (docs/validation.md)
+    on_link = [m for m in messenger if m["shaped"] == (rate is not None)]
     extra = [
         m["one_way_s"] - m["wire_s"]
-        for m in messenger
+        for m in on_link
         if not m["busy"] and m["bytes"] <= HANDSHAKE_MAX_BYTES
     ]
     handshake = max(0.0, _median(extra)) if extra else 0.0
     # the messenger threads' own CPU per message and end (idle ranks: rank 0's process
-    # sends one message and receives one per round trip), beyond a plain send's or
-    # receive's (process CPU both, so the tbf frames' soft interrupts are in neither)
+    # sends one message and receives one per round trip) on unshaped links, beyond a
+    # plain send's or receive's there (process CPU both): over a shaped link the threads
+    # also burn CPU while a message is in flight (8.9 ms for 1 MiB at 200 Mbit/s, 1.2 ms
+    # at 1 Gbit/s), which does not carry over to a run's many messages at once
     p2p_message_cpu, p2p_copy_cpu = fit_messenger_cpu(
         [
             (m["bytes"], m["cpu_s"] - (message_cpu + m["bytes"] * process_copy_cpu))
             for m in messenger
-            if not m["busy"] and "cpu_s" in m
+            if not m["busy"] and not m["shaped"] and "cpu_s" in m
         ]
     )
     compute = next(r["compute"] for r in results if r.get("compute"))
@@ -1188,7 +1205,13 @@ def _rank_main(job_path: str) -> int:  # pragma: no cover - runs in the rank pro
                     row = _messenger_pingpong(
                         dist, torch, rank, world, n, repeats, tag == "busy", cpu_now
                     )
-                    result.setdefault("messenger", []).append({**row, "busy": tag == "busy"})
+                    result.setdefault("messenger", []).append(
+                        {
+                            **row,
+                            "busy": tag == "busy",
+                            "shaped": tag != "unshaped" and "shape" in job["steps"],
+                        }
+                    )
                 dist.barrier()
                 step(f"messenger {format_bytes(n)} {tag or 'idle'}")
         elif kind == "compute":
