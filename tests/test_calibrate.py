@@ -267,6 +267,9 @@ def test_local_calibration_writes_a_topology_sim_run_reads(tmp_path: Any, capsys
     assert all(r["cpu_s"] > 0 for r in preset["measured"]["messenger"])
     assert preset["host"]["p2p_message_cpu_s"] >= 0
     assert preset["host"]["p2p_copy_cpu_s_per_byte"] >= 0
+    # beside a computing main thread, the other threads' CPU per message is kept too
+    busy = [r for r in preset["measured"]["messenger"] if r["busy"]]
+    assert busy and all(r["messages_cpu_s"] >= 0 for r in busy)
     loaded = load_preset(path)
     assert loaded["name"] == "local-calibrated"
     code, out, err = run_main(
