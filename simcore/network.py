@@ -562,8 +562,6 @@ class DetailedNetwork(Network):
     # chunk by chunk, byte for byte, as TCP connections through one bottleneck do,
     # instead of each message waiting for every byte queued before it.
     def _tag(self, st: LinkState, msg: Message, size: int, idle: bool) -> float:
-        if not self.fair:
-            return 0.0
         finish = st.finish
         if idle and finish:  # a new busy period: nobody is owed service
             st.vtime = max(st.vtime, max(finish.values()))
@@ -577,7 +575,7 @@ class DetailedNetwork(Network):
         st = msg.hops[hop]
         now = self.env.now
         idle = st.free_at <= now and not st.queue
-        tag = self._tag(st, msg, size, idle)
+        tag = self._tag(st, msg, size, idle) if self.fair else 0.0
         if idle:
             st.vtime = tag
             self._serve(st, msg, hop, size, now)
