@@ -302,10 +302,11 @@ def fit_shaped_link(
 def fit_messenger_cpu(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """``(p2p_message_cpu_s, p2p_copy_cpu_s_per_byte)`` from ``(bytes, CPU seconds)``
     of messages through the messenger beyond a plain send's: a straight line with
-    non-negative coefficients (least squares on absolute residuals, robust to a point
-    another process disturbed), since the excess of a small message can be near zero or
-    below it. With fewer than two sizes: the median as the per-message cost and no
-    per-byte one; ``(0, 0)`` without points."""
+    non-negative coefficients (least squares on absolute residuals, since the excess of
+    a small message can be near zero or below it; robust weights from
+    :data:`ROBUST_MIN_POINTS` points on, so not with the calibration's four sizes). With
+    fewer than two sizes: the median as the per-message cost and no per-byte one;
+    ``(0, 0)`` without points."""
     if not points:
         return 0.0, 0.0
     xs = [float(n) for n, _ in points]
