@@ -253,8 +253,8 @@ class Topology:
     def __post_init__(self) -> None:
         if self.link_sharing not in LINK_SHARING:
             raise TopologyError(
-                f"network.sharing: {self.link_sharing!r} is not allowed; choose one of "
-                f"{', '.join(LINK_SHARING)}"
+                f"topology {self.name!r}: network.sharing: {self.link_sharing!r} is not "
+                f"allowed; choose one of {', '.join(LINK_SHARING)}"
             )
         self._adj: list[list[Link]] = [[] for _ in self.devices]
         for link in self.links:
