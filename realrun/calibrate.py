@@ -103,6 +103,21 @@ handshake's."""
 
 SMALL_BYTES = 64 * KiB
 SMALL_FACTOR = 4
+
+SHARING_BYTES = 2 * MiB
+"""Each flow's message in the two-flow benchmark (a parameter server's shards are a few
+MB): host 0 sends it to host 1 over two TCP connections, the second starting later."""
+SHARING_DELAYS = (0.1, 0.25, 0.5)
+"""When the second flow of the two-flow benchmark starts, as shares of the first's time on
+the shaped link alone."""
+SHARING_WARMUP = 3
+"""Untimed rounds first: the connections' congestion windows open as in a training run."""
+SHARING_LEADS_S = tuple(i * 0.25e-3 for i in range(161))
+"""The leads (:attr:`simcore.topology.Topology.link_lead_s`) tried when fitting the
+two-flow benchmark: 0 to 40 ms."""
+SEGMENT_BYTES = 64 * KiB
+"""Chunk of the simulated network when a calibrated link is simulated: a TCP segment as
+the kernel hands it on (64 KiB with segmentation offload)."""
 #: Rank 0's progress line asking the parent to shape the links, and the file in the
 #: job's folder by which the parent says it has.
 SHAPE_LINE = "#shape"
@@ -374,6 +389,90 @@ def send_buffer_bytes(returns: Sequence[tuple[int, float]], goodput_bytes_per_s:
     return round(_median(est)) if est else tcp_send_buffer_bytes()
 
 
+def sharing_delays_s(rate_bytes_per_s: float) -> list[float]:
+    """The two-flow benchmark's delays on a link shaped to ``rate_bytes_per_s``: shares
+    (:data:`SHARING_DELAYS`) of a :data:`SHARING_BYTES` message's time at the TCP goodput
+    of that rate."""
+    from realrun.netns import FRAME_BYTES
+
+    alone = SHARING_BYTES / (rate_bytes_per_s * TCP_PAYLOAD_BYTES / FRAME_BYTES)
+    return [f * alone for f in SHARING_DELAYS]
+
+
+def sharing_rows(results: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
+    """Per delay of the two-flow benchmark (rank 0's and rank 1's ``sharing`` results):
+    the median delay the second flow really started after the first, and the median
+    times, from the first flow's start, until each flow's last byte arrived."""
+    sent = next((r["sharing"] for r in results if "first_start_s" in r.get("sharing", {})), None)
+    got = next((r["sharing"] for r in results if "first_done_s" in r.get("sharing", {})), None)
+    if sent is None or got is None:
+        return []
+    rows = []
+    skip = int(sent["warmup"])
+    plan = sent["delays_s"]
+    for d in sorted(set(plan[skip:])):
+        ks = [k for k in range(skip, len(plan)) if plan[k] == d]
+        a0 = [sent["first_start_s"][k] for k in ks]
+        rows.append(
+            {
+                "delay_s": _median([sent["second_start_s"][k] - a for k, a in zip(ks, a0)]),
+                "first_s": _median([got["first_done_s"][k] - a for k, a in zip(ks, a0)]),
+                "second_s": _median([got["second_done_s"][k] - a for k, a in zip(ks, a0)]),
+            }
+        )
+    return rows
+
+
+def simulate_two_flows(
+    preset: Mapping[str, Any], nbytes: int, delay_s: float, lead_s: float
+) -> tuple[float, float]:
+    """The two-flow benchmark simulated on a two-host cluster of ``preset`` whose links
+    let flows already sending go on ``lead_s`` (``network.lead``) before a newcomer's
+    turn: when the first flow's message (host 0's rank to host 1's) and the second's (the
+    hosts' other devices, started ``delay_s`` later) have arrived."""
+    from simpy import Environment
+
+    from simcore.network import DetailedNetwork
+    from simcore.topology import TopologySpec, build_topology
+
+    net_section = {**preset["network"], "sharing": "fair", "lead": lead_s}
+    topo = build_topology(TopologySpec({**preset, "network": net_section}, 2))
+    env = Environment()
+    net = DetailedNetwork(env, topo, chunk_bytes=SEGMENT_BYTES)
+    done = [math.nan, math.nan]
+
+    def arrived(flow: int) -> Callable[[Any], None]:
+        return lambda _msg: done.__setitem__(flow, env.now)
+
+    net.send(topo.gpus[0], topo.gpus[1], nbytes, arrived(0))
+    later = env.timeout(delay_s)
+    later.callbacks.append(lambda _e: net.send(topo.hosts[0], topo.hosts[1], nbytes, arrived(1)))
+    env.run()
+    return done[0], done[1]
+
+
+def fit_sharing_lead(
+    preset: Mapping[str, Any], nbytes: int, rows: Sequence[Mapping[str, float]]
+) -> tuple[float, float]:
+    """``(lead_s, residual_rel_max)``: the lead of :data:`SHARING_LEADS_S` whose
+    simulated two-flow benchmark (:func:`simulate_two_flows`) is closest to the measured
+    ``rows`` (:func:`sharing_rows`; least squares of both flows' relative errors), and
+    the largest relative error left."""
+    if not rows:
+        raise ValueError("the two-flow benchmark has no rows")
+    best: tuple[float, float, float] | None = None
+    for lead in SHARING_LEADS_S:
+        errs = []
+        for row in rows:
+            a, b = simulate_two_flows(preset, nbytes, row["delay_s"], lead)
+            errs += [a / row["first_s"] - 1, b / row["second_s"] - 1]
+        cost = float(sum(e * e for e in errs))
+        if best is None or cost < best[0] - 1e-12:
+            best = (cost, lead, max(abs(e) for e in errs))
+    assert best is not None
+    return best[1], best[2]
+
+
 SHAPED_CPU_MIN_BYTES = 1 << 20
 """Smallest ping-pong size whose machine-wide CPU enters the shaped per-byte fit."""
 
@@ -612,6 +711,7 @@ def _steps(job: Mapping[str, Any]) -> int:
         "compute": 3,
         "shape": 0,
         "messenger": len(MESSENGER_SIZES_BYTES),
+        "sharing": 1,
     }
     return sum(count[step.split(":")[0]] for step in job["steps"])
 
@@ -686,7 +786,7 @@ def calibrate(
     # CPU while a message is in flight, which does not carry over to a training run's
     # many messages at once; the shaped link's own cost per byte is the preset's)
     steps = ["pingpong:unshaped", "compute"]
-    steps += ["messenger:unshaped", "shape", "pingpong:shaped"] if shaped else []
+    steps += ["messenger:unshaped", "shape", "pingpong:shaped", "sharing"] if shaped else []
     steps += ["messenger:idle", "messenger:busy", "allreduce"]
     job = {
         "sizes": sizes,
@@ -694,6 +794,7 @@ def calibrate(
         "pairs": [[0, h] for h in range(1, hosts)],
         "allreduce_ranks": ar_ranks,
         "steps": steps,
+        "sharing_delays_s": sharing_delays_s(bandwidth_bytes_per_s) if shaped else [],
     }
     total = _steps(job)
     done = 0
@@ -963,7 +1064,7 @@ def _preset(
     }
     if qdiscs:
         measured["tbf_drops"] = int(sum(q[e].get("drops", 0) for q in qdiscs for e in q))
-    return {
+    preset = {
         "name": rate_name,
         "summary": summary,
         "gpu": {
@@ -1010,6 +1111,19 @@ def _preset(
         },
         "measured": measured,
     }
+    # how long connections already sending keep a shaped link before a newcomer shares
+    # it: the lead whose simulation of the two-flow benchmark matches it
+    rows = sharing_rows(results) if rate is not None else []
+    if rows:
+        try:
+            lead, residual = fit_sharing_lead(preset, SHARING_BYTES, rows)
+        except ValueError as err:
+            raise CalibrationError(f"the two-flow benchmark cannot be fitted: {err}") from None
+        preset["network"]["lead"] = _time_text(lead)
+        measured["sharing"] = [{"bytes": SHARING_BYTES, **r} for r in rows]
+        fits["sharing_lead_s"] = lead
+        fits["sharing_residual_rel_max"] = residual
+    return preset
 
 
 def write_calibration(preset: Mapping[str, Any], path: str) -> None:
@@ -1110,6 +1224,18 @@ def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
             f"{h.get('p2p_message_cpu_s', 0.0) * 1e6:.3g} us CPU per message and end "
             f"and {h.get('p2p_copy_cpu_s_per_byte', 0.0) * 1e9:.3g} ns per byte beyond a "
             "plain send's",
+        ),
+        *(
+            [
+                (
+                    "link sharing",
+                    f"a connection already sending keeps the link "
+                    f"{fits['sharing_lead_s'] * 1e3:.3g} ms before a new one shares it "
+                    f"(two-flow benchmark, residual max {fits['sharing_residual_rel_max']:.0%})",
+                )
+            ]
+            if "sharing_lead_s" in fits
+            else []
         ),
         (
             "send buffer",
@@ -1223,6 +1349,13 @@ def _rank_main(job_path: str) -> int:  # pragma: no cover - runs in the rank pro
                     )
                 dist.barrier()
                 step(f"messenger {format_bytes(n)} {tag or 'idle'}")
+        elif kind == "sharing":
+            if rank in (0, 1):
+                result["sharing"] = _two_flows(
+                    dist, torch, rank, SHARING_BYTES, job["sharing_delays_s"], repeats
+                )
+            dist.barrier()
+            step("two flows")
         elif kind == "compute":
             if rank == 0:
                 result["compute"] = _compute_benchmarks(torch, step)
@@ -1398,6 +1531,83 @@ def _messenger_pingpong(
         "main_cpu_s": main_cpu[0],
         "messages": 2 * len(rts),
     }
+
+
+def _two_flows(
+    dist: Any, torch: Any, rank: int, nbytes: int, delays_s: Sequence[float], repeats: int
+) -> dict[str, Any]:  # pragma: no cover - runs in the rank processes
+    """The two-flow benchmark between ranks 0 and 1: rank 0 sends ``nbytes`` to rank 1 on
+    each of two TCP connections per round, the second ``delay`` after the first, for each
+    of ``delays_s`` ``repeats`` times after :data:`SHARING_WARMUP` rounds at the largest;
+    rounds far enough apart that they never overlap. Rank 0 returns when each send
+    started, rank 1 when each message's last byte came (``time.perf_counter``: one clock
+    for every process of the machine)."""
+    import socket
+    import threading
+
+    ser = max(delays_s) / max(SHARING_DELAYS)  # the first flow's time alone
+    period = 2.5 * ser + 0.03
+    plan = [max(delays_s)] * SHARING_WARMUP + [d for d in delays_s for _ in range(repeats)]
+    port = torch.zeros(1, dtype=torch.int64)
+    listener = None
+    if rank == 0:
+        listener = socket.create_server(("", 0))
+        port[0] = listener.getsockname()[1]
+    if rank == 0:  # point to point: the other ranks are waiting at a barrier meanwhile
+        dist.send(port, 1)
+    else:
+        dist.recv(port, 0)
+    conns: list[socket.socket] = []
+    if rank == 1:
+        for flow in range(2):
+            c = socket.create_connection((os.environ["MASTER_ADDR"], int(port[0])))
+            c.sendall(bytes([flow]))
+            conns.append(c)
+    else:
+        assert listener is not None
+        by_flow = {}
+        for _ in range(2):
+            c, _addr = listener.accept()
+            by_flow[c.recv(1)[0]] = c
+        listener.close()
+        conns = [by_flow[0], by_flow[1]]
+    for c in conns:
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    stamps: list[list[float]] = [[], []]
+    t0 = time.perf_counter() + 0.05  # rank 1 is connected and receiving by now
+
+    def sender(flow: int) -> None:
+        data = bytes(nbytes)
+        for k, d in enumerate(plan):
+            at = t0 + k * period + (d if flow else 0.0)
+            while (left := at - time.perf_counter()) > 0:
+                time.sleep(left - 0.001 if left > 0.002 else 0)
+            stamps[flow].append(time.perf_counter())
+            conns[flow].sendall(data)
+
+    def receiver(flow: int) -> None:
+        buf = bytearray(1 << 20)
+        view = memoryview(buf)
+        for _ in plan:
+            got = 0
+            while got < nbytes:
+                n = conns[flow].recv_into(view[: min(len(buf), nbytes - got)])
+                if n == 0:
+                    raise RuntimeError("the two-flow benchmark's connection closed early")
+                got += n
+            stamps[flow].append(time.perf_counter())
+
+    threads = [threading.Thread(target=sender if rank == 0 else receiver, args=(f,))
+               for f in range(2)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for c in conns:
+        c.close()
+    key = "start_s" if rank == 0 else "done_s"
+    return {"delays_s": plan, "warmup": SHARING_WARMUP, "first_" + key: stamps[0],
+            "second_" + key: stamps[1]}  # fmt: skip
 
 
 def _compute_benchmarks(

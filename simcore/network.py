@@ -479,6 +479,7 @@ class DetailedNetwork(Network):
         self.chunk_bytes = int(chunk_bytes)
         self.priority = priority
         self.fair = topology.link_sharing == "fair"
+        self.lead_s = topology.link_lead_s
         self._queued = priority or self.fair
         self._at = EventQueue(env).at
         self._on_fifo_arrival = self._arrive_fifo
@@ -560,14 +561,17 @@ class DetailedNetwork(Network):
     # virtual time (the tag of the chunk in service) and its flow's last finish tag,
     # and its finish tag that plus its bytes. Flows that queue together take turns
     # chunk by chunk, byte for byte, as TCP connections through one bottleneck do,
-    # instead of each message waiting for every byte queued before it.
+    # instead of each message waiting for every byte queued before it. A flow that starts
+    # (its last finish tag is behind the virtual time) starts ``lead_s`` of the link's
+    # bytes later: the connections already sending have that much in flight ahead of it.
     def _tag(self, st: LinkState, msg: Message, size: int, idle: bool) -> float:
         finish = st.finish
         if idle and finish:  # a new busy period: nobody is owed service
             st.vtime = max(st.vtime, max(finish.values()))
         flow = (msg.src, msg.dst)
         last = finish.get(flow, 0.0)
-        start = last if last > st.vtime else st.vtime
+        vtime = st.vtime
+        start = last if last > vtime else vtime + self.lead_s / st.service
         finish[flow] = start + size
         return start
 

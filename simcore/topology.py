@@ -234,6 +234,10 @@ class Topology:
         gloo: how collectives behave on CPU hosts (:class:`GlooSpec`), or ``None``.
         link_sharing: one of :data:`LINK_SHARING`; the detailed network model honours
             it, the analytic one always serialises messages in the order they were sent.
+        link_lead_s: with ``fair`` sharing, how long the flows already sending on a link
+            go on alone when another flow starts (``network.lead`` in a preset): a TCP
+            connection already sending has that much data in flight ahead of a newcomer's.
+            0 is plain start-time fair queueing.
     """
 
     name: str
@@ -249,12 +253,18 @@ class Topology:
     host_spec: HostSpec | None = None
     gloo: GlooSpec | None = None
     link_sharing: str = "fifo"
+    link_lead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.link_sharing not in LINK_SHARING:
             raise TopologyError(
                 f"topology {self.name!r}: network.sharing: {self.link_sharing!r} is not "
                 f"allowed; choose one of {', '.join(LINK_SHARING)}"
+            )
+        if not (self.link_lead_s >= 0 and math.isfinite(self.link_lead_s)):
+            raise TopologyError(
+                f"topology {self.name!r}: network.lead must be a time of 0 or more, "
+                f"got {self.link_lead_s!r} s"
             )
         self._adj: list[list[Link]] = [[] for _ in self.devices]
         for link in self.links:
@@ -507,7 +517,8 @@ def _build_topology(spec: TopologySpec) -> Topology:
     ``nic_attach``, optional ``ring_order``) and ``network`` (``kind``, ``bandwidth``,
     ``latency``, ``nic_link`` with kind/bandwidth/latency, optionally ``burst`` and
     ``peak_bandwidth``: a token bucket on each direction of every host link, as ``tc
-    tbf`` shapes an emulated cluster's, and ``sharing``, one of :data:`LINK_SHARING`).
+    tbf`` shapes an emulated cluster's, ``sharing``, one of :data:`LINK_SHARING`, and
+    ``lead``, :attr:`Topology.link_lead_s` as a time).
     GPUs inside a box are the
     implicit devices ``gpu0 .. gpu{n-1}``. Device names get a ``n{box}.`` prefix when the
     cluster has more than one box.
@@ -530,6 +541,7 @@ def _build_topology(spec: TopologySpec) -> Topology:
         net_burst = parse_size(net.get("burst", 0))
         net_peak = parse_rate(net["peak_bandwidth"]) if net.get("peak_bandwidth") else 0.0
         sharing = str(net.get("sharing", "fifo"))
+        lead_s = parse_time(net.get("lead", 0))
         nic_link = net.get("nic_link") or {"kind": "pcie", "bandwidth": "12GB/s", "latency": "1us"}
         nic_kind = str(nic_link.get("kind", "pcie"))
         nic_bw = parse_rate(nic_link.get("bandwidth", "12GB/s"))
@@ -637,6 +649,7 @@ def _build_topology(spec: TopologySpec) -> Topology:
         host_spec=host_spec,
         gloo=gloo,
         link_sharing=sharing,
+        link_lead_s=lead_s,
     )
     return topo
 

@@ -318,6 +318,18 @@ def test_netns_calibration_measures_goodput_below_the_tbf_rate(
     buffer = parse_size(preset["host"]["socket_buffer"])
     assert buffer == preset["measured"]["fits"]["socket_buffer_bytes"]
     assert 0 < buffer <= min(4 << 20, tcp_send_buffer_bytes())
+    # the two-flow benchmark: the second flow's message came after both messages' bytes
+    # had crossed the link, and the lead fitted to it is the file's network.lead
+    sharing = preset["measured"]["sharing"]
+    assert len(sharing) == 3
+    for row in sharing:
+        assert row["delay_s"] < row["first_s"] < row["second_s"]
+        assert row["second_s"] > 0.9 * 2 * row["bytes"] / goodput
+    lead = preset["measured"]["fits"]["sharing_lead_s"]
+    assert 0 <= lead <= 0.04
+    with open(tmp_path / "c.yaml", encoding="utf-8") as fh:
+        topo = build_topology(TopologySpec(yaml.safe_load(fh), 2))
+    assert topo.link_lead_s == pytest.approx(lead) and topo.link_sharing == "fair"
 
 
 @pytest.mark.skipif(_REASON is not None, reason=f"network namespaces unavailable: {_REASON}")
@@ -403,3 +415,63 @@ def test_the_messengers_cpu_is_a_line_over_message_sizes():
     assert a >= 0 and b > 0
     assert fit_messenger_cpu([(1024, 3e-4), (1024, 1e-4), (1024, 2e-4)]) == (2e-4, 0.0)
     assert fit_messenger_cpu([]) == (0.0, 0.0)
+
+
+NETNS_PRESET = os.path.join(
+    os.path.dirname(__file__), "..", "simcore", "presets", "topologies", "netns.yaml"
+)
+
+
+@pytest.mark.parametrize("lead_s", [0.0, 4e-3, 12.5e-3])
+def test_the_link_lead_is_recovered_from_a_simulated_two_flow_benchmark(lead_s: float) -> None:
+    """``fit_sharing_lead`` on rows that the simulator itself made with a lead finds that
+    lead with no residual, to within a chunk's time (leads inside one chunk's time give
+    the same schedule; the fit takes the smallest); the first flow finishes later the
+    smaller the lead, and the second after both messages' bytes whatever the lead."""
+    from realrun.calibrate import (
+        SEGMENT_BYTES,
+        SHARING_BYTES,
+        fit_sharing_lead,
+        simulate_two_flows,
+    )
+
+    with open(NETNS_PRESET, encoding="utf-8") as fh:
+        preset = yaml.safe_load(fh)
+    delays = [1.8e-3, 4.4e-3, 8.8e-3]
+    rows = []
+    for d in delays:
+        first, second = simulate_two_flows(preset, SHARING_BYTES, d, lead_s)
+        rows.append({"delay_s": d, "first_s": first, "second_s": second})
+    lead, residual = fit_sharing_lead(preset, SHARING_BYTES, rows)
+    goodput = parse_rate(preset["network"]["bandwidth"])
+    assert lead_s - SEGMENT_BYTES / goodput <= lead <= lead_s and residual < 1e-9
+    burst = parse_size(preset["network"]["burst"])  # leaves at the peak speed
+    for d in delays:
+        fair = simulate_two_flows(preset, SHARING_BYTES, d, 0.0)
+        held = simulate_two_flows(preset, SHARING_BYTES, d, 0.05)
+        assert held[0] < fair[0]
+        assert held[1] == pytest.approx(fair[1], rel=1e-6)
+        assert fair[1] >= (2 * SHARING_BYTES - burst) / goodput
+    with pytest.raises(ValueError, match="no rows"):
+        fit_sharing_lead(preset, SHARING_BYTES, [])
+
+
+def test_two_flow_rows_are_medians_after_the_warm_up() -> None:
+    """``sharing_rows``: per delay, medians of rank 0's start times and rank 1's arrival
+    times over the rounds after the warm-up, all from the first flow's start."""
+    from realrun.calibrate import sharing_rows
+
+    plan = [0.01, 0.01, 0.002, 0.002, 0.002, 0.01]
+    first_start = [10.0 * k for k in range(len(plan))]
+    sent = {"delays_s": plan, "warmup": 2, "first_start_s": first_start,
+            "second_start_s": [t + d + 1e-4 for t, d in zip(first_start, plan)]}  # fmt: skip
+    firsts = [0.05, 0.05, 0.020, 0.030, 0.022, 0.018]
+    got = {"delays_s": plan, "warmup": 2,
+           "first_done_s": [t + f for t, f in zip(first_start, firsts)],
+           "second_done_s": [t + 0.034 for t in first_start]}  # fmt: skip
+    rows = sharing_rows([{"sharing": sent}, {"sharing": got}, {}])
+    assert [r["delay_s"] for r in rows] == [pytest.approx(0.0021), pytest.approx(0.0101)]
+    assert rows[0]["first_s"] == pytest.approx(0.022)
+    assert rows[1]["first_s"] == pytest.approx(0.018)
+    assert all(r["second_s"] == pytest.approx(0.034) for r in rows)
+    assert sharing_rows([{}, {}]) == []

@@ -94,7 +94,7 @@ def test_priority_queue_lets_urgent_chunks_jump_ahead_but_never_preempts():
 
 
 # ---- fair sharing (TCP connections through one bottleneck) ------------------------------
-def star(sharing: str, bw: float = B):
+def star(sharing: str, bw: float = B, lead_s: float = 0.0):
     """Ranks a, b, c, each on its own link to switch s (a link direction each way)."""
     b = TopologyBuilder("star")
     for name in "abc":
@@ -102,7 +102,7 @@ def star(sharing: str, bw: float = B):
     b.device("s", "switch", -1)
     for name in "abc":
         b.link(name, "s", "ethernet", bw, LAT)
-    return b.build([0, 1, 2], link_sharing=sharing)
+    return b.build([0, 1, 2], link_sharing=sharing, link_lead_s=lead_s)
 
 
 def test_fair_flows_out_of_one_link_finish_together_where_fifo_serves_one_first():
@@ -141,6 +141,29 @@ def test_a_flow_alone_on_fair_links_takes_what_it_takes_on_fifo_links():
     fifo, _ = run_messages(DetailedNetwork, star("fifo"), sends, chunk_bytes=4096)
     fair, _ = run_messages(DetailedNetwork, star("fair"), sends, chunk_bytes=4096)
     assert fair == [(tag, pytest.approx(t)) for tag, t in fifo]
+
+
+@pytest.mark.parametrize("lead_s", [0.0, 100e-6, 300e-6, 600e-6])
+def test_a_flow_already_sending_goes_on_alone_for_the_lead_then_shares(lead_s):
+    """a sends n to c, and 105 us later n to b, on fair links whose flows already sending
+    go on ``lead_s`` before a newcomer's turn: the first flow has sent 100 kB (10 whole
+    chunks) by then, sends lead_s * B more alone, then the two alternate, so it is done
+    after ``n + (n - 100 kB - lead_s * B)`` bytes' time (FIFO's when the lead covers its
+    rest); the second always after both messages' bytes."""
+    n, c, d = 1_000_000, 10_000, 105e-6
+    sends = [(0, 0, 2, n, 0, "first"), (d, 0, 1, n, 0, "second")]
+    log, _ = run_messages(DetailedNetwork, star("fair", lead_s=lead_s), sends, chunk_bytes=c)
+    got = dict(log)
+    rest = max(0.0, n - 100_000 - lead_s * B)
+    assert got["first"] == pytest.approx((n + rest) / B + c / B + 2 * LAT, abs=c / B)
+    assert got["second"] == pytest.approx(2 * n / B + c / B + 2 * LAT)
+
+
+def test_a_link_lead_below_zero_is_refused() -> None:
+    from simcore.topology import TopologyError
+
+    with pytest.raises(TopologyError, match=r"network\.lead must be a time of 0 or more"):
+        star("fair", lead_s=-1e-3)
 
 
 def test_priorities_still_go_first_on_fair_links():
