@@ -457,8 +457,9 @@ def case_topology(
     out_dir: str, topology_file: str, trace_file: str, update: Mapping[str, float]
 ) -> str:
     """The calibrated preset with the optimizer step's cost measured with the trace (its
-    memory bandwidth and fixed overhead, :func:`realrun.metrics.update_cost`; next to the
-    trace; the calibration itself is left as measured)."""
+    memory bandwidth and fixed overhead, :func:`realrun.metrics.update_cost`) and, where
+    ``update`` has ``p2p_message_cpu_s``, the messaging threads' CPU per message measured
+    in the same run; next to the trace; the calibration itself is left as measured."""
     from analysis.resolve import load_preset
 
     preset = dict(load_preset(topology_file))
@@ -467,6 +468,11 @@ def case_topology(
         "memory_bandwidth": f"{update['memory_bandwidth_bytes_per_s']:.6g}B/s",
         "step_overhead": f"{update.get('step_overhead_s', 0.0) * 1e6:.6g}us",
     }
+    if "p2p_message_cpu_s" in update:
+        preset["host"] = {
+            **dict(preset.get("host") or {}),
+            "p2p_message_cpu_s": float(update["p2p_message_cpu_s"]),
+        }
     stem = os.path.basename(topology_file).removesuffix(".yaml")
     path = trace_file.removesuffix(".json") + f"-{stem}.yaml"
     if not os.path.exists(path):
@@ -869,11 +875,13 @@ def simulate_measured(
     profile_update: Mapping[str, float],
     job: Any,
 ) -> Any:
-    """Simulate ``case`` on the layer times and optimizer steps that real run ``records``
-    measured (:func:`realrun.metrics.trace_from_run`, in CPU time), a pipeline on the
+    """Simulate ``case`` on the layer times, optimizer steps and messaging threads' CPU
+    per message that real run ``records`` measured (:func:`realrun.metrics.trace_from_run`,
+    in CPU time; :func:`realrun.metrics.messenger_cpu_s_per_message`), a pipeline on the
     stages that run used (``scheme.stages``, checked against the run's plan); the trace
     and its preset are kept in ``traces/measured/`` of ``out_dir``."""
-    from realrun.metrics import trace_from_run, update_cost
+    from analysis.resolve import load_preset
+    from realrun.metrics import messenger_cpu_s_per_message, trace_from_run, update_cost
     from simcore.engine import simulate
     from simcore.schemes import get_scheme
     from traces.jsonfmt import load, save
@@ -893,6 +901,10 @@ def simulate_measured(
         }
     except ValueError:  # no update in the measured iterations: the profile's
         update = dict(profile_update)
+    host = load_preset(calibration).get("host") or {}
+    p2p = messenger_cpu_s_per_message(records, float(host.get("p2p_copy_cpu_s_per_byte", 0.0)))
+    if p2p is not None:
+        update["p2p_message_cpu_s"] = p2p
     topology = case_topology(out_dir, calibration, path, update)
     if not job.pipeline:
         return simulate(sim_config(case, path, topology))

@@ -344,6 +344,24 @@ class UpdateCost:
     overhead_s: float = 0.0
 
 
+def messenger_cpu_s_per_message(records: Mapping[str, Any], cpu_s_per_byte: float) -> float | None:
+    """The CPU seconds a message end cost the messaging threads of a real run
+    (:class:`realrun.runtime.Messenger`, every rank's, warm-up included: each iteration
+    sends the same messages) beyond ``cpu_s_per_byte`` of its bytes, as
+    ``HostSpec.p2p_message_cpu_s`` means it (never below zero); ``None`` when no rank
+    used a messenger."""
+    cpu = messages = nbytes = 0
+    for r in records["ranks"]:
+        m = r.get("messenger")
+        if m:
+            cpu += float(m["cpu_s"])
+            messages += int(m["messages"])
+            nbytes += int(m["bytes"])
+    if not messages:
+        return None
+    return max(0.0, (cpu - cpu_s_per_byte * nbytes) / messages)
+
+
 def update_cost(records: Mapping[str, Any], base: Trace, passes: int) -> UpdateCost:
     """The optimizer step's cost in a real run, the simulator's model of an update
     (``SimContext.update_s``: a fixed overhead plus ``passes`` weight-sized passes over

@@ -24,7 +24,9 @@ scheme says it expects, and the next header's receive before it handles a messag
 gloo sends a message only once the receiver has posted its buffer, and a receiver that
 posts on demand makes every message wait for its ready notice, which travels in the
 same TCP stream as the data going the other way (a parameter server's values, while
-its workers push).
+its workers push). Each messaging thread adds its own CPU seconds (less the callback's),
+the message ends it handled and their bytes to the rank's record (``messenger``): the
+validation gives the simulator that cost per message.
 
 **Clock.** Each rank's zero is the moment it leaves the start barrier; on one machine
 (local or network namespaces) ranks read the same monotonic clock and leave the barrier
@@ -111,6 +113,10 @@ class Recorder:
         compute stream, without the time it waited for a core."""
         self._main_clock = time.pthread_getcpuclockid(threading.main_thread().ident or 0)
         self._lock = threading.Lock()
+        self.messenger = {"cpu_s": 0.0, "messages": 0, "bytes": 0}
+        """What a :class:`Messenger`'s threads cost: their CPU seconds (beyond the
+        scheme's handling of what they received), the message ends they handled (each
+        message sent and each received) and those messages' bytes."""
 
     def start_clock(self) -> None:
         """Set this rank's zero to now."""
@@ -136,6 +142,14 @@ class Recorder:
         self.spans.append(
             (self.device, stream, kind, name, start, end, iteration, layer, -1, nbytes, flow)
         )
+
+    def count_messenger(self, cpu_s: float, messages: int, nbytes: int) -> None:
+        """Add a messaging thread's CPU seconds, message ends and bytes."""
+        with self._lock:
+            m = self.messenger
+            m["cpu_s"] += cpu_s
+            m["messages"] += messages
+            m["bytes"] += nbytes
 
     def count_sent(self, dst: int, iteration: int, nbytes: int, kind: str) -> None:
         """Count ``nbytes`` of application data sent to rank ``dst``."""
@@ -163,6 +177,7 @@ class Recorder:
             "cpu_at_end": {str(k): v for k, v in sorted(self.cpu_at_end.items())},
             "main_cpu_at_end": {str(k): v for k, v in sorted(self.main_cpu_at_end.items())},
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            **({"messenger": dict(self.messenger)} if self.messenger["messages"] else {}),
             **extra,
         }
 
@@ -543,7 +558,7 @@ class Messenger:
 
     def _send_loop(self) -> None:
         try:
-            stops = 0
+            stops = messages = total = 0
             while stops < len(self.peers):
                 with self._cond:
                     while not self._queue:
@@ -566,6 +581,8 @@ class Messenger:
                     stops += 1
                     continue
                 counted = nbytes if msg.payload is not None else HEADER_BYTES
+                messages += 1
+                total += counted
                 self.rec.count_sent(msg.dst, msg.iteration, counted, KIND_NAMES[msg.kind])
                 name, layer = self.label(msg.kind, msg.key)
                 self.rec.span(
@@ -579,6 +596,7 @@ class Messenger:
                     counted,
                     self._flow(self.rank, msg.dst),
                 )
+            self.rec.count_messenger(time.thread_time(), messages, total)
         except BaseException as exc:  # surfaced by check()
             self._error = exc
 
@@ -587,6 +605,8 @@ class Messenger:
             inbox = _PostedPayloads(self, src)
             headers = [torch.empty(HEADER_WORDS, dtype=torch.int64) for _ in range(2)]
             turn = 0
+            messages = total = 0
+            handling = 0.0  # CPU seconds in on_message: the scheme's work, not messaging
             work = dist.irecv(headers[turn], src, group=self.group, tag=HEADER_TAG)
             while True:
                 work.wait()
@@ -594,6 +614,7 @@ class Messenger:
                 kind, key, it, numel = (int(v) for v in headers[turn][:4])
                 if kind == STOP:
                     inbox.finish()
+                    self.rec.count_messenger(time.thread_time() - handling, messages, total)
                     return
                 turn ^= 1  # the next header may come while this message is handled
                 work = dist.irecv(headers[turn], src, group=self.group, tag=HEADER_TAG)
@@ -604,7 +625,11 @@ class Messenger:
                 self.rec.span(
                     RECV, "recv", name, start, end, it, layer, nbytes, self._flow(src, self.rank)
                 )
+                messages += 1
+                total += nbytes
+                c0 = time.thread_time()
                 self.on_message(src, kind, key, it, buf, end)
+                handling += time.thread_time() - c0
                 inbox.top_up()
         except BaseException as exc:
             self._error = exc

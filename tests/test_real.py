@@ -226,6 +226,19 @@ def test_bytes_per_iteration_equal_the_simulators(
     if scheme in ("ps", "p3"):
         sim_servers = sim.extra["servers"]
         assert sim_servers == servers
+        # the messaging threads counted both ends of every message they carried, and
+        # their CPU (what the validation gives the simulator as p2p_message_cpu_s)
+        ranks = _records["ranks"]
+        sent = [row for r in ranks for row in r["sent"]]
+        ends = [r["messenger"] for r in ranks]
+        assert sum(m["messages"] for m in ends) == 2 * len(sent)
+        assert sum(m["bytes"] for m in ends) == 2 * sum(row[2] for row in sent)
+        assert all(m["cpu_s"] > 0 for m in ends)
+        from realrun.metrics import messenger_cpu_s_per_message
+
+        per_message = messenger_cpu_s_per_message(_records, 0.0)
+        assert per_message == pytest.approx(sum(m["cpu_s"] for m in ends) / (2 * len(sent)))
+        assert messenger_cpu_s_per_message(_records, 1.0) == 0.0  # never below zero
 
 
 def test_ps_placement_is_the_simulators(tmp_path: Path) -> None:

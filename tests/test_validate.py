@@ -188,6 +188,37 @@ def test_host_links_name_the_simulators_links_as_the_real_run_does() -> None:
     assert va.host_links(SIM_LINKS) == va.host_links(REAL_LINKS) == REAL_LINKS
 
 
+def test_a_cases_preset_takes_the_runs_step_and_messenger_costs(tmp_path: Path) -> None:
+    """``case_topology``: the calibration as it is, but the optimizer step's cost and,
+    where the run measured it, the messaging threads' CPU per message; next to the trace,
+    and read by the simulator like any preset."""
+    import yaml
+
+    from analysis.resolve import load_preset
+    from simcore.topology import TopologySpec, build_topology
+
+    calibration = os.path.join(
+        os.path.dirname(va.__file__), "..", "simcore", "presets", "topologies", "netns.yaml"
+    )
+    trace = str(tmp_path / "m-r0.json")
+    update = {"memory_bandwidth_bytes_per_s": 4e9, "step_overhead_s": 2e-4}
+    path = va.case_topology(str(tmp_path), calibration, trace, update)
+    assert path == str(tmp_path / "m-r0-netns.yaml")
+    with open(path, encoding="utf-8") as fh:
+        written = yaml.safe_load(fh)
+    calibrated = load_preset(calibration)
+    assert written["host"] == calibrated["host"]
+    assert written["gpu"]["memory_bandwidth"] == "4e+09B/s"
+    trace2 = str(tmp_path / "m-r1.json")
+    update = {**update, "p2p_message_cpu_s": 3e-4}
+    path = va.case_topology(str(tmp_path), calibration, trace2, update)
+    topo = build_topology(TopologySpec(load_preset(path), 2))
+    assert topo.host_spec is not None and topo.host_spec.p2p_message_cpu_s == 3e-4
+    assert topo.host_spec.p2p_copy_cpu_s_per_byte == pytest.approx(
+        float(calibrated["host"]["p2p_copy_cpu_s_per_byte"])
+    )
+
+
 def test_case_row_errors_spread_and_bytes() -> None:
     case = va.Case("dp", "mlp_medium", 125e6, 2)
     sim = _result(0.105, [0.5, 0.5], SIM_LINKS, 40.0)
