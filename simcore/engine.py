@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -101,20 +102,18 @@ def simulate(config: SimConfig, progress: Callable[[float], None] | None = None)
     ctx.cpu_pool_of = pool_of
     scheme = cls(ctx)
     scheme.start()
-    _run_without_gc(
-        env, None if progress is None else lambda: progress(_share_done(ctx.iteration_end))
-    )
-    events = scheduled_events(env)
-    scheme.finish()
-
-    for it, row in enumerate(ctx.iteration_end):
-        for r, t in enumerate(row):
-            if t < 0:
-                raise SimulationError(
-                    f"scheme {cls.name!r} stalled: rank {r} never finished iteration {it} "
-                    f"(simulated time {env.now:.6g} s)"
-                )
-    return _result(config, cls.name, scheme, ctx, topology, trace, events, wall0)
+    with _gc_paused():
+        _run(env, None if progress is None else lambda: progress(_share_done(ctx.iteration_end)))
+        events = scheduled_events(env)
+        scheme.finish()
+        for it, row in enumerate(ctx.iteration_end):
+            for r, t in enumerate(row):
+                if t < 0:
+                    raise SimulationError(
+                        f"scheme {cls.name!r} stalled: rank {r} never finished iteration "
+                        f"{it} (simulated time {env.now:.6g} s)"
+                    )
+        return _result(config, cls.name, scheme, ctx, topology, trace, events, wall0)
 
 
 def cpu_pools(env: Environment, topology: Topology) -> Callable[[int], CpuPool]:
@@ -149,28 +148,35 @@ def _share_done(iteration_end: list[list[float]]) -> float:
     return done / len(iteration_end) if iteration_end else 1.0
 
 
-def _run_without_gc(env: Environment, report: Callable[[], None] | None = None) -> None:
-    """Run to the end with Python's cyclic garbage collector paused: a large simulation
-    keeps millions of records alive, and every full collection would walk them all (the
-    run makes almost no reference cycles; reference counting frees the rest). With
-    ``report``, call it every :data:`PROGRESS_EVERY` events."""
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a simulation runs and its metrics
+    are computed: a large simulation keeps millions of records alive, and every full
+    collection would walk them all (the run makes almost no reference cycles; reference
+    counting frees the rest). Measured on ``sim run --gpus 8 --scheme p3``: collections
+    triggered while the records were turned into metrics took 0.1-0.15 s of its 0.6-0.8."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        if report is None:
-            env.run()
-        else:
-            step = env.step
-            try:
-                while True:
-                    for _ in range(PROGRESS_EVERY):
-                        step()
-                    report()
-            except EmptySchedule:
-                report()
+        yield
     finally:
         if enabled:
             gc.enable()
+
+
+def _run(env: Environment, report: Callable[[], None] | None = None) -> None:
+    """Run to the end; with ``report``, call it every :data:`PROGRESS_EVERY` events."""
+    if report is None:
+        env.run()
+        return
+    step = env.step
+    try:
+        while True:
+            for _ in range(PROGRESS_EVERY):
+                step()
+            report()
+    except EmptySchedule:
+        report()
 
 
 def collect_records(ctx: SimContext) -> RunRecords:
