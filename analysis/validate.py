@@ -48,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from analysis.matrix_defaults import BATCH, ITERATIONS, RANKS, REPEATS, WARMUP_ITERATIONS
+from realrun.calibrate import SEGMENT_BYTES
 from simcore.config import ConfigError
 from simcore.units import parse_rate
 from traces.atomic import write_text
@@ -68,9 +69,9 @@ MIN_RANKS, MAX_RANKS = 2, 4
 """Ranks a validation case may have: at least two (something to communicate), at most four
 (a parameter-server case then has eight processes on this machine's cores)."""
 
-CHUNK_BYTES = 64 * 1024
-"""Chunk size of the simulated network in validation: a TCP segment as the kernel hands it
-on (64 KiB with segmentation offload)."""
+CHUNK_BYTES = SEGMENT_BYTES
+"""Chunk size of the simulated network in validation, the calibration's
+(:data:`realrun.calibrate.SEGMENT_BYTES`: a TCP segment as the kernel hands it on)."""
 
 PROFILE_ITERATIONS, PROFILE_WARMUP = 12, 2
 """Iterations of the real run a case's compute is measured in (means over the measured ones)."""

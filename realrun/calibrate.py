@@ -116,8 +116,8 @@ SHARING_LEADS_S = tuple(i * 0.25e-3 for i in range(161))
 """The leads (:attr:`simcore.topology.Topology.link_lead_s`) tried when fitting the
 two-flow benchmark: 0 to 40 ms."""
 SEGMENT_BYTES = 64 * KiB
-"""Chunk of the simulated network when a calibrated link is simulated: a TCP segment as
-the kernel hands it on (64 KiB with segmentation offload)."""
+"""Chunk of the simulated network when a calibrated link is simulated (here and in ``sim
+validate``): a TCP segment as the kernel hands it on (64 KiB with segmentation offload)."""
 #: Rank 0's progress line asking the parent to shape the links, and the file in the
 #: job's folder by which the parent says it has.
 SHAPE_LINE = "#shape"
@@ -1550,10 +1550,9 @@ def _two_flows(
     plan = [max(delays_s)] * SHARING_WARMUP + [d for d in delays_s for _ in range(repeats)]
     port = torch.zeros(1, dtype=torch.int64)
     listener = None
-    if rank == 0:
+    if rank == 0:  # point to point: the other ranks are waiting at a barrier meanwhile
         listener = socket.create_server(("", 0))
         port[0] = listener.getsockname()[1]
-    if rank == 0:  # point to point: the other ranks are waiting at a barrier meanwhile
         dist.send(port, 1)
     else:
         dist.recv(port, 0)
@@ -1574,6 +1573,7 @@ def _two_flows(
     for c in conns:
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     stamps: list[list[float]] = [[], []]
+    errors: list[BaseException] = []
     t0 = time.perf_counter() + 0.05  # rank 1 is connected and receiving by now
 
     def sender(flow: int) -> None:
@@ -1597,14 +1597,23 @@ def _two_flows(
                 got += n
             stamps[flow].append(time.perf_counter())
 
-    threads = [threading.Thread(target=sender if rank == 0 else receiver, args=(f,))
-               for f in range(2)]  # fmt: skip
+    def guarded(flow: int) -> None:
+        try:
+            (sender if rank == 0 else receiver)(flow)
+        except BaseException as err:  # re-raised in the rank's main thread below
+            errors.append(err)
+            for c in conns:  # unblock the other flow's thread
+                c.close()
+
+    threads = [threading.Thread(target=guarded, args=(f,)) for f in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     for c in conns:
         c.close()
+    if errors:
+        raise RuntimeError(f"the two-flow benchmark failed: {errors[0]!r}") from errors[0]
     key = "start_s" if rank == 0 else "done_s"
     return {"delays_s": plan, "warmup": SHARING_WARMUP, "first_" + key: stamps[0],
             "second_" + key: stamps[1]}  # fmt: skip
