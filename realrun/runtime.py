@@ -24,9 +24,12 @@ scheme says it expects, and the next header's receive before it handles a messag
 gloo sends a message only once the receiver has posted its buffer, and a receiver that
 posts on demand makes every message wait for its ready notice, which travels in the
 same TCP stream as the data going the other way (a parameter server's values, while
-its workers push). Each messaging thread adds its own CPU seconds (less the callback's),
-the message ends it handled and their bytes to the rank's record (``messenger``): the
-validation gives the simulator that cost per message.
+its workers push). Each messaging thread adds its own CPU seconds to the rank's record
+(``messenger``), split into what it spent inside gloo's calls (``gloo_cpu_s``: sends,
+waits for receives, and whatever network-stack work the kernel ran in the thread
+meanwhile) and the rest (``cpu_s``: headers, queues, hand-overs; the callback's own CPU
+is the scheme's work and left out), with the message ends it handled and their bytes:
+the validation gives the simulator the rest as its cost per message.
 
 **Clock.** Each rank's zero is the moment it leaves the start barrier; on one machine
 (local or network namespaces) ranks read the same monotonic clock and leave the barrier
@@ -113,7 +116,7 @@ class Recorder:
         compute stream, without the time it waited for a core."""
         self._main_clock = time.pthread_getcpuclockid(threading.main_thread().ident or 0)
         self._lock = threading.Lock()
-        self.messenger = {"cpu_s": 0.0, "messages": 0, "bytes": 0}
+        self.messenger = {"cpu_s": 0.0, "gloo_cpu_s": 0.0, "messages": 0, "bytes": 0}
         """What a :class:`Messenger`'s threads cost: their CPU seconds (beyond the
         scheme's handling of what they received), the message ends they handled (each
         message sent and each received) and those messages' bytes."""
@@ -143,11 +146,13 @@ class Recorder:
             (self.device, stream, kind, name, start, end, iteration, layer, -1, nbytes, flow)
         )
 
-    def count_messenger(self, cpu_s: float, messages: int, nbytes: int) -> None:
-        """Add a messaging thread's CPU seconds, message ends and bytes."""
+    def count_messenger(self, cpu_s: float, gloo_cpu_s: float, messages: int, nbytes: int) -> None:
+        """Add a messaging thread's CPU seconds outside and inside gloo's calls, message
+        ends and bytes."""
         with self._lock:
             m = self.messenger
             m["cpu_s"] += cpu_s
+            m["gloo_cpu_s"] += gloo_cpu_s
             m["messages"] += messages
             m["bytes"] += nbytes
 
@@ -559,6 +564,7 @@ class Messenger:
     def _send_loop(self) -> None:
         try:
             stops = messages = total = 0
+            gloo = _ThreadClock()
             while stops < len(self.peers):
                 with self._cond:
                     while not self._queue:
@@ -569,13 +575,15 @@ class Messenger:
                     [msg.kind, msg.key, msg.iteration, numel, 0, 0, 0, 0], dtype=torch.int64
                 )
                 start = self.rec.now()
-                dist.send(header, msg.dst, group=self.group, tag=HEADER_TAG)
+                with gloo:
+                    dist.send(header, msg.dst, group=self.group, tag=HEADER_TAG)
                 self.rec.header_bytes += HEADER_BYTES
                 nbytes = 0
                 if msg.payload is not None:
                     payload = msg.payload.contiguous()
                     tag = payload_tag(msg.kind, msg.key, msg.iteration)
-                    dist.send(payload, msg.dst, group=self.group, tag=tag)
+                    with gloo:
+                        dist.send(payload, msg.dst, group=self.group, tag=tag)
                     nbytes = payload.numel() * payload.element_size()
                 if msg.kind == STOP:
                     stops += 1
@@ -596,7 +604,9 @@ class Messenger:
                     counted,
                     self._flow(self.rank, msg.dst),
                 )
-            self.rec.count_messenger(time.thread_time(), messages, total)
+            self.rec.count_messenger(
+                time.thread_time() - gloo.total_s, gloo.total_s, messages, total
+            )
         except BaseException as exc:  # surfaced by check()
             self._error = exc
 
@@ -607,17 +617,21 @@ class Messenger:
             turn = 0
             messages = total = 0
             handling = 0.0  # CPU seconds in on_message: the scheme's work, not messaging
+            gloo = inbox.gloo
             work = dist.irecv(headers[turn], src, group=self.group, tag=HEADER_TAG)
             while True:
-                work.wait()
+                with gloo:
+                    work.wait()
                 start = self.rec.now()
                 kind, key, it, numel = (int(v) for v in headers[turn][:4])
                 if kind == STOP:
                     inbox.finish()
-                    self.rec.count_messenger(time.thread_time() - handling, messages, total)
+                    own = time.thread_time() - handling - gloo.total_s
+                    self.rec.count_messenger(own, gloo.total_s, messages, total)
                     return
                 turn ^= 1  # the next header may come while this message is handled
-                work = dist.irecv(headers[turn], src, group=self.group, tag=HEADER_TAG)
+                with gloo:
+                    work = dist.irecv(headers[turn], src, group=self.group, tag=HEADER_TAG)
                 buf = inbox.receive(kind, key, it, numel) if numel else None
                 end = self.rec.now()
                 nbytes = buf.numel() * buf.element_size() if buf is not None else HEADER_BYTES
@@ -635,11 +649,26 @@ class Messenger:
             self._error = exc
 
 
+class _ThreadClock:
+    """Adds up the calling thread's CPU seconds spent inside ``with`` blocks."""
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self._start = 0.0
+
+    def __enter__(self) -> None:
+        self._start = time.thread_time()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.total_s += time.thread_time() - self._start
+
+
 class _PostedPayloads:
     """A receiver thread's posted payload receives from one peer (see :class:`Messenger`)."""
 
     def __init__(self, messenger: Messenger, src: int) -> None:
         self.m, self.src = messenger, src
+        self.gloo = _ThreadClock()  # the receiving thread's CPU inside gloo's calls
         self.posted: dict[Expected, tuple[Any, torch.Tensor]] = {}
         self.upcoming = iter(messenger.expected(src)) if messenger.expected else iter(())
         self.early: set[Expected] = set()  # expected ones that came before they were posted
@@ -658,7 +687,8 @@ class _PostedPayloads:
             buf = m.buffer_for(self.src, nxt[0], nxt[1])
             if buf is None:
                 raise RuntimeError(f"expected message {nxt} from rank {self.src} has no payload")
-            work = dist.irecv(buf, self.src, group=m.group, tag=payload_tag(*nxt))
+            with self.gloo:  # posting tells the sender it may go: a socket write
+                work = dist.irecv(buf, self.src, group=m.group, tag=payload_tag(*nxt))
             self.posted[nxt] = (work, buf)
 
     def receive(self, kind: int, key: int, it: int, numel: int) -> torch.Tensor | None:
@@ -669,13 +699,15 @@ class _PostedPayloads:
             if buf is None:
                 return None
             self._check(buf, kind, key, numel)
-            dist.recv(buf, self.src, group=self.m.group, tag=payload_tag(kind, key, it))
+            with self.gloo:
+                dist.recv(buf, self.src, group=self.m.group, tag=payload_tag(kind, key, it))
             if self.m.expected is not None:
                 self.early.add((kind, key, it))
             return buf
         work, buf = entry
         self._check(buf, kind, key, numel)
-        work.wait()
+        with self.gloo:
+            work.wait()
         return buf
 
     def _check(self, buf: torch.Tensor, kind: int, key: int, numel: int) -> None:

@@ -233,11 +233,14 @@ def test_bytes_per_iteration_equal_the_simulators(
         ends = [r["messenger"] for r in ranks]
         assert sum(m["messages"] for m in ends) == 2 * len(sent)
         assert sum(m["bytes"] for m in ends) == 2 * sum(row[2] for row in sent)
-        assert all(m["cpu_s"] > 0 for m in ends)
+        assert all(m["cpu_s"] > 0 and m["gloo_cpu_s"] >= 0 for m in ends)
         from realrun.metrics import messenger_cpu_s_per_message
 
+        # outside gloo's calls only, plus the header's gloo message
         per_message = messenger_cpu_s_per_message(_records, 0.0)
         assert per_message == pytest.approx(sum(m["cpu_s"] for m in ends) / (2 * len(sent)))
+        header = messenger_cpu_s_per_message(_records, 0.0, header_cpu_s=1e-3)
+        assert header == pytest.approx(per_message + 1e-3)
         assert messenger_cpu_s_per_message(_records, 1.0) == 0.0  # never below zero
 
 
