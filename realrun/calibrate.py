@@ -115,6 +115,15 @@ SHARING_WARMUP = 3
 SHARING_LEADS_S = tuple(i * 0.25e-3 for i in range(161))
 """The leads (:attr:`simcore.topology.Topology.link_lead_s`) tried when fitting the
 two-flow benchmark: 0 to 40 ms."""
+WAKEUP_SIZES_BYTES = (256 * KiB, 1 * MiB)
+"""All-reduces of the busy-cores benchmark (a data-parallel run's buckets are a few
+hundred KB to a few MB)."""
+WAKEUP_PAUSE_S = 0.02
+"""Idle time before each all-reduce of the busy-cores benchmark: tbf's bucket fills, as it
+does while a training step computes."""
+WAKEUP_GRID_S = tuple(i * 0.05e-3 for i in range(101))
+"""The wake-up waits (:attr:`simcore.topology.HostSpec.wakeup_s`) tried when fitting the
+busy-cores benchmark: 0 to 5 ms."""
 SEGMENT_BYTES = 64 * KiB
 """Chunk of the simulated network when a calibrated link is simulated (here and in ``sim
 validate``): a TCP segment as the kernel hands it on (64 KiB with segmentation offload)."""
@@ -473,6 +482,75 @@ def fit_sharing_lead(
     return best[1], best[2]
 
 
+def wakeup_rows(results: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
+    """Per size of the busy-cores benchmark (rank 0's ``wakeup`` results): the median
+    all-reduce time with idle main threads and with busy ones."""
+    got = next((r["wakeup"] for r in results if r.get("rank") == 0 and "wakeup" in r), None)
+    if not got:
+        return []
+    by_size: dict[int, dict[str, float]] = {}
+    for row in got:
+        key = "busy_s" if row["busy"] else "idle_s"
+        by_size.setdefault(int(row["bytes"]), {})[key] = _median(row["times_s"])
+    return [{"bytes": n, **t} for n, t in sorted(by_size.items()) if {"busy_s", "idle_s"} <= set(t)]
+
+
+def simulate_busy_allreduce(
+    preset: Mapping[str, Any], nbytes: int, busy: bool, wakeup_s: float
+) -> float:
+    """The busy-cores benchmark simulated on a two-host cluster of ``preset`` whose woken
+    threads wait ``wakeup_s`` for a core when all are taken: how long an all-reduce of
+    ``nbytes`` between the hosts' ranks takes, with every core running a main thread's
+    compute (``busy``) or none."""
+    from simpy import Environment
+
+    from simcore.collectives import Collectives
+    from simcore.engine import cpu_pools
+    from simcore.host import CommCpu
+    from simcore.network import DetailedNetwork
+    from simcore.topology import TopologySpec, build_topology
+
+    host = {**preset["host"], "wakeup_s": wakeup_s}
+    topo = build_topology(TopologySpec({**preset, "host": host}, 2))
+    assert topo.host_spec is not None
+    env = Environment()
+    net = DetailedNetwork(env, topo, chunk_bytes=SEGMENT_BYTES)
+    pool_of = cpu_pools(env, topo)
+    net.cpu = CommCpu(topo.host_spec, pool_of)
+    if busy:
+        for device in topo.gpus:  # each rank's main thread computes throughout
+            pool_of(device).run(1e9, lambda: None, holds=True)
+    done = env.event()
+    Collectives(net).allreduce([0, 1], nbytes, "ring", lambda t: done.succeed(t))
+    env.run(until=done)
+    return float(done.value)
+
+
+def fit_wakeup(
+    preset: Mapping[str, Any], rows: Sequence[Mapping[str, float]]
+) -> tuple[float, float]:
+    """``(wakeup_s, residual_s_max)``: the wait of :data:`WAKEUP_GRID_S` whose simulated
+    busy-cores benchmark (:func:`simulate_busy_allreduce`) slows the all-reduces down by
+    what the measured ``rows`` (:func:`wakeup_rows`) show, busy against idle (least
+    squares over the sizes), and the largest difference left, in seconds."""
+    if not rows:
+        raise ValueError("the busy-cores benchmark has no rows")
+    idle = {int(r["bytes"]): simulate_busy_allreduce(preset, int(r["bytes"]), False, 0.0)
+            for r in rows}  # fmt: skip
+    best: tuple[float, float, float] | None = None
+    for wake in WAKEUP_GRID_S:
+        errs = [
+            (simulate_busy_allreduce(preset, int(r["bytes"]), True, wake) - idle[int(r["bytes"])])
+            - (r["busy_s"] - r["idle_s"])
+            for r in rows
+        ]
+        cost = float(sum(e * e for e in errs))
+        if best is None or cost < best[0] - 1e-15:
+            best = (cost, wake, max(abs(e) for e in errs))
+    assert best is not None
+    return best[1], best[2]
+
+
 SHAPED_CPU_MIN_BYTES = 1 << 20
 """Smallest ping-pong size whose machine-wide CPU enters the shaped per-byte fit."""
 
@@ -712,6 +790,7 @@ def _steps(job: Mapping[str, Any]) -> int:
         "shape": 0,
         "messenger": len(MESSENGER_SIZES_BYTES),
         "sharing": 1,
+        "wakeup": 1,
     }
     return sum(count[step.split(":")[0]] for step in job["steps"])
 
@@ -787,7 +866,7 @@ def calibrate(
     # many messages at once; the shaped link's own cost per byte is the preset's)
     steps = ["pingpong:unshaped", "compute"]
     steps += ["messenger:unshaped", "shape", "pingpong:shaped", "sharing"] if shaped else []
-    steps += ["messenger:idle", "messenger:busy", "allreduce"]
+    steps += ["messenger:idle", "messenger:busy", "allreduce", "wakeup"]
     job = {
         "sizes": sizes,
         "repeats": repeats,
@@ -1123,6 +1202,18 @@ def _preset(
         measured["sharing"] = [{"bytes": SHARING_BYTES, **r} for r in rows]
         fits["sharing_lead_s"] = lead
         fits["sharing_residual_rel_max"] = residual
+    # how long a woken thread waits for a core while the ranks compute on all of them:
+    # the wait whose simulation of the busy-cores benchmark slows it down as measured
+    wake_rows = wakeup_rows(results)
+    if wake_rows:
+        try:
+            wake, wake_residual = fit_wakeup(preset, wake_rows)
+        except ValueError as err:
+            raise CalibrationError(f"the busy-cores benchmark cannot be fitted: {err}") from None
+        preset["host"]["wakeup_s"] = wake
+        measured["wakeup"] = wake_rows
+        fits["wakeup_s"] = wake
+        fits["wakeup_residual_s_max"] = wake_residual
     return preset
 
 
@@ -1235,6 +1326,18 @@ def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
                 )
             ]
             if "sharing_lead_s" in fits
+            else []
+        ),
+        *(
+            [
+                (
+                    "wake-up",
+                    f"a thread a message wakes waits {fits['wakeup_s'] * 1e3:.3g} ms for a "
+                    f"core while the ranks compute on all of them (busy-cores benchmark, "
+                    f"residual max {fits['wakeup_residual_s_max'] * 1e3:.2g} ms)",
+                )
+            ]
+            if "wakeup_s" in fits
             else []
         ),
         (
@@ -1356,6 +1459,12 @@ def _rank_main(job_path: str) -> int:  # pragma: no cover - runs in the rank pro
                 )
             dist.barrier()
             step("two flows")
+        elif kind == "wakeup":
+            pair = dist.new_group([0, 1])
+            if rank in (0, 1):
+                result["wakeup"] = _busy_allreduce(dist, torch, pair, repeats)
+            dist.barrier()
+            step("all-reduce beside busy cores")
         elif kind == "compute":
             if rank == 0:
                 result["compute"] = _compute_benchmarks(torch, step)
@@ -1617,6 +1726,43 @@ def _two_flows(
     key = "start_s" if rank == 0 else "done_s"
     return {"delays_s": plan, "warmup": SHARING_WARMUP, "first_" + key: stamps[0],
             "second_" + key: stamps[1]}  # fmt: skip
+
+
+def _busy_allreduce(
+    dist: Any, torch: Any, group: Any, repeats: int
+) -> list[dict[str, Any]]:  # pragma: no cover - runs in the rank processes
+    """Ranks 0 and 1 all-reduce each of :data:`WAKEUP_SIZES_BYTES` (``group``: the two),
+    one warm-up and ``4 * repeats`` timed, first with idle main threads, then while both
+    main threads train a small convolution (a data-parallel step's backward beside its
+    buckets' all-reduce): the cores are all taken. Each all-reduce starts
+    :data:`WAKEUP_PAUSE_S` after a barrier and is timed from its start to its end as a
+    thread waiting on it sees it."""
+    import threading
+
+    conv = torch.nn.Conv2d(16, 16, 3, padding=1)
+    x = torch.rand(4, 16, 32, 32)
+    rows = []
+    for busy in (False, True):
+        for n in WAKEUP_SIZES_BYTES:
+            buf = torch.ones(_element_count(n))
+            times = []
+            for k in range(4 * repeats + 1):
+                dist.barrier(group)
+                time.sleep(WAKEUP_PAUSE_S)
+                done: list[float] = []
+                t0 = time.perf_counter()
+                work = dist.all_reduce(buf, group=group, async_op=True)
+                waiter = threading.Thread(
+                    target=lambda w=work, d=done: (w.wait(), d.append(time.perf_counter()))
+                )
+                waiter.start()
+                while busy and not done:
+                    conv(x).sum().backward()
+                waiter.join()
+                if k:
+                    times.append(done[0] - t0)
+            rows.append({"bytes": 4 * buf.numel(), "busy": busy, "times_s": times})
+    return rows
 
 
 def _compute_benchmarks(

@@ -29,11 +29,14 @@ its workers push). Each messaging thread adds its own CPU seconds to the rank's 
 waits for receives, and whatever network-stack work the kernel ran in the thread
 meanwhile) and the rest (``cpu_s``: headers, queues, hand-overs; the callback's own CPU
 is the scheme's work and left out), with the message ends it handled and their bytes:
-the validation gives the simulator the rest as its cost per message.
+the validation gives the simulator both as its cost per message.
 
-**Clock.** Each rank's zero is the moment it leaves the start barrier; on one machine
-(local or network namespaces) ranks read the same monotonic clock and leave the barrier
-within microseconds of each other.
+**Clock.** Each rank's zero is the moment it leaves the start barrier. Ranks sharing the
+cores of one machine leave it up to a few milliseconds apart (one of them may be waiting
+for a core), so where every rank reads the same monotonic clock (one machine: local or
+network namespaces, told apart by the kernel's boot id) the records are moved to the
+earliest rank's zero before they are written (:meth:`Recorder.shift`), and times of
+different ranks compare.
 """
 
 from __future__ import annotations
@@ -128,6 +131,16 @@ class Recorder:
     def now(self) -> float:
         """Seconds since this rank's zero."""
         return time.monotonic() - self.t0
+
+    def shift(self, offset_s: float) -> None:
+        """Move everything recorded ``offset_s`` later: onto a zero that many seconds
+        earlier than this rank's."""
+        if not offset_s:
+            return
+        with self._lock:
+            self.t0 -= offset_s
+            self.spans = [(*s[:4], s[4] + offset_s, s[5] + offset_s, *s[6:]) for s in self.spans]
+            self.iteration_end = {k: v + offset_s for k, v in self.iteration_end.items()}
 
     def span(
         self,

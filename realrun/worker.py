@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.save(state, os.path.join(args.out, f"weights-rank{rank}.pt"))
         if epoch_weights:
             torch.save(epoch_weights, os.path.join(args.out, f"epoch-weights-rank{rank}.pt"))
+    rec.shift(_clock_offset_s(rec.t0, world, group))
     dist.barrier(group=group)
     record = rec.record(
         rank=rank,
@@ -174,6 +175,27 @@ def main(argv: list[str] | None = None) -> int:
         os.replace(tmp, os.path.join(args.out, "records.json"))
     dist.barrier(group=group)
     return 0
+
+
+def _boot_id() -> str:
+    """The running kernel's boot id: processes that share it read one monotonic clock."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _clock_offset_s(zero: float, world: int, group: Any) -> float:
+    """How much later this rank's zero (``zero``, monotonic seconds) is than the earliest
+    rank's, when every rank reads the same monotonic clock; 0 otherwise."""
+    mine = (_boot_id(), zero)
+    zeros: list[Any] = [None] * world
+    dist.all_gather_object(zeros, mine, group=group)
+    boots = {b for b, _ in zeros}
+    if len(boots) != 1 or "" in boots:
+        return 0.0
+    return zero - min(z for _, z in zeros)
 
 
 def _profile(job: Job) -> dict[str, Any]:

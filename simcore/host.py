@@ -45,11 +45,12 @@ _EPS_S = 1e-12
 
 
 class _Task:
-    __slots__ = ("done", "left")
+    __slots__ = ("done", "holds", "left")
 
-    def __init__(self, work_s: float, done: Callable[[], None]) -> None:
+    def __init__(self, work_s: float, done: Callable[[], None], holds: bool) -> None:
         self.left = work_s
         self.done = done
+        self.holds = holds
 
 
 class _Wake(FastEvent):
@@ -68,7 +69,7 @@ class CpuPool:
         busy_s: core-seconds of work done so far.
     """
 
-    __slots__ = ("_at", "_generation", "_last", "_running", "busy_s", "cores", "env")
+    __slots__ = ("_at", "_generation", "_holding", "_last", "_running", "busy_s", "cores", "env")
 
     def __init__(self, env: Environment, cores: int) -> None:
         if cores < 1:
@@ -76,20 +77,29 @@ class CpuPool:
         self.env, self.cores = env, cores
         self._at = EventQueue(env).at
         self._running: dict[_Task, None] = {}
+        self._holding = 0  # runnable tasks that hold a core for whole slices
         self._last = 0.0
         self._generation = 0
         self.busy_s = 0.0
+
+    def saturated(self) -> bool:
+        """Whether every core is taken now by work that holds it for whole time slices (a
+        thread's compute: a thread woken now would wait for one); communication's short
+        bursts of CPU do not count."""
+        return self._holding >= self.cores
 
     def rate(self) -> float:
         """Core-seconds per second each runnable task gets now."""
         n = len(self._running)
         return 1.0 if n <= self.cores else self.cores / n
 
-    def run(self, work_s: float, done: Callable[[], None]) -> None:
+    def run(self, work_s: float, done: Callable[[], None], holds: bool = False) -> None:
         """Make ``work_s`` core-seconds of work runnable now; ``done()`` is called (from
-        the simulation loop) when it has been done."""
+        the simulation loop) when it has been done. ``holds``: the work is a thread's
+        compute, which keeps its core for whole time slices (:meth:`saturated`)."""
         self._advance()
-        self._running[_Task(max(work_s, 0.0), done)] = None
+        self._running[_Task(max(work_s, 0.0), done, holds)] = None
+        self._holding += holds
         self._reschedule()
 
     def _advance(self) -> None:
@@ -117,6 +127,7 @@ class CpuPool:
         finished = [t for t in self._running if t.left <= _EPS_S]
         for task in finished:
             del self._running[task]
+            self._holding -= task.holds
         self._reschedule()
         for task in finished:
             task.done()
@@ -161,7 +172,7 @@ class CpuStream:
         self._head = True
         self._start = self.env.now
         work, info, then = self._pending[0]
-        self.pool.run(work, lambda: self._finished(info, then))
+        self.pool.run(work, lambda: self._finished(info, then), holds=True)
 
     def _finished(self, info: Any, then: Callable[[float], None] | None) -> None:
         self._pending.popleft()
@@ -250,7 +261,9 @@ class CommCpu:
     """The CPU side of communication on CPU hosts: each message costs both ends
     :meth:`HostSpec.message_cpu` core-seconds, run as tasks of their own on the ends'
     pools from the moment it is sent (a communication thread streams the bytes while the
-    wire carries them), and it is delivered once the wire and both ends are done.
+    wire carries them), and it is delivered once the wire and both ends are done. An end
+    whose machine has every core taken when the message leaves or arrives waits
+    ``HostSpec.wakeup_s`` more there (:meth:`wakeup_s`).
 
     ``pool_of`` maps a device index to the pool of its machine.
     """
@@ -281,3 +294,8 @@ class CommCpu:
             self.pool_of(dst).run(recv_s, on_one)
 
         return 3, start
+
+    def wakeup_s(self, device: int) -> float:
+        """How long a thread of ``device``'s machine woken now waits for a core."""
+        wake = self.spec.wakeup_s
+        return wake if wake > 0 and self.pool_of(device).saturated() else 0.0

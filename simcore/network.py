@@ -291,26 +291,47 @@ class Network(ABC):
                     )
                 sender.queue(msg, segments, reduce_bytes, extra_s)
                 return msg
+            wake = self.cpu.wakeup_s(src)
+            if wake > 0:  # the thread that writes the bytes waits for a core first
+                later = Timeout(self.env, wake, msg)
+                later.callbacks.append(
+                    lambda _ev: self._start_cpu(msg, segments, reduce_bytes, extra_s)
+                )
+                return msg
             self._join_cpu(msg, segments, reduce_bytes, extra_s)
         self._inject(msg)
         return msg
+
+    def _start_cpu(self, msg: Message, segments: int, reduce_bytes: int, extra_s: float) -> None:
+        self._join_cpu(msg, segments, reduce_bytes, extra_s)
+        self._inject(msg)
 
     def _join_cpu(
         self, msg: Message, segments: int, reduce_bytes: int, extra_s: float = 0.0
     ) -> None:
         """Deliver ``msg`` only when the wire and both ends' CPU work are done (each end's
-        with ``extra_s`` more: a messenger thread's own code)."""
+        with ``extra_s`` more: a messenger thread's own code), and the receiving thread
+        has had a core (:meth:`CommCpu.wakeup_s`)."""
         assert self.cpu is not None
         deliver = msg.on_arrival
         left, start = self.cpu.join(msg.src, msg.dst, msg.nbytes, segments, reduce_bytes, extra_s)
         count = [left]
 
+        cpu = self.cpu
+
+        def arrive(_ev: Any = None) -> None:
+            msg.end_s = self.env.now
+            if deliver is not None:
+                deliver(msg)
+
         def one() -> None:
             count[0] -= 1
             if count[0] == 0:
-                msg.end_s = self.env.now
-                if deliver is not None:
-                    deliver(msg)
+                wake = cpu.wakeup_s(msg.dst)
+                if wake > 0:  # the thread that takes it waits for a core first
+                    Timeout(self.env, wake).callbacks.append(arrive)
+                else:
+                    arrive()
 
         msg.on_arrival = lambda _m: one()
         start(one)
@@ -397,7 +418,8 @@ class _Sender:
     each message holds the sender for a handshake (``handshake_s``, calibrated) and
     until what its connection to the destination has not yet delivered, this message
     included, fits in the socket's send buffer (``buffer_bytes``; until the message has
-    arrived when 0). The next one waits."""
+    arrived when 0). The next one waits. A handshake that starts while its machine's
+    cores are all taken is ``HostSpec.wakeup_s`` longer (the thread waits for a core)."""
 
     __slots__ = ("buffer_bytes", "busy", "handshake_s", "heap", "net", "seq", "sockets")
 
@@ -429,7 +451,9 @@ class _Sender:
             sock = self.sockets[msg.dst] = _Socket()
 
         def handshake() -> None:
-            ev = Timeout(self.net.env, self.handshake_s)
+            cpu = self.net.cpu  # the sending thread may first wait for a core
+            wake = cpu.wakeup_s(msg.src) if cpu is not None else 0.0
+            ev = Timeout(self.net.env, self.handshake_s + wake)
             ev.callbacks.append(lambda _e: self._go(msg, sock, segments, reduce_bytes, extra_s))
 
         need = sock.sent - self.HEADERS_AHEAD

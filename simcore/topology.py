@@ -102,6 +102,12 @@ class HostSpec:
         p2p_copy_cpu_s_per_byte: CPU seconds per byte such a message costs each end
             beyond ``copy_cpu_s_per_byte`` (the messenger's buffers and tensor handling);
             ``sim calibrate`` fits it with ``p2p_message_cpu_s`` over message sizes.
+        wakeup_s: how long a thread a message wakes waits for a core when every core of
+            its machine is taken: a time-slicing scheduler lets the running threads go
+            on to the end of their slices first. Charged at each end of a message that
+            finds its machine's cores all busy: before its bytes leave (the sending
+            thread) and before the receiver sees it (the receiving one); 0: woken
+            threads run at once, as processor sharing alone says.
     """
 
     cores: int = 1
@@ -113,6 +119,7 @@ class HostSpec:
     socket_buffer_bytes: int = 0
     p2p_message_cpu_s: float = 0.0
     p2p_copy_cpu_s_per_byte: float = 0.0
+    wakeup_s: float = 0.0
 
     def message_cpu(self, nbytes: int, messages: int = 1) -> float:
         """CPU seconds one end spends on ``nbytes`` sent as ``messages`` messages."""
@@ -680,10 +687,14 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         "socket_buffer",
         "p2p_message_cpu_s",
         "p2p_copy_cpu_s_per_byte",
+        "wakeup_s",
     }
     unknown = sorted(set(d) - allowed)
     if unknown:
         raise ValueError(f"host: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+    wakeup_s = float(d.get("wakeup_s", 0.0))
+    if not wakeup_s >= 0 or math.isinf(wakeup_s):
+        raise ValueError(f"host.wakeup_s must be seconds, 0 or more; got {wakeup_s!r}")
     return HostSpec(
         cores=int(d.get("cores", 1)),
         shared=bool(d.get("shared", True)),
@@ -694,6 +705,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         socket_buffer_bytes=parse_size(d.get("socket_buffer", 0)),
         p2p_message_cpu_s=float(d.get("p2p_message_cpu_s", 0.0)),
         p2p_copy_cpu_s_per_byte=float(d.get("p2p_copy_cpu_s_per_byte", 0.0)),
+        wakeup_s=wakeup_s,
     )
 
 

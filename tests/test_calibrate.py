@@ -206,8 +206,9 @@ def _check_preset(preset: dict[str, Any], path: str) -> None:
     assert data["gpu"]["peak_flops"] > 0
     host = data["host"]
     assert host["cores"] == len(os.sched_getaffinity(0)) and host["shared"] is True
-    for key in ("message_cpu_s", "copy_cpu_s_per_byte", "reduce_cpu_s_per_byte"):
+    for key in ("message_cpu_s", "copy_cpu_s_per_byte", "reduce_cpu_s_per_byte", "wakeup_s"):
         assert isinstance(host[key], float) and host[key] >= 0
+    assert host["wakeup_s"] == data["measured"]["fits"]["wakeup_s"]
     assert host["message_cpu_s"] > 0 and host["reduce_cpu_s_per_byte"] > 0
     assert parse_size(data["gloo"]["segment_bytes"]) == 1 << 20
     net = data["network"]
@@ -330,6 +331,14 @@ def test_netns_calibration_measures_goodput_below_the_tbf_rate(
     with open(tmp_path / "c.yaml", encoding="utf-8") as fh:
         topo = build_topology(TopologySpec(yaml.safe_load(fh), 2))
     assert topo.link_lead_s == pytest.approx(lead) and topo.link_sharing == "fair"
+    # the busy-cores benchmark: both sizes measured idle and busy, and the wait fitted to
+    # it is the file's host.wakeup_s
+    wake_rows = preset["measured"]["wakeup"]
+    assert [r["bytes"] for r in wake_rows] == [256 << 10, 1 << 20]
+    assert all(r["idle_s"] > 0 and r["busy_s"] > 0 for r in wake_rows)
+    wake = preset["measured"]["fits"]["wakeup_s"]
+    assert 0 <= wake <= 5e-3 and topo.host_spec is not None
+    assert topo.host_spec.wakeup_s == pytest.approx(wake)
 
 
 @pytest.mark.skipif(_REASON is not None, reason=f"network namespaces unavailable: {_REASON}")
@@ -454,6 +463,50 @@ def test_the_link_lead_is_recovered_from_a_simulated_two_flow_benchmark(lead_s: 
         assert fair[1] >= (2 * SHARING_BYTES - burst) / goodput
     with pytest.raises(ValueError, match="no rows"):
         fit_sharing_lead(preset, SHARING_BYTES, [])
+
+
+@pytest.mark.parametrize("wakeup_s", [0.0, 0.6e-3, 2.25e-3])
+def test_the_wakeup_is_recovered_from_a_simulated_busy_cores_benchmark(wakeup_s: float) -> None:
+    """``fit_wakeup`` on rows that the simulator itself made with a wake-up wait finds that
+    wait with no residual; busy cores slow an all-reduce down the more the longer the
+    wait, and idle ones not at all."""
+    from realrun.calibrate import WAKEUP_SIZES_BYTES, fit_wakeup, simulate_busy_allreduce
+
+    with open(NETNS_PRESET, encoding="utf-8") as fh:
+        preset = yaml.safe_load(fh)
+    rows = [
+        {
+            "bytes": n,
+            "idle_s": simulate_busy_allreduce(preset, n, False, 0.0),
+            "busy_s": simulate_busy_allreduce(preset, n, True, wakeup_s),
+        }
+        for n in WAKEUP_SIZES_BYTES
+    ]
+    wake, residual = fit_wakeup(preset, rows)
+    assert wake == pytest.approx(wakeup_s, abs=1e-12) and residual < 1e-9
+    for n in WAKEUP_SIZES_BYTES:
+        waits = [simulate_busy_allreduce(preset, n, True, w) for w in (0.0, 1e-3, 3e-3)]
+        assert waits == sorted(waits) and waits[2] > waits[0]
+        idle = {simulate_busy_allreduce(preset, n, False, w) for w in (0.0, 3e-3)}
+        assert len(idle) == 1
+    with pytest.raises(ValueError, match="no rows"):
+        fit_wakeup(preset, [])
+
+
+def test_busy_cores_rows_are_medians_of_rank_0s_times() -> None:
+    """``wakeup_rows``: per size, the medians of rank 0's idle and busy all-reduce times;
+    a size missing either is left out."""
+    from realrun.calibrate import wakeup_rows
+
+    got = [
+        {"bytes": 1024, "busy": False, "times_s": [0.003, 0.001, 0.002]},
+        {"bytes": 1024, "busy": True, "times_s": [0.004, 0.009, 0.005]},
+        {"bytes": 4096, "busy": False, "times_s": [0.01]},
+    ]
+    other = [{"bytes": 1024, "busy": False, "times_s": [1.0]}]
+    rows = wakeup_rows([{"rank": 1, "wakeup": other}, {"rank": 0, "wakeup": got}])
+    assert rows == [{"bytes": 1024, "idle_s": 0.002, "busy_s": 0.005}]
+    assert wakeup_rows([{"rank": 0}]) == []
 
 
 def test_two_flow_rows_are_medians_after_the_warm_up() -> None:

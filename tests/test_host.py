@@ -219,6 +219,41 @@ def test_a_messenger_message_costs_both_ends_its_own_cpu(key, charges):
         assert len(same) == 1, scheme
 
 
+@pytest.mark.parametrize("wakeup_s", [0.5e-3, 2e-3])
+def test_a_woken_thread_waits_for_a_core_only_while_all_are_taken(wakeup_s):
+    """``host.wakeup_s`` with free communication CPU: a two-rank ring all-reduce has two
+    steps, each a message that leaves and arrives while both cores compute, so it takes
+    exactly four waits longer than with idle cores, which it does not wait for at all
+    (links without tbf's bucket, which would refill while a message waits)."""
+    from realrun.calibrate import simulate_busy_allreduce
+
+    p = preset(cores=2)
+    p["network"] = {k: v for k, v in p["network"].items() if k not in ("burst", "peak_bandwidth")}
+    base = {b: simulate_busy_allreduce(p, 4 * MB, b, 0.0) for b in (False, True)}
+    assert base[False] == pytest.approx(base[True])  # no CPU costs: compute is no matter
+    assert simulate_busy_allreduce(p, 4 * MB, False, wakeup_s) == pytest.approx(base[False])
+    busy = simulate_busy_allreduce(p, 4 * MB, True, wakeup_s)
+    assert busy == pytest.approx(base[True] + 4 * wakeup_s)
+
+
+@pytest.mark.parametrize(("scheme", "cores", "gpus"), [("dp", 1, 2), ("dp", 2, 3), ("gpipe", 2, 4)])
+def test_waking_up_slows_synchronous_schemes_and_moves_no_bytes(scheme, cores, gpus):
+    """With buckets that all-reduce while the ranks still compute (dp, 20 MB layers) and
+    a pipeline whose stages share the cores (gpipe), a longer wake-up wait is never
+    faster, and the bytes stay the same. (Where ranks do not wait for each other every
+    iteration, ``ps`` and the asynchronous pipelines, a later message can let another
+    rank's compute have the cores first and come out faster: processor sharing's
+    scheduling anomalies.)"""
+    kw = {"trace": trace(param_bytes=20 * MB)} if scheme == "dp" else {}
+    times, sent = [], set()
+    for w in (0.0, 1e-3, 4e-3):
+        res = run(preset(cores=cores, wakeup_s=w), gpus, scheme, **kw)
+        times.append(res.iteration_time_s)
+        sent.add(res.comm_bytes_total)
+    assert times == sorted(times) and times[2] > times[0]
+    assert len(sent) == 1
+
+
 def test_a_send_returns_once_the_socket_buffer_holds_the_rest():
     """A parameter server's sender moves on when what is left of a message fits in the send
     buffer, so pushes to different servers overlap: faster than a sender held until each
@@ -271,6 +306,7 @@ def test_cpu_devices_are_not_called_gpus():
         ({"host": None}, "needs a 'host' section"),
         ({"host": {"cores": 0}}, "host.cores"),
         ({"host": {"cores": 2, "speed": 3}}, "unknown key 'speed'"),
+        ({"host": {"cores": 2, "wakeup_s": -1e-3}}, "host.wakeup_s"),
         ({"gpu": {"kind": "tpu"}}, "gpu.kind 'tpu'"),
     ],
 )

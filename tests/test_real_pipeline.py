@@ -271,8 +271,20 @@ def test_replicated_stage_replicas_stay_identical_and_equal_the_replay(tmp_path:
 def test_bytes_and_stash_memory_equal_the_simulators(
     tmp_path: Path, scheme: str, options: dict[str, Any]
 ) -> None:
-    _records, real, job = run(tmp_path, scheme, 3, "mlp_small", 12, options)
+    records, real, job = run(tmp_path, scheme, 3, "mlp_small", 12, options)
     sim = simulate_same(tmp_path, job)
+    # the ranks' records share one zero: no message is received before it was sent
+    from realrun.runtime import RECV, SEND
+
+    spans = [s for r in records["ranks"] for s in r["spans"] if s[10] >= 0]
+    pairs = 0
+    for flow in {s[10] for s in spans if s[1] == SEND}:
+        starts = sorted(s[4] for s in spans if s[1] == SEND and s[10] == flow)
+        ends = sorted(s[5] for s in spans if s[1] == RECV and s[10] == flow)
+        assert len(starts) == len(ends)
+        assert all(end >= start for start, end in zip(starts, ends, strict=True))
+        pairs += len(ends)
+    assert pairs > 0
     assert sim.extra["microbatches"] == real["microbatches"]
     assert sim.extra["stage_replicas"] == real["stage_replicas"]
     assert real["comm_bytes_per_iteration"] == sim.comm_bytes_per_iteration
