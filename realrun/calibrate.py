@@ -483,25 +483,32 @@ def fit_sharing_lead(
 
 
 def wakeup_rows(results: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
-    """Per size of the busy-cores benchmark (rank 0's ``wakeup`` results): the median
-    all-reduce time with idle main threads and with busy ones."""
-    got = next((r["wakeup"] for r in results if r.get("rank") == 0 and "wakeup" in r), None)
+    """Per size and number of computing threads (0: idle) of the busy-cores benchmark
+    (rank 0's ``wakeup`` results): the median all-reduce time."""
+    got = next((r["wakeup"] for r in results if r.get("rank") == 0 and r.get("wakeup")), None)
     if not got:
         return []
-    by_size: dict[int, dict[str, float]] = {}
-    for row in got:
-        key = "busy_s" if row["busy"] else "idle_s"
-        by_size.setdefault(int(row["bytes"]), {})[key] = _median(row["times_s"])
-    return [{"bytes": n, **t} for n, t in sorted(by_size.items()) if {"busy_s", "idle_s"} <= set(t)]
+    return sorted(
+        (
+            {
+                "bytes": int(row["bytes"]),
+                "threads": int(row["threads"]),
+                "time_s": _median(row["times_s"]),
+            }
+            for row in got
+            if row["times_s"]
+        ),
+        key=lambda r: (r["bytes"], r["threads"]),
+    )
 
 
 def simulate_busy_allreduce(
-    preset: Mapping[str, Any], nbytes: int, busy: bool, wakeup_s: float
+    preset: Mapping[str, Any], nbytes: int, threads: int, wakeup_s: float
 ) -> float:
     """The busy-cores benchmark simulated on a two-host cluster of ``preset`` whose woken
-    threads wait ``wakeup_s`` for a core when all are taken: how long an all-reduce of
-    ``nbytes`` between the hosts' ranks takes, with every core running a main thread's
-    compute (``busy``) or none."""
+    threads wait ``wakeup_s`` per computing thread per core while compute takes every
+    core: how long an all-reduce of ``nbytes`` between the hosts' ranks takes beside
+    ``threads`` threads computing throughout (0: idle cores)."""
     from simpy import Environment
 
     from simcore.collectives import Collectives
@@ -517,9 +524,8 @@ def simulate_busy_allreduce(
     net = DetailedNetwork(env, topo, chunk_bytes=SEGMENT_BYTES)
     pool_of = cpu_pools(env, topo)
     net.cpu = CommCpu(topo.host_spec, pool_of)
-    if busy:
-        for device in topo.gpus:  # each rank's main thread computes throughout
-            pool_of(device).run(1e9, lambda: None, holds=True)
+    for i in range(threads):  # the ranks' main threads compute throughout
+        pool_of(topo.gpus[i % len(topo.gpus)]).run(1e9, lambda: None, holds=True)
     done = env.event()
     Collectives(net).allreduce([0, 1], nbytes, "ring", lambda t: done.succeed(t))
     env.run(until=done)
@@ -531,19 +537,21 @@ def fit_wakeup(
 ) -> tuple[float, float]:
     """``(wakeup_s, residual_s_max)``: the wait of :data:`WAKEUP_GRID_S` whose simulated
     busy-cores benchmark (:func:`simulate_busy_allreduce`) slows the all-reduces down by
-    what the measured ``rows`` (:func:`wakeup_rows`) show, busy against idle (least
-    squares over the sizes), and the largest difference left, in seconds."""
-    if not rows:
-        raise ValueError("the busy-cores benchmark has no rows")
-    idle = {int(r["bytes"]): simulate_busy_allreduce(preset, int(r["bytes"]), False, 0.0)
-            for r in rows}  # fmt: skip
+    what the measured ``rows`` (:func:`wakeup_rows`) show, each number of computing
+    threads against idle cores for that size (least squares), and the largest
+    difference left, in seconds."""
+    idle = {int(r["bytes"]): float(r["time_s"]) for r in rows if int(r["threads"]) == 0}
+    busy = [r for r in rows if int(r["threads"]) > 0 and int(r["bytes"]) in idle]
+    if not busy:
+        raise ValueError("the busy-cores benchmark has no rows with and without compute")
+    sim_idle = {n: simulate_busy_allreduce(preset, n, 0, 0.0) for n in idle}
     best: tuple[float, float, float] | None = None
     for wake in WAKEUP_GRID_S:
-        errs = [
-            (simulate_busy_allreduce(preset, int(r["bytes"]), True, wake) - idle[int(r["bytes"])])
-            - (r["busy_s"] - r["idle_s"])
-            for r in rows
-        ]
+        errs = []
+        for r in busy:
+            n, t = int(r["bytes"]), int(r["threads"])
+            sim = simulate_busy_allreduce(preset, n, t, wake) - sim_idle[n]
+            errs.append(sim - (float(r["time_s"]) - idle[n]))
         cost = float(sum(e * e for e in errs))
         if best is None or cost < best[0] - 1e-15:
             best = (cost, wake, max(abs(e) for e in errs))
@@ -1332,8 +1340,9 @@ def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
             [
                 (
                     "wake-up",
-                    f"a thread a message wakes waits {fits['wakeup_s'] * 1e3:.3g} ms for a "
-                    f"core while the ranks compute on all of them (busy-cores benchmark, "
+                    f"a thread a message wakes waits {fits['wakeup_s'] * 1e3:.3g} ms per "
+                    f"computing thread per core while compute takes every core (busy-cores "
+                    f"benchmark, "
                     f"residual max {fits['wakeup_residual_s_max'] * 1e3:.2g} ms)",
                 )
             ]
@@ -1461,8 +1470,7 @@ def _rank_main(job_path: str) -> int:  # pragma: no cover - runs in the rank pro
             step("two flows")
         elif kind == "wakeup":
             pair = dist.new_group([0, 1])
-            if rank in (0, 1):
-                result["wakeup"] = _busy_allreduce(dist, torch, pair, repeats)
+            result["wakeup"] = _busy_allreduce(dist, torch, rank, world, pair, repeats)
             dist.barrier()
             step("all-reduce beside busy cores")
         elif kind == "compute":
@@ -1729,39 +1737,51 @@ def _two_flows(
 
 
 def _busy_allreduce(
-    dist: Any, torch: Any, group: Any, repeats: int
+    dist: Any, torch: Any, rank: int, world: int, pair: Any, repeats: int
 ) -> list[dict[str, Any]]:  # pragma: no cover - runs in the rank processes
-    """Ranks 0 and 1 all-reduce each of :data:`WAKEUP_SIZES_BYTES` (``group``: the two),
-    one warm-up and ``4 * repeats`` timed, first with idle main threads, then while both
-    main threads train a small convolution (a data-parallel step's backward beside its
-    buckets' all-reduce): the cores are all taken. Each all-reduce starts
-    :data:`WAKEUP_PAUSE_S` after a barrier and is timed from its start to its end as a
-    thread waiting on it sees it."""
+    """Ranks 0 and 1 all-reduce each of :data:`WAKEUP_SIZES_BYTES` (``pair``: a group of
+    the two), one warm-up and ``4 * repeats`` timed, beside ``t`` computing threads for
+    ``t`` = 0 (idle) and 2 to ``world``: ranks 0 and 1's main threads and those of ranks
+    2 .. ``t - 1`` train a small convolution meanwhile (a data-parallel step's backward
+    beside its buckets' all-reduce; the other ranks' for a window of three idle
+    all-reduces' time). Each all-reduce starts :data:`WAKEUP_PAUSE_S` after a barrier and
+    is timed from its start to its end as a thread waiting on it sees it. Returns rank
+    0's rows (``bytes``, ``threads``, ``times_s``); the other ranks' are empty."""
     import threading
 
     conv = torch.nn.Conv2d(16, 16, 3, padding=1)
     x = torch.rand(4, 16, 32, 32)
     rows = []
-    for busy in (False, True):
-        for n in WAKEUP_SIZES_BYTES:
-            buf = torch.ones(_element_count(n))
+    window = torch.zeros(1, dtype=torch.float64)
+    for n in WAKEUP_SIZES_BYTES:
+        buf = torch.ones(_element_count(n))
+        for threads in (0, *range(2, world + 1)):
             times = []
             for k in range(4 * repeats + 1):
-                dist.barrier(group)
+                dist.barrier()
                 time.sleep(WAKEUP_PAUSE_S)
-                done: list[float] = []
                 t0 = time.perf_counter()
-                work = dist.all_reduce(buf, group=group, async_op=True)
-                waiter = threading.Thread(
-                    target=lambda w=work, d=done: (w.wait(), d.append(time.perf_counter()))
-                )
-                waiter.start()
-                while busy and not done:
-                    conv(x).sum().backward()
-                waiter.join()
-                if k:
-                    times.append(done[0] - t0)
-            rows.append({"bytes": 4 * buf.numel(), "busy": busy, "times_s": times})
+                if rank < 2:
+                    done: list[float] = []
+                    work = dist.all_reduce(buf, group=pair, async_op=True)
+                    waiter = threading.Thread(
+                        target=lambda w=work, d=done: (w.wait(), d.append(time.perf_counter()))
+                    )
+                    waiter.start()
+                    while threads and not done:
+                        conv(x).sum().backward()
+                    waiter.join()
+                    if k:
+                        times.append(done[0] - t0)
+                elif rank < threads:
+                    while time.perf_counter() - t0 < float(window[0]):
+                        conv(x).sum().backward()
+            if rank == 0:
+                rows.append({"bytes": 4 * buf.numel(), "threads": threads, "times_s": times})
+            if threads == 0:  # how long the other ranks compute beside this size
+                if rank == 0:
+                    window[0] = 3 * _median(times) + 0.02
+                dist.broadcast(window, 0)
     return rows
 
 

@@ -82,11 +82,11 @@ class CpuPool:
         self._generation = 0
         self.busy_s = 0.0
 
-    def saturated(self) -> bool:
-        """Whether every core is taken now by work that holds it for whole time slices (a
-        thread's compute: a thread woken now would wait for one); communication's short
-        bursts of CPU do not count."""
-        return self._holding >= self.cores
+    @property
+    def holding(self) -> int:
+        """Runnable tasks now that hold a core for whole time slices (threads' compute;
+        communication's short bursts of CPU do not count)."""
+        return self._holding
 
     def rate(self) -> float:
         """Core-seconds per second each runnable task gets now."""
@@ -262,8 +262,8 @@ class CommCpu:
     :meth:`HostSpec.message_cpu` core-seconds, run as tasks of their own on the ends'
     pools from the moment it is sent (a communication thread streams the bytes while the
     wire carries them), and it is delivered once the wire and both ends are done. An end
-    whose machine has every core taken when the message leaves or arrives waits
-    ``HostSpec.wakeup_s`` more there (:meth:`wakeup_s`).
+    whose machine has every core taken by compute when the message leaves or arrives
+    waits there for a core (:meth:`wakeup_s`).
 
     ``pool_of`` maps a device index to the pool of its machine.
     """
@@ -296,6 +296,12 @@ class CommCpu:
         return 3, start
 
     def wakeup_s(self, device: int) -> float:
-        """How long a thread of ``device``'s machine woken now waits for a core."""
+        """How long a thread of ``device``'s machine woken now waits for a core: nothing
+        while a core is free of compute, else ``HostSpec.wakeup_s`` times the computing
+        threads per core (more threads queue for the cores)."""
         wake = self.spec.wakeup_s
-        return wake if wake > 0 and self.pool_of(device).saturated() else 0.0
+        if wake <= 0:
+            return 0.0
+        pool = self.pool_of(device)
+        holding = pool.holding
+        return wake * holding / pool.cores if holding >= pool.cores else 0.0

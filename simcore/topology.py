@@ -103,9 +103,10 @@ class HostSpec:
             beyond ``copy_cpu_s_per_byte`` (the messenger's buffers and tensor handling);
             ``sim calibrate`` fits it with ``p2p_message_cpu_s`` over message sizes.
         wakeup_s: how long a thread a message wakes waits for a core when every core of
-            its machine is taken: a time-slicing scheduler lets the running threads go
-            on to the end of their slices first. Charged at each end of a message that
-            finds its machine's cores all busy: before its bytes leave (the sending
+            its machine computes, per computing thread per core: a time-slicing
+            scheduler lets the running threads go on to the end of their slices first,
+            and more of them queue longer. Charged at each end of a message that finds
+            its machine's cores all computing: before its bytes leave (the sending
             thread) and before the receiver sees it (the receiving one); 0: woken
             threads run at once, as processor sharing alone says.
     """

@@ -334,8 +334,12 @@ def test_netns_calibration_measures_goodput_below_the_tbf_rate(
     # the busy-cores benchmark: both sizes measured idle and busy, and the wait fitted to
     # it is the file's host.wakeup_s
     wake_rows = preset["measured"]["wakeup"]
-    assert [r["bytes"] for r in wake_rows] == [256 << 10, 1 << 20]
-    assert all(r["idle_s"] > 0 and r["busy_s"] > 0 for r in wake_rows)
+    hosts = preset["measured"]["hosts"]
+    threads = [0, *range(2, hosts + 1)]
+    assert [(r["bytes"], r["threads"]) for r in wake_rows] == [
+        (n, t) for n in (256 << 10, 1 << 20) for t in threads
+    ]
+    assert all(r["time_s"] > 0 for r in wake_rows)
     wake = preset["measured"]["fits"]["wakeup_s"]
     assert 0 <= wake <= 5e-3 and topo.host_spec is not None
     assert topo.host_spec.wakeup_s == pytest.approx(wake)
@@ -469,7 +473,7 @@ def test_the_link_lead_is_recovered_from_a_simulated_two_flow_benchmark(lead_s: 
 def test_the_wakeup_is_recovered_from_a_simulated_busy_cores_benchmark(wakeup_s: float) -> None:
     """``fit_wakeup`` on rows that the simulator itself made with a wake-up wait finds that
     wait with no residual; busy cores slow an all-reduce down the more the longer the
-    wait, and idle ones not at all."""
+    wait and the more threads compute, and idle ones not at all."""
     from realrun.calibrate import WAKEUP_SIZES_BYTES, fit_wakeup, simulate_busy_allreduce
 
     with open(NETNS_PRESET, encoding="utf-8") as fh:
@@ -477,35 +481,41 @@ def test_the_wakeup_is_recovered_from_a_simulated_busy_cores_benchmark(wakeup_s:
     rows = [
         {
             "bytes": n,
-            "idle_s": simulate_busy_allreduce(preset, n, False, 0.0),
-            "busy_s": simulate_busy_allreduce(preset, n, True, wakeup_s),
+            "threads": t,
+            "time_s": simulate_busy_allreduce(preset, n, t, wakeup_s if t else 0.0),
         }
         for n in WAKEUP_SIZES_BYTES
+        for t in (0, 2, 3, 4)
     ]
     wake, residual = fit_wakeup(preset, rows)
     assert wake == pytest.approx(wakeup_s, abs=1e-12) and residual < 1e-9
     for n in WAKEUP_SIZES_BYTES:
-        waits = [simulate_busy_allreduce(preset, n, True, w) for w in (0.0, 1e-3, 3e-3)]
+        waits = [simulate_busy_allreduce(preset, n, 2, w) for w in (0.0, 1e-3, 3e-3)]
         assert waits == sorted(waits) and waits[2] > waits[0]
-        idle = {simulate_busy_allreduce(preset, n, False, w) for w in (0.0, 3e-3)}
+        crowded = [simulate_busy_allreduce(preset, n, t, 1e-3) for t in (2, 3, 4)]
+        assert crowded == sorted(crowded) and crowded[2] > crowded[0]
+        idle = {simulate_busy_allreduce(preset, n, 0, w) for w in (0.0, 3e-3)}
         assert len(idle) == 1
     with pytest.raises(ValueError, match="no rows"):
         fit_wakeup(preset, [])
 
 
 def test_busy_cores_rows_are_medians_of_rank_0s_times() -> None:
-    """``wakeup_rows``: per size, the medians of rank 0's idle and busy all-reduce times;
-    a size missing either is left out."""
+    """``wakeup_rows``: per size and number of computing threads, the median of rank 0's
+    all-reduce times, in order."""
     from realrun.calibrate import wakeup_rows
 
     got = [
-        {"bytes": 1024, "busy": False, "times_s": [0.003, 0.001, 0.002]},
-        {"bytes": 1024, "busy": True, "times_s": [0.004, 0.009, 0.005]},
-        {"bytes": 4096, "busy": False, "times_s": [0.01]},
+        {"bytes": 4096, "threads": 0, "times_s": [0.01]},
+        {"bytes": 1024, "threads": 2, "times_s": [0.004, 0.009, 0.005]},
+        {"bytes": 1024, "threads": 0, "times_s": [0.003, 0.001, 0.002]},
     ]
-    other = [{"bytes": 1024, "busy": False, "times_s": [1.0]}]
-    rows = wakeup_rows([{"rank": 1, "wakeup": other}, {"rank": 0, "wakeup": got}])
-    assert rows == [{"bytes": 1024, "idle_s": 0.002, "busy_s": 0.005}]
+    rows = wakeup_rows([{"rank": 1, "wakeup": []}, {"rank": 0, "wakeup": got}])
+    assert rows == [
+        {"bytes": 1024, "threads": 0, "time_s": 0.002},
+        {"bytes": 1024, "threads": 2, "time_s": 0.005},
+        {"bytes": 4096, "threads": 0, "time_s": 0.01},
+    ]
     assert wakeup_rows([{"rank": 0}]) == []
 
 

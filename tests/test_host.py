@@ -220,20 +220,23 @@ def test_a_messenger_message_costs_both_ends_its_own_cpu(key, charges):
 
 
 @pytest.mark.parametrize("wakeup_s", [0.5e-3, 2e-3])
-def test_a_woken_thread_waits_for_a_core_only_while_all_are_taken(wakeup_s):
+def test_a_woken_thread_waits_for_a_core_only_while_compute_takes_all(wakeup_s):
     """``host.wakeup_s`` with free communication CPU: a two-rank ring all-reduce has two
-    steps, each a message that leaves and arrives while both cores compute, so it takes
-    exactly four waits longer than with idle cores, which it does not wait for at all
-    (links without tbf's bucket, which would refill while a message waits)."""
+    steps, each a message that leaves and arrives while compute takes both cores, so it
+    takes exactly four waits longer than with idle cores, each ``wakeup_s`` times the
+    computing threads per core; one computing thread leaves a core free and costs
+    nothing (links without tbf's bucket, which would refill while a message waits)."""
     from realrun.calibrate import simulate_busy_allreduce
 
     p = preset(cores=2)
     p["network"] = {k: v for k, v in p["network"].items() if k not in ("burst", "peak_bandwidth")}
-    base = {b: simulate_busy_allreduce(p, 4 * MB, b, 0.0) for b in (False, True)}
-    assert base[False] == pytest.approx(base[True])  # no CPU costs: compute is no matter
-    assert simulate_busy_allreduce(p, 4 * MB, False, wakeup_s) == pytest.approx(base[False])
-    busy = simulate_busy_allreduce(p, 4 * MB, True, wakeup_s)
-    assert busy == pytest.approx(base[True] + 4 * wakeup_s)
+    base = simulate_busy_allreduce(p, 4 * MB, 0, 0.0)
+    for threads in (0, 1, 2, 3, 4):
+        # no CPU costs: compute alone changes nothing
+        assert simulate_busy_allreduce(p, 4 * MB, threads, 0.0) == pytest.approx(base)
+        waits = 4 * wakeup_s * threads / 2 if threads >= 2 else 0.0
+        got = simulate_busy_allreduce(p, 4 * MB, threads, wakeup_s)
+        assert got == pytest.approx(base + waits)
 
 
 @pytest.mark.parametrize(("scheme", "cores", "gpus"), [("dp", 1, 2), ("dp", 2, 3), ("gpipe", 2, 4)])
