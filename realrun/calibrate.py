@@ -18,6 +18,9 @@ YAML for ``sim run --topology FILE``. What is measured:
   slope (:func:`fit_shaped_link`).
 * **All-reduce** (``dist.all_reduce``, float32) over sizes on the first ``p`` hosts for each
   ``p`` of ``allreduce_ranks``, shaped: medians kept for validation.
+* **Busy cores**: hosts 0 and 1 all-reduce 256 KiB and 1 MiB beside 0 and 2 .. hosts
+  threads training a small convolution; the wait of a woken thread for a core
+  (``host.wakeup_s``) is fitted by simulating it (:func:`fit_wakeup`).
 
 The fitting functions (:func:`fit_line`, :func:`fit_latency_bandwidth`, :func:`fit_shaped_link`,
 :func:`fit_cpu_cost`)
