@@ -96,7 +96,7 @@ class CpuPool:
     def run(self, work_s: float, done: Callable[[], None], holds: bool = False) -> None:
         """Make ``work_s`` core-seconds of work runnable now; ``done()`` is called (from
         the simulation loop) when it has been done. ``holds``: the work is a thread's
-        compute, which keeps its core for whole time slices (:meth:`saturated`)."""
+        compute, which keeps its core for whole time slices (:attr:`holding`)."""
         self._advance()
         self._running[_Task(max(work_s, 0.0), done, holds)] = None
         self._holding += holds

@@ -297,12 +297,14 @@ class Network(ABC):
                 later.callbacks.append(
                     lambda _ev: self._start_cpu(msg, segments, reduce_bytes, extra_s)
                 )
-                return msg
-            self._join_cpu(msg, segments, reduce_bytes, extra_s)
+            else:
+                self._start_cpu(msg, segments, reduce_bytes, extra_s)
+            return msg
         self._inject(msg)
         return msg
 
     def _start_cpu(self, msg: Message, segments: int, reduce_bytes: int, extra_s: float) -> None:
+        """Put ``msg`` on the wire with its ends' CPU work (CPU hosts)."""
         self._join_cpu(msg, segments, reduce_bytes, extra_s)
         self._inject(msg)
 
@@ -316,7 +318,6 @@ class Network(ABC):
         deliver = msg.on_arrival
         left, start = self.cpu.join(msg.src, msg.dst, msg.nbytes, segments, reduce_bytes, extra_s)
         count = [left]
-
         cpu = self.cpu
 
         def arrive(_ev: Any = None) -> None:
