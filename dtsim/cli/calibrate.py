@@ -104,10 +104,13 @@ def calibrate(
     """Calibrate the simulator on this machine: microbenchmarks on real gloo processes.
 
     Times point-to-point ping-pongs over message sizes on links shaped to --bandwidth and
-    unshaped (wall time and CPU seconds per message), gloo all-reduces, and one-thread
-    reductions, copies and matmuls; fits the network's latency and goodput and the CPU
-    cost per message, per byte sent and per byte reduced; writes them as a topology file.
-    Takes about a minute with the defaults.
+    unshaped (wall time and CPU seconds per message), two TCP flows sharing a shaped
+    link, gloo all-reduces (also beside threads that keep every core computing), and
+    one-thread reductions, copies and matmuls; fits the network's latency and goodput,
+    the CPU cost per message, per byte sent and per byte reduced, how long a sending
+    connection keeps a link before a new one shares it, and how long a woken thread
+    waits for a core; writes them as a topology file. Takes about a minute with the
+    defaults.
 
     \b
     Examples:
