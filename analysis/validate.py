@@ -903,7 +903,10 @@ def simulate_measured(
     except ValueError:  # no update in the measured iterations: the profile's
         update = dict(profile_update)
     host = load_preset(calibration).get("host") or {}
-    p2p = messenger_cpu_s_per_message(records, float(host.get("p2p_copy_cpu_s_per_byte", 0.0)))
+    per_byte = float(host.get("copy_cpu_s_per_byte", 0.0)) + float(
+        host.get("p2p_copy_cpu_s_per_byte", 0.0)
+    )
+    p2p = messenger_cpu_s_per_message(records, per_byte, float(host.get("message_cpu_s", 0.0)))
     if p2p is not None:
         update["p2p_message_cpu_s"] = p2p
     topology = case_topology(out_dir, calibration, path, update)

@@ -344,27 +344,39 @@ class UpdateCost:
     overhead_s: float = 0.0
 
 
-def messenger_cpu_s_per_message(records: Mapping[str, Any], cpu_s_per_byte: float) -> float | None:
-    """The CPU seconds a message end cost the messaging threads of a real run
-    (:class:`realrun.runtime.Messenger`, every rank's, warm-up included: each iteration
-    sends the same messages), inside gloo's calls and outside them, beyond
-    ``cpu_s_per_byte`` of its bytes, as ``HostSpec.p2p_message_cpu_s`` means it (never
-    below zero); ``None`` when no rank used a messenger.
+def messenger_cpu_s_per_message(
+    records: Mapping[str, Any], cpu_s_per_byte: float, cpu_s_per_message: float = 0.0
+) -> float | None:
+    """The CPU seconds a message end cost a real run's processes beyond
+    ``cpu_s_per_message`` and ``cpu_s_per_byte`` of its bytes (what the simulator already
+    charges every message: ``HostSpec.message_cpu`` and the per-byte part of
+    ``HostSpec.p2p_cpu``), as ``HostSpec.p2p_message_cpu_s`` means it, never below zero;
+    ``None`` when no rank used a :class:`realrun.runtime.Messenger`. Warm-up included:
+    every iteration sends the same messages.
 
-    Both parts count: the threads' clocks inside gloo's calls also run network-stack
-    work that the calibrated per-byte cost charges again, but leaving that part out
-    made every ``p3`` case of a full validation run 13-18 % too fast (2026-11-24), where
-    with it they had been within -12 % and +21 %."""
+    A rank's messaging costs its whole process's CPU over the messenger's life less its
+    main thread's (compute, charged as such) and the scheme's handling of received
+    messages (a server's aggregation and update, charged as such): the messenger's own
+    threads and gloo's, which move the bytes of posted sends and receives on threads of
+    their own. The messenger threads' clocks alone missed gloo's threads: a ``p3`` run of
+    cnn_medium at 200 Mbit/s on 3 workers spent 35 ms of CPU per worker per iteration
+    outside its main thread, 19 ms of it in the messenger's threads (2026-11-24), and
+    every ``p3`` case of a full validation came out too fast. Records made before the
+    process clock was kept fall back to the messenger threads' clocks."""
     cpu = messages = nbytes = 0
     for r in records["ranks"]:
         m = r.get("messenger")
-        if m:
+        if not m:
+            continue
+        if "process_cpu_s" in m:
+            cpu += float(m["process_cpu_s"]) - float(m["main_cpu_s"]) - float(m["handling_cpu_s"])
+        else:
             cpu += float(m["cpu_s"]) + float(m.get("gloo_cpu_s", 0.0))
-            messages += int(m["messages"])
-            nbytes += int(m["bytes"])
+        messages += int(m["messages"])
+        nbytes += int(m["bytes"])
     if not messages:
         return None
-    return max(0.0, (cpu - cpu_s_per_byte * nbytes) / messages)
+    return max(0.0, (cpu - cpu_s_per_byte * nbytes) / messages - cpu_s_per_message)
 
 
 def update_cost(records: Mapping[str, Any], base: Trace, passes: int) -> UpdateCost:

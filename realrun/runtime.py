@@ -119,11 +119,21 @@ class Recorder:
         compute stream, without the time it waited for a core."""
         self._main_clock = time.pthread_getcpuclockid(threading.main_thread().ident or 0)
         self._lock = threading.Lock()
-        self.messenger = {"cpu_s": 0.0, "gloo_cpu_s": 0.0, "messages": 0, "bytes": 0}
-        """What a :class:`Messenger`'s threads cost: their CPU seconds outside gloo's calls
+        self.messenger = {
+            "cpu_s": 0.0,
+            "gloo_cpu_s": 0.0,
+            "messages": 0,
+            "bytes": 0,
+            "process_cpu_s": 0.0,
+            "main_cpu_s": 0.0,
+            "handling_cpu_s": 0.0,
+        }
+        """What a :class:`Messenger` costs: its threads' CPU seconds outside gloo's calls
         (beyond the scheme's handling of what they received) and inside them, the message
         ends they handled (each message sent and each received) and those messages'
-        bytes."""
+        bytes; and over the messenger's life, the whole process's CPU seconds (gloo's own
+        threads included, which move the bytes of posted sends and receives), its main
+        thread's and the receiving threads' handling of messages (the scheme's work)."""
 
     def start_clock(self) -> None:
         """Set this rank's zero to now."""
@@ -170,6 +180,19 @@ class Recorder:
             m["messages"] += messages
             m["bytes"] += nbytes
 
+    def count_process(self, process_cpu_s: float, main_cpu_s: float, handling_cpu_s: float) -> None:
+        """Add the process's and its main thread's CPU seconds over a messenger's life and
+        the receiving threads' CPU seconds in the scheme's handlers."""
+        with self._lock:
+            m = self.messenger
+            m["process_cpu_s"] += process_cpu_s
+            m["main_cpu_s"] += main_cpu_s
+            m["handling_cpu_s"] += handling_cpu_s
+
+    def main_cpu_s(self) -> float:
+        """The main thread's CPU seconds so far."""
+        return time.clock_gettime(self._main_clock)
+
     def count_sent(self, dst: int, iteration: int, nbytes: int, kind: str) -> None:
         """Count ``nbytes`` of application data sent to rank ``dst``."""
         with self._lock:
@@ -183,7 +206,7 @@ class Recorder:
             self.iteration_end[iteration] = max(t, self.iteration_end.get(iteration, 0.0))
             if iteration not in self.cpu_at_end:
                 self.cpu_at_end[iteration] = time.process_time()
-                self.main_cpu_at_end[iteration] = time.clock_gettime(self._main_clock)
+                self.main_cpu_at_end[iteration] = self.main_cpu_s()
 
     def record(self, **extra: Any) -> dict[str, Any]:
         """Everything recorded, as a JSON-able dictionary."""
@@ -530,6 +553,8 @@ class Messenger:
         self._seq = itertools.count()
         self._pair_seq: dict[tuple[int, int], itertools.count[int]] = {}
         self._error: BaseException | None = None
+        self._cpu_at_start = (0.0, 0.0)
+        self._handling_s = 0.0  # receiving threads' CPU in on_message (under _cond)
         self._sender = threading.Thread(target=self._send_loop, name="dtsim-send", daemon=True)
         self._receivers = [
             threading.Thread(target=self._recv_loop, args=(p,), name=f"dtsim-recv{p}", daemon=True)
@@ -538,6 +563,7 @@ class Messenger:
 
     def start(self) -> None:
         """Start the sender and receiver threads."""
+        self._cpu_at_start = (time.process_time(), self.rec.main_cpu_s())
         self._sender.start()
         for t in self._receivers:
             t.start()
@@ -564,6 +590,10 @@ class Messenger:
         self._sender.join()
         for t in self._receivers:
             t.join()
+        process0, main0 = self._cpu_at_start
+        self.rec.count_process(
+            time.process_time() - process0, self.rec.main_cpu_s() - main0, self._handling_s
+        )
         self.check()
 
     def check(self) -> None:
@@ -643,6 +673,8 @@ class Messenger:
                     inbox.finish()
                     own = time.thread_time() - handling - gloo.total_s
                     self.rec.count_messenger(own, gloo.total_s, messages, total)
+                    with self._cond:
+                        self._handling_s += handling
                     return
                 turn ^= 1  # the next header may come while this message is handled
                 with gloo:

@@ -236,10 +236,21 @@ def test_bytes_per_iteration_equal_the_simulators(
         assert all(m["cpu_s"] > 0 and m["gloo_cpu_s"] >= 0 for m in ends)
         from realrun.metrics import messenger_cpu_s_per_message
 
-        # inside gloo's calls and outside them
+        # the process's CPU outside its main thread and the handlers holds the messenger
+        # threads' (gloo's own threads come on top)
+        outside = [m["process_cpu_s"] - m["main_cpu_s"] - m["handling_cpu_s"] for m in ends]
+        for m, out in zip(ends, outside, strict=True):
+            assert m["main_cpu_s"] > 0 and m["handling_cpu_s"] >= 0
+            assert out >= m["cpu_s"] + m["gloo_cpu_s"] - 0.01
         per_message = messenger_cpu_s_per_message(_records, 0.0)
-        total = sum(m["cpu_s"] + m["gloo_cpu_s"] for m in ends)
-        assert per_message == pytest.approx(total / (2 * len(sent)))
+        assert per_message == pytest.approx(sum(outside) / (2 * len(sent)))
+        nbytes = sum(m["bytes"] for m in ends)
+        assert messenger_cpu_s_per_message(_records, 0.0, 1e-4) == pytest.approx(
+            max(0.0, per_message - 1e-4)
+        )
+        assert messenger_cpu_s_per_message(_records, 1e-9) == pytest.approx(
+            max(0.0, per_message - 1e-9 * nbytes / (2 * len(sent)))
+        )
         assert messenger_cpu_s_per_message(_records, 1.0) == 0.0  # never below zero
 
 
