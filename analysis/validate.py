@@ -459,8 +459,10 @@ def case_topology(
 ) -> str:
     """The calibrated preset with the optimizer step's cost measured with the trace (its
     memory bandwidth and fixed overhead, :func:`realrun.metrics.update_cost`) and, where
-    ``update`` has ``p2p_message_cpu_s``, the messaging threads' CPU per message measured
-    in the same run; next to the trace; the calibration itself is left as measured."""
+    ``update`` has them, SpecTrain's fixed cost of a weight prediction
+    (``predict_overhead_s``) and the messaging CPU per message (``p2p_message_cpu_s``)
+    measured in the same run; next to the trace; the calibration itself is left as
+    measured."""
     from analysis.resolve import load_preset
 
     preset = dict(load_preset(topology_file))
@@ -469,6 +471,8 @@ def case_topology(
         "memory_bandwidth": f"{update['memory_bandwidth_bytes_per_s']:.6g}B/s",
         "step_overhead": f"{update.get('step_overhead_s', 0.0) * 1e6:.6g}us",
     }
+    if "predict_overhead_s" in update:
+        preset["gpu"]["predict_overhead"] = f"{update['predict_overhead_s'] * 1e6:.6g}us"
     if "p2p_message_cpu_s" in update:
         preset["host"] = {
             **dict(preset.get("host") or {}),
@@ -882,9 +886,15 @@ def simulate_measured(
     stages that run used (``scheme.stages``, checked against the run's plan); the trace
     and its preset are kept in ``traces/measured/`` of ``out_dir``."""
     from analysis.resolve import load_preset
-    from realrun.metrics import messenger_cpu_s_per_message, trace_from_run, update_cost
+    from realrun.metrics import (
+        messenger_cpu_s_per_message,
+        predict_overhead_s,
+        trace_from_run,
+        update_cost,
+    )
     from simcore.engine import simulate
     from simcore.schemes import get_scheme
+    from simcore.schemes._pipeline import PREDICT_PASSES
     from traces.jsonfmt import load, save
 
     base = load(profile_trace.removesuffix(".json") + ".layers.json")
@@ -902,6 +912,11 @@ def simulate_measured(
         }
     except ValueError:  # no update in the measured iterations: the profile's
         update = dict(profile_update)
+    features = getattr(get_scheme(case.scheme), "features", None)
+    if getattr(features, "predict", False):  # SpecTrain: beyond its passes' time
+        update["predict_overhead_s"] = predict_overhead_s(
+            records, base, PREDICT_PASSES, float(update["memory_bandwidth_bytes_per_s"])
+        )
     host = load_preset(calibration).get("host") or {}
     per_byte = float(host.get("copy_cpu_s_per_byte", 0.0)) + float(
         host.get("p2p_copy_cpu_s_per_byte", 0.0)

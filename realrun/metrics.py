@@ -33,7 +33,7 @@ from typing import Any
 
 from realrun.job import PIPELINE_SCHEMES
 from simcore import metrics
-from simcore.records import BACKWARD, COMPUTE, FORWARD, SEND, UPDATE
+from simcore.records import BACKWARD, COMPUTE, FORWARD, PREDICT, SEND, UPDATE
 from traces.model import Trace
 
 BUSY = (FORWARD, BACKWARD, UPDATE, "aggregate")
@@ -393,32 +393,60 @@ def update_cost(records: Mapping[str, Any], base: Trace, passes: int) -> UpdateC
     still takes the overhead). One size, or a line that does not rise from a
     non-negative overhead: no overhead, and the bandwidth is all the stages' bytes over
     their time. ``ValueError`` when the run recorded no update."""
+    xs, ys = _stage_means(records, base, UPDATE)
+    xs = [passes * x for x in xs]
+    if len(set(xs)) >= 2:
+        slope, intercept = statistics.linear_regression(xs, ys)
+        if slope > 0 and intercept >= 0:
+            return UpdateCost(1.0 / slope, intercept)
+    return UpdateCost(sum(xs) / max(sum(ys), 1e-9))
+
+
+def _stage_means(
+    records: Mapping[str, Any], base: Trace, span_kind: str
+) -> tuple[list[float], list[float]]:
+    """``(param_bytes, seconds)`` per stage (the whole model without a pipeline) of the
+    rank's ``span_kind`` spans of measured iterations, charged as :func:`trace_from_run`
+    does, mean over a stage's spans and then over its replicas: a span of no one layer
+    is one operation, and the spans of one iteration that name layers add up to one.
+    ``ValueError`` when the run recorded none."""
     warm = int(records["job"]["warmup_iterations"])
     stage_layers = (records["job"].get("pipeline") or {}).get("stage_layers")
     per_stage: dict[int, list[float]] = {}
     for r in records["ranks"]:
         if r.get("role", "worker") != "worker":
             continue
-        steps: list[float] = []
-        by_layer: dict[int, float] = {}  # an iteration's step taken layer by layer
+        ops: list[float] = []
+        by_layer: dict[int, float] = {}  # an iteration's operation taken layer by layer
         for kind, _n, it, layer, charged in _charged_spans(r, warm):
-            if kind == UPDATE and layer < 0:
-                steps.append(charged)
-            elif kind == UPDATE:
+            if kind == span_kind and layer < 0:
+                ops.append(charged)
+            elif kind == span_kind:
                 by_layer[it] = by_layer.get(it, 0.0) + charged
-        steps += by_layer.values()
-        if steps:
+        ops += by_layer.values()
+        if ops:
             stage = int(r.get("stage", 0))
-            per_stage.setdefault(stage, []).append(statistics.fmean(steps))
+            per_stage.setdefault(stage, []).append(statistics.fmean(ops))
     if not per_stage:
-        raise ValueError("the records hold no update spans of measured iterations")
+        raise ValueError(f"the records hold no {span_kind} spans of measured iterations")
     xs, ys = [], []
     for stage, means in sorted(per_stage.items()):
         layers = stage_layers[stage] if stage_layers else range(len(base.layers))
-        xs.append(float(passes * sum(base.layers[i].param_bytes for i in layers)))
+        xs.append(float(sum(base.layers[i].param_bytes for i in layers)))
         ys.append(statistics.fmean(means))
-    if len(set(xs)) >= 2:
-        slope, intercept = statistics.linear_regression(xs, ys)
-        if slope > 0 and intercept >= 0:
-            return UpdateCost(1.0 / slope, intercept)
-    return UpdateCost(sum(xs) / max(sum(ys), 1e-9))
+    return xs, ys
+
+
+def predict_overhead_s(
+    records: Mapping[str, Any], base: Trace, passes: int, bytes_per_s: float
+) -> float:
+    """The fixed cost of a SpecTrain weight prediction in a real run beyond ``passes``
+    weight-sized passes at ``bytes_per_s`` (the simulator's model: ``gpu.predict_overhead``
+    plus the passes at ``gpu.memory_bandwidth``, the bandwidth fitted to the optimizer
+    steps by :func:`update_cost`): the mean over the stages of each stage's mean
+    prediction span (charged as :func:`trace_from_run` does) less its passes, never
+    below zero, so the stages' predictions add up to what the run spent. ``ValueError``
+    when the run recorded no prediction."""
+    xs, ys = _stage_means(records, base, PREDICT)
+    beyond = [y - passes * x / bytes_per_s for x, y in zip(xs, ys, strict=True)]
+    return max(0.0, statistics.fmean(beyond))

@@ -65,6 +65,9 @@ class GpuSpec:
             whatever its bytes (``step_overhead``; measured by ``sim validate``'s
             profiles, where a stage with no weights still takes it: the step's calls and
             the runtime's work between the last backward and the step).
+        predict_overhead_s: fixed time of a SpecTrain weight prediction of a stage,
+            whatever its bytes (``predict_overhead``; measured by ``sim validate``: the
+            loop over the stage's weights and the hand-over to the pass that uses them).
     """
 
     model: str = "V100"
@@ -73,6 +76,7 @@ class GpuSpec:
     memory_bandwidth_bytes_per_s: float = 900e9
     peak_flop_per_s: float = 15.7e12
     step_overhead_s: float = 0.0
+    predict_overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -729,4 +733,5 @@ def _gpu_spec(d: Mapping[str, Any]) -> GpuSpec:
         ),
         peak_flop_per_s=float(d.get("peak_flops", base.peak_flop_per_s)),
         step_overhead_s=parse_time(d.get("step_overhead", base.step_overhead_s)),
+        predict_overhead_s=parse_time(d.get("predict_overhead", base.predict_overhead_s)),
     )

@@ -341,6 +341,24 @@ def test_an_optimizer_steps_fixed_overhead_adds_once_per_step(scheme):
     assert b - a == pytest.approx(5e-3)
 
 
+def test_a_weight_predictions_fixed_overhead_adds_to_every_prediction():
+    """``gpu.predict_overhead`` is paid by every SpecTrain prediction whatever its bytes:
+    on cores of their own, each prediction span is that much longer."""
+    from simcore.records import PREDICT
+
+    base = preset(cores=4)
+    slow = copy.deepcopy(base)
+    slow["gpu"]["predict_overhead"] = "5ms"
+
+    def predictions(p: dict) -> list[float]:
+        res = run(p, 2, "spectrain", record_spans=True)
+        return [s[5] - s[4] for s in res.spans if s[2] == PREDICT]  # Span field order
+
+    a, b = predictions(base), predictions(slow)
+    assert a and len(a) == len(b)
+    assert [y - x for x, y in zip(a, b, strict=True)] == pytest.approx([5e-3] * len(a))
+
+
 def four_hosts_sending(
     buffer_bytes: int, sends: list[tuple[str, int, int]]
 ) -> tuple[dict[str, float], object, list[int]]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from realrun.metrics import UpdateCost, trace_from_run, update_cost
+from realrun.metrics import UpdateCost, predict_overhead_s, trace_from_run, update_cost
 from traces.model import Layer, TraceMeta, chain
 
 
@@ -125,6 +125,25 @@ def test_stages_of_different_sizes_give_the_steps_overhead():
         nbytes = sum(400 * len(layers) for layers in layout)
         cost = update_cost(stage_updates(layout, seconds), base(), 1)
         assert cost == UpdateCost(pytest.approx(nbytes / sum(seconds)), 0.0)
+
+
+def test_spectrains_predictions_give_their_fixed_cost_beyond_the_passes():
+    """Stage 0 (layer a, 400 B) predicts twice an iteration in 0.3 and 0.5 ms, stage 1
+    (layer b, 400 B) once in 0.6 ms; at 4e6 B/s three passes of 400 B take 0.3 ms: the
+    stages' means 0.4 and 0.6 ms less 0.3 ms average 0.2 ms, so the simulated stages'
+    predictions add up to the measured ones."""
+    rec = stage_updates([[0], [1]], (0.1, 0.1))
+    # each span is charged from the end of the one before it (the update's, at 1.1 s)
+    rec["ranks"][0]["spans"] += [
+        span("predict", "predict stage0", 1.1, 1.1003, 1),
+        span("predict", "predict stage0", 1.1003, 1.1008, 1),
+    ]
+    rec["ranks"][1]["spans"] += [span("predict", "predict stage1", 1.1, 1.1006, 1)]
+    assert predict_overhead_s(rec, base(), 3, 4e6) == pytest.approx(0.2e-3)
+    # passes that take longer than the predictions did: no negative overhead
+    assert predict_overhead_s(rec, base(), 3, 1e6) == 0.0
+    with pytest.raises(ValueError, match="no predict spans"):
+        predict_overhead_s(stage_updates([[0], [1]], (0.1, 0.1)), base(), 3, 4e6)
 
 
 def test_unknown_layers_and_empty_runs_are_refused():

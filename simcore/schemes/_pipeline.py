@@ -345,8 +345,10 @@ class PipelineScheme(Scheme):
             if it == ctx.iterations - 1:
                 return
         update_s = ctx.update_s(plan.param_bytes)
+        gpu_spec = ctx.topology.gpu_spec
         predict_s = (
-            PREDICT_PASSES * plan.param_bytes / ctx.topology.gpu_spec.memory_bandwidth_bytes_per_s
+            gpu_spec.predict_overhead_s
+            + PREDICT_PASSES * plan.param_bytes / gpu_spec.memory_bandwidth_bytes_per_s
         )
         dev = ctx.topology.gpus
         lead = self.lead
