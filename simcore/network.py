@@ -252,8 +252,8 @@ class Network(ABC):
         On CPU hosts (:attr:`cpu`) it arrives once its ends' CPU work is done too: it
         travels as ``segments`` messages of the transport, and the receiver adds
         ``reduce_bytes`` of it into a buffer of its own; and a message that a rank's
-        sending thread hands over one at a time (``p2p``: a parameter server's or a
-        gossip exchange's, not a collective's or a pipeline's, whose receives are posted
+        sending thread hands over one at a time (``p2p``: a parameter server's, not a
+        collective's, a pipeline's or a gossip exchange's, whose receives are posted
         ahead) waits for the device's sender (see :class:`_Sender`).
         """
         hops = self._hops.get((src, dst))
