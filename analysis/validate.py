@@ -935,7 +935,71 @@ def simulate_measured(
 
     if plan(config)["stage_layers"] != layers:
         raise RuntimeError(f"the stages cut at {cuts} are not those the real run used ({layers})")
+    write_text(stages_path(path), cuts)
     return simulate(config)
+
+
+def stages_path(measured_trace: str) -> str:
+    """Where a pipeline's measured repeat keeps the stage cuts it was simulated with
+    (beside its trace; ``bench/resimulate.py`` reads them back)."""
+    return measured_trace.removesuffix(".json") + ".stages"
+
+
+def case_from_row(row: Mapping[str, Any]) -> Case:
+    """The case of a table row (the scheme options in their stored order; a user
+    model's ``--input-shape`` is not in the table, so such a case gets another id)."""
+    return Case(
+        str(row["scheme"]),
+        str(row["model"]),
+        float(row["bandwidth_bytes_per_s"]),
+        int(row["ranks"]),
+        int(row["batch_size"]),
+        int(row["iterations"]),
+        int(row["warmup_iterations"]),
+        tuple(json.loads(row["options"]).items()),
+    )
+
+
+def measured_files(case: Case, out_dir: str, repeat: int) -> tuple[str, str]:
+    """``(trace, preset)``: the files :func:`simulate_measured` kept in
+    ``traces/measured/`` of ``out_dir`` for repeat ``repeat`` of ``case``.
+    ``FileNotFoundError`` when the repeat was not kept."""
+    import glob
+
+    base = os.path.join(out_dir, "traces", "measured", f"{case.case_id}-r{repeat}")
+    presets = sorted(p for p in glob.glob(base + "-*.yaml") if not p.endswith(RESIMULATED))
+    if not os.path.exists(base + ".json") or not presets:
+        raise FileNotFoundError(f"no measured trace and preset of {case.case_id} repeat {repeat}")
+    return base + ".json", presets[0]
+
+
+RESIMULATED = "-resimulated.yaml"
+"""Suffix of a measured repeat's preset written by :func:`measured_case_config`."""
+
+
+def measured_case_config(
+    case: Case, out_dir: str, repeat: int, preset: Mapping[str, Any] | None = None
+) -> Any:
+    """The configuration :func:`simulate_measured` simulated repeat ``repeat`` of
+    ``case`` with, from what it kept (:func:`measured_files`, and a pipeline's stage
+    cuts); ``preset``, when given, replaces the kept preset (written beside it, ending
+    in :data:`RESIMULATED`). ``FileNotFoundError`` when the repeat was not kept (or a
+    pipeline's cuts, which validations before 2026-11-24 did not keep)."""
+    import yaml
+
+    trace, topology = measured_files(case, out_dir, repeat)
+    if preset is not None:
+        topology = trace.removesuffix(".json") + RESIMULATED
+        write_text(topology, yaml.safe_dump(dict(preset), sort_keys=False))
+    from simcore.schemes import get_scheme
+    from simcore.schemes._pipeline import PipelineScheme
+
+    if issubclass(get_scheme(case.scheme), PipelineScheme):
+        if not os.path.exists(stages_path(trace)):  # kept before the cuts were
+            raise FileNotFoundError(f"no stage cuts kept for {case.case_id} repeat {repeat}")
+        with open(stages_path(trace)) as fh:
+            case = replace(case, options=(*case.options, ("stages", fh.read().strip())))
+    return sim_config(case, trace, topology)
 
 
 # ---- the whole validation ----------------------------------------------------------------

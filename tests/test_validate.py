@@ -14,6 +14,7 @@ import pytest
 from analysis import validate as va
 from dtsim.cli import main
 from simcore.config import ConfigError
+from simcore.engine import simulate
 from tests.helpers import netns_unavailable_reason
 
 MBIT = 1e6 / 8
@@ -443,6 +444,11 @@ def test_validate_end_to_end_on_an_emulated_cluster(
         assert by.loc[scheme, "sim_profiled_iteration_time_s"] > 0
         kept = Path(out) / "traces" / "measured" / f"{by.loc[scheme, 'point_id']}-r0.json"
         assert kept.exists()
+        # what was kept simulates the repeat again to the same time (gpipe on its cuts)
+        case = va.case_from_row(by.loc[scheme].to_dict() | {"scheme": scheme})
+        assert case.case_id == by.loc[scheme, "point_id"]
+        again = simulate(va.measured_case_config(case, out, 0)).iteration_time_s
+        assert again == pytest.approx(sims[0], abs=5.1e-5)  # the table keeps 0.1 ms
     med = float(df["abs_rel_err"].median())
     # the same command with a gate below the error: resumes (nothing runs) and exits 1
     code, stdout, err = run_main(capsys, *args, "--fail-above", f"{med / 2}")

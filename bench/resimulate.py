@@ -1,0 +1,105 @@
+"""Re-simulate a finished validation with a setting changed, on the same real runs.
+
+``sim validate`` simulates every real repeat on the compute it measured and keeps that
+repeat's trace and preset in ``traces/measured/`` of its output (and a pipeline's stage
+cuts beside them). This script simulates them all again, optionally with preset keys
+overridden, and prints each case's measured time, the validation's prediction and the
+new one: a what-if on the model of the emulated cluster that needs no new real run, so
+two variants are compared on exactly the same measurements (the machine's noise
+between runs is larger than most of what one setting changes).
+
+    python bench/resimulate.py validation/                        # as validated
+    python bench/resimulate.py validation/ --set host.wakeup_s=0  # without the wake-up wait
+    python bench/resimulate.py validation/ --set host.socket_buffer=1.2MB --only ps-
+
+Keys are the preset's own, dotted (``host.socket_buffer``, ``network.lead``,
+``gpu.predict_overhead``); values are read as YAML (numbers stay numbers, ``1.2MB``
+stays text for the preset's parser).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def override(preset: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """A copy of ``preset`` with the dotted ``key`` set to ``value``."""
+    out = json.loads(json.dumps(preset))  # deep copy of plain YAML data
+    node = out
+    *path, last = key.split(".")
+    for part in path:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="a sim validate output folder")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="preset key to override (repeatable)")  # fmt: skip
+    ap.add_argument("--only", default="", help="only cases whose id starts with this (ps-, p3-cnn)")
+    args = ap.parse_args(argv)
+
+    import pandas as pd
+    import yaml
+
+    from analysis.resolve import load_preset
+    from analysis.validate import case_from_row, measured_case_config, measured_files, table_path
+    from simcore.engine import simulate
+
+    sets = []
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            ap.error(f"--set {item!r}: expected KEY=VALUE, e.g. host.wakeup_s=0")
+        sets.append((key, yaml.safe_load(value)))
+    table = pd.read_parquet(table_path(args.out))
+    errors_was, errors_now = [], []
+    print(f"{'case':44} {'measured':>9} {'validated':>17} {'now':>17}")
+    for _, row in table.iterrows():
+        if row.status != "ok" or not row.point_id.startswith(args.only):
+            continue
+        case = case_from_row(row)
+        times = []
+        try:
+            for k in range(int(row.repeats)):
+                preset = None
+                if sets:
+                    preset = dict(load_preset(measured_files(case, args.out, k)[1]))
+                    for key, value in sets:
+                        preset = override(preset, key, value)
+                config = measured_case_config(case, args.out, k, preset)
+                times.append(simulate(config).iteration_time_s)
+        except FileNotFoundError as exc:
+            print(f"{row.point_id:44} skipped: {exc}")
+            continue
+        real, was, now = (
+            row.real_iteration_time_s,
+            row.sim_iteration_time_s,
+            statistics.median(times),
+        )
+        errors_was.append(abs(was / real - 1))
+        errors_now.append(abs(now / real - 1))
+        print(
+            f"{row.point_id:44} {real * 1e3:7.1f}ms {was * 1e3:7.1f}ms {was / real - 1:+7.1%}"
+            f" {now * 1e3:7.1f}ms {now / real - 1:+7.1%}"
+        )
+    if errors_now:
+        print(
+            f"median |rel err| validated {statistics.median(errors_was):.1%} (max "
+            f"{max(errors_was):.1%}), now {statistics.median(errors_now):.1%} (max "
+            f"{max(errors_now):.1%}) over {len(errors_now)} cases"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
