@@ -912,8 +912,7 @@ def simulate_measured(
         }
     except ValueError:  # no update in the measured iterations: the profile's
         update = dict(profile_update)
-    features = getattr(get_scheme(case.scheme), "features", None)
-    if getattr(features, "predict", False):  # SpecTrain: beyond its passes' time
+    if job.pipeline and get_scheme(case.scheme).features.predict:  # SpecTrain
         update["predict_overhead_s"] = predict_overhead_s(
             records, base, PREDICT_PASSES, float(update["memory_bandwidth_bytes_per_s"])
         )
@@ -991,10 +990,9 @@ def measured_case_config(
     if preset is not None:
         topology = trace.removesuffix(".json") + RESIMULATED
         write_text(topology, yaml.safe_dump(dict(preset), sort_keys=False))
-    from simcore.schemes import get_scheme
-    from simcore.schemes._pipeline import PipelineScheme
+    from realrun.job import PIPELINE_SCHEMES
 
-    if issubclass(get_scheme(case.scheme), PipelineScheme):
+    if case.scheme in PIPELINE_SCHEMES:
         if not os.path.exists(stages_path(trace)):  # kept before the cuts were
             raise FileNotFoundError(f"no stage cuts kept for {case.case_id} repeat {repeat}")
         with open(stages_path(trace)) as fh:
