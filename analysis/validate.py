@@ -889,6 +889,7 @@ def simulate_measured(
     from realrun.metrics import (
         messenger_cpu_s_per_message,
         predict_overhead_s,
+        server_step_overhead_s,
         trace_from_run,
         update_cost,
     )
@@ -902,9 +903,9 @@ def simulate_measured(
     path = os.path.join(out_dir, "traces", "measured", f"{case.case_id}-r{repeat}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     save(trace, path)
+    # fitted with the passes the simulator's step of this scheme makes
+    passes = get_scheme(case.scheme).step_passes(job.optimizer, case.ranks)
     try:
-        # fitted with the passes the simulator's step of this scheme makes
-        passes = get_scheme(case.scheme).step_passes(job.optimizer, case.ranks)
         cost = update_cost(records, base, passes)
         update = {
             "memory_bandwidth_bytes_per_s": cost.bytes_per_s,
@@ -912,6 +913,11 @@ def simulate_measured(
         }
     except ValueError:  # no update in the measured iterations: the profile's
         update = dict(profile_update)
+    server_step = server_step_overhead_s(
+        records, passes, float(update["memory_bandwidth_bytes_per_s"])
+    )
+    if server_step is not None:  # parameter servers step shard by shard
+        update["step_overhead_s"] = server_step
     if job.pipeline and get_scheme(case.scheme).features.predict:  # SpecTrain
         update["predict_overhead_s"] = predict_overhead_s(
             records, base, PREDICT_PASSES, float(update["memory_bandwidth_bytes_per_s"])

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 import resource
 import threading
 import time
@@ -99,6 +100,24 @@ BUSY_KINDS = frozenset({FORWARD, BACKWARD, "update", "aggregate"})
 
 # ---- recording ---------------------------------------------------------------------------
 
+MACHINE_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+"""The machine's CPU states :func:`machine_cpu_s` reads, in /proc/stat's order."""
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+
+
+def machine_cpu_s() -> list[float] | None:
+    """CPU seconds the whole machine (all cores) has spent in each of
+    :data:`MACHINE_STATES` since boot, or ``None`` without a readable /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 1 + len(MACHINE_STATES):
+        return None
+    return [int(v) * _TICK_S for v in fields[1 : 1 + len(MACHINE_STATES)]]
+
 
 class Recorder:
     """Spans (tuples in :class:`simcore.records.Span` field order) and byte counts of one
@@ -117,6 +136,11 @@ class Recorder:
         self.main_cpu_at_end: dict[int, float] = {}
         """The main thread's CPU seconds at the same moments: the work of the rank's
         compute stream, without the time it waited for a core."""
+        self.machine_at_end: dict[int, list[float]] = {}
+        """The machine's CPU seconds by state (:data:`MACHINE_STATES`, from /proc/stat)
+        at the same moments: what every process and the kernel (soft interrupts, which
+        no process is charged for) took of the cores; empty where there is no
+        /proc/stat."""
         self._main_clock = time.pthread_getcpuclockid(threading.main_thread().ident or 0)
         self._lock = threading.Lock()
         self.messenger = {
@@ -207,6 +231,9 @@ class Recorder:
             if iteration not in self.cpu_at_end:
                 self.cpu_at_end[iteration] = time.process_time()
                 self.main_cpu_at_end[iteration] = self.main_cpu_s()
+                machine = machine_cpu_s()
+                if machine is not None:
+                    self.machine_at_end[iteration] = machine
 
     def record(self, **extra: Any) -> dict[str, Any]:
         """Everything recorded, as a JSON-able dictionary."""
@@ -218,6 +245,7 @@ class Recorder:
             "iteration_end": {str(k): v for k, v in sorted(self.iteration_end.items())},
             "cpu_at_end": {str(k): v for k, v in sorted(self.cpu_at_end.items())},
             "main_cpu_at_end": {str(k): v for k, v in sorted(self.main_cpu_at_end.items())},
+            "machine_at_end": {str(k): v for k, v in sorted(self.machine_at_end.items())},
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             **({"messenger": dict(self.messenger)} if self.messenger["messages"] else {}),
             **extra,

@@ -134,12 +134,18 @@ class Message:
     first byte started to move, ``end_s`` when the last byte arrived. ``rank_src`` and
     ``rank_dst`` are the ranks (or -1) the span is drawn on; ``tag`` is a short label;
     ``payload`` is the sender's own data. ``hops`` are the link directions of the route.
+    ``hold``: set by ``on_arrival`` when the receiving thread goes on working on the
+    message (a parameter server's update runs on the thread that received the last push):
+    it is called with a function to call once that work is done, and until then the
+    receiving thread hands over no further message of this sender, nor posts the header
+    receive that lets the sender go on (see :class:`_Socket`, :class:`_Sender`).
     """
 
     __slots__ = (
         "chunks_left",
         "dst",
         "end_s",
+        "hold",
         "hops",
         "id",
         "iteration",
@@ -178,6 +184,7 @@ class Message:
         self.rank_src, self.rank_dst, self.iteration = rank_src, rank_dst, iteration
         self.payload = payload
         self.socket: _Socket | None = None
+        self.hold: Callable[[Callable[[], None]], None] | None = None
 
     @property
     def route(self) -> tuple[Link, ...]:
@@ -375,9 +382,22 @@ class _Socket:
     ``waiting``: the ``acked`` count it needs and what to call then; one waiting for the
     receiver to post its header waits as ``waiting_slot``: the ``delivered`` count it
     needs (the sender hands over one message at a time, so there is at most one of
-    each)."""
+    each).
 
-    __slots__ = ("acked", "delivered", "queued", "sent", "waiting", "waiting_slot")
+    The receiving end is one thread that takes the connection's messages in order
+    (:meth:`arrive`): while it works on one beyond handing it over (``Message.hold``),
+    messages that arrive meanwhile wait in ``backlog`` until it is done."""
+
+    __slots__ = (
+        "acked",
+        "backlog",
+        "delivered",
+        "handling",
+        "queued",
+        "sent",
+        "waiting",
+        "waiting_slot",
+    )
 
     def __init__(self) -> None:
         self.queued = 0
@@ -386,6 +406,30 @@ class _Socket:
         self.delivered = 0
         self.waiting: tuple[int, Callable[[], None]] | None = None
         self.waiting_slot: tuple[int, Callable[[], None]] | None = None
+        self.handling = False
+        self.backlog: list[tuple[Message, Callable[[Message], None] | None]] = []
+
+    def arrive(self, msg: Message, deliver: Callable[[Message], None] | None) -> None:
+        """``msg`` has arrived: the receiving thread hands it over (``deliver``) once it is
+        done with the ones before it, and is done with it then, or when its ``hold``
+        says so."""
+        if self.handling:
+            self.backlog.append((msg, deliver))
+            return
+        if deliver is not None:
+            deliver(msg)
+        if msg.hold is None:
+            self.done()
+        else:
+            self.handling = True
+            msg.hold(self._handled)
+
+    def _handled(self) -> None:
+        self.handling = False
+        self.done()
+        while self.backlog and not self.handling:
+            msg, deliver = self.backlog.pop(0)
+            self.arrive(msg, deliver)
 
     def ack(self, nbytes: int) -> None:
         """``nbytes`` more have arrived: release the waiting send if its rest now fits."""
@@ -470,13 +514,7 @@ class _Sender:
         sock.sent += 1
         msg.socket = sock
         deliver = msg.on_arrival
-
-        def done(m: Message) -> None:
-            sock.done()
-            if deliver is not None:
-                deliver(m)
-
-        msg.on_arrival = done
+        msg.on_arrival = lambda m: sock.arrive(m, deliver)
         mark = sock.queued - self.buffer_bytes
         self.net._join_cpu(msg, segments, reduce_bytes, extra_s)
         self.net._inject(msg)

@@ -64,7 +64,9 @@ class GpuSpec:
         step_overhead_s: fixed time of an optimizer step of a model or a pipeline stage,
             whatever its bytes (``step_overhead``; measured by ``sim validate``'s
             profiles, where a stage with no weights still takes it: the step's calls and
-            the runtime's work between the last backward and the step).
+            the runtime's work between the last backward and the step). On CPU hosts a
+            parameter server's update of one shard is such a step too (``sim
+            validate`` measures it from the servers' handling of their messages).
         predict_overhead_s: fixed time of a SpecTrain weight prediction of a stage,
             whatever its bytes (``predict_overhead``; measured by ``sim validate``: the
             loop over the stage's weights and the hand-over to the pass that uses them).

@@ -433,3 +433,62 @@ def test_a_message_waits_for_its_peer_to_post_its_header(monkeypatch, headers_ah
         assert arrived["small"] < 0.5 * arrived["first"]
     sockets = net._senders[g[0]].sockets
     assert sockets[g[1]].sent == sockets[g[1]].delivered == 3
+
+
+@pytest.mark.parametrize("scheme", ["ps", "p3"])
+def test_a_servers_shard_update_is_a_step_with_its_fixed_overhead(scheme):
+    """On CPU hosts a parameter server updates each shard as an optimizer step:
+    ``gpu.step_overhead`` makes every server update span that much longer (cores of
+    their own, so nothing else stretches them)."""
+    from simcore.records import UPDATE
+
+    base = preset(cores=16)
+    slow = copy.deepcopy(base)
+    slow["gpu"]["step_overhead"] = "2ms"
+
+    def updates(p: dict) -> list[float]:
+        res = run(p, 2, scheme, record_spans=True)
+        return [s[5] - s[4] for s in res.spans if s[2] == UPDATE and "/ps" in s[0]]
+
+    a, b = updates(base), updates(slow)
+    assert a and len(a) == len(b)
+    assert [y - x for x, y in zip(a, b, strict=True)] == pytest.approx([2e-3] * len(a))
+
+
+@pytest.mark.parametrize("hold_s", [0.0, 0.05])
+def test_a_receiving_thread_still_at_work_holds_the_senders_next_messages(hold_s):
+    """A message whose receiving thread goes on working on it (``Message.hold``: a
+    server's update runs on the thread that took the last push) keeps that thread from
+    the sender's next messages until the work is done: rank 0 sends three 1 KiB messages
+    to rank 1, and the thread keeps the first for ``hold_s``. The second and third are
+    handed over only after that, in order (their bytes had long arrived); the sender's
+    socket counts all three taken in the end."""
+    from simcore.engine import cpu_pools
+    from simcore.host import CommCpu
+    from simcore.network import DetailedNetwork
+
+    topo = build_topology(TopologySpec(preset(cores=4, p2p_handshake_s=1e-6), 2))
+    env = Environment()
+    net = DetailedNetwork(env, topo, chunk_bytes=64 << 10)
+    net.cpu = CommCpu(topo.host_spec, cpu_pools(env, topo))
+    handed: list[tuple[str, float]] = []
+
+    def keep(release) -> None:
+        env.timeout(hold_s).callbacks.append(lambda _e: release())
+
+    def on_arrival(m) -> None:
+        handed.append((m.tag, env.now))
+        if m.tag == "first" and hold_s:
+            m.hold = keep
+
+    for tag in ("first", "second", "third"):
+        net.send(topo.gpus[0], topo.gpus[1], 1024, on_arrival, tag=tag)
+    env.run()
+    assert [tag for tag, _t in handed] == ["first", "second", "third"]
+    first = handed[0][1]
+    if hold_s:
+        assert all(t >= first + hold_s for _tag, t in handed[1:])
+    else:
+        assert all(t < first + 0.01 for _tag, t in handed[1:])
+    sock = net._senders[topo.gpus[0]].sockets[topo.gpus[1]]
+    assert sock.sent == sock.delivered == 3 and not sock.backlog

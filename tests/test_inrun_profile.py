@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from realrun.metrics import UpdateCost, predict_overhead_s, trace_from_run, update_cost
+from realrun.metrics import (
+    UpdateCost,
+    predict_overhead_s,
+    server_step_overhead_s,
+    trace_from_run,
+    update_cost,
+)
 from traces.model import Layer, TraceMeta, chain
 
 
@@ -231,3 +237,25 @@ def test_a_data_parallel_runs_wait_for_its_last_buckets_is_no_layers_compute(
         for c, (from_wait_end, _wait_s) in zip(charged, allowed, strict=True):
             assert 0 < c <= from_wait_end + 1e-9
         assert any(wait_s > 0 for _end, wait_s in allowed)  # there was a wait to leave out
+
+
+def test_a_servers_handling_gives_its_fixed_cost_per_shard_update():
+    """Two workers, two servers: server 0 (rank 2) keeps shards of 400 and 600 B, server
+    1 (rank 3) one of 1000 B; over 3 iterations their handlers took 0.09 and 0.03 s of
+    CPU. 9 shard updates, 6000 B of shards: with 2 passes at 1e6 B/s (0.012 s) the fixed
+    cost is (0.12 - 0.012) / 9; without servers (or records made before the handlers
+    were clocked) there is none to give."""
+    placement = [[1, 0, 400], [2, 0, 600], [3, 1, 1000]]
+    job = {"warmup_iterations": 1, "iterations": 2, "workers": 2}
+
+    def rank(r, role, handling):
+        m = {"handling_cpu_s": handling} if handling is not None else {}
+        return {"rank": r, "role": role, "placement": placement, "messenger": m}
+
+    servers = [rank(2, "server", 0.09), rank(3, "server", 0.03)]
+    rec = {"job": job, "ranks": [rank(0, "worker", 0.0), rank(1, "worker", 0.0), *servers]}
+    assert server_step_overhead_s(rec, 2, 1e6) == pytest.approx((0.12 - 0.012) / 9)
+    assert server_step_overhead_s(rec, 2, 1.0) == 0.0  # never below zero
+    assert server_step_overhead_s({"job": job, "ranks": rec["ranks"][:2]}, 2, 1e6) is None
+    old = [rank(2, "server", None), rank(3, "server", None)]
+    assert server_step_overhead_s({"job": job, "ranks": old}, 2, 1e6) is None

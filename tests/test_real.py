@@ -252,6 +252,33 @@ def test_bytes_per_iteration_equal_the_simulators(
             max(0.0, per_message - 1e-9 * nbytes / (2 * len(sent)))
         )
         assert messenger_cpu_s_per_message(_records, 1.0) == 0.0  # never below zero
+        # a server's handling of its pushes (adding them, the step) per shard update
+        from realrun.metrics import server_step_overhead_s
+
+        handled = [r for r in ranks if r["role"] == "server"]
+        updates = sum(
+            sum(1 for _l, srv, _b in r["placement"] if srv == r["rank"] - workers) for r in handled
+        ) * (job.warmup_iterations + job.iterations)
+        handling = sum(r["messenger"]["handling_cpu_s"] for r in handled)
+        assert handling > 0
+        assert server_step_overhead_s(_records, 3, float("inf")) == pytest.approx(
+            handling / updates
+        )
+        assert server_step_overhead_s(_records, 3, 1.0) == 0.0  # never below zero
+    else:
+        from realrun.metrics import server_step_overhead_s
+
+        assert server_step_overhead_s(_records, 3, 1e9) is None  # no servers
+    # the machine's CPU by state at each of a worker's iteration ends (/proc/stat)
+    from realrun.runtime import MACHINE_STATES
+
+    marks = _records["ranks"][0]["machine_at_end"]
+    if os.path.exists("/proc/stat"):
+        total = job.warmup_iterations + job.iterations
+        assert sorted(marks, key=int) == [str(i) for i in range(total)]
+        first, last = marks["0"], marks[str(total - 1)]
+        assert len(first) == len(MACHINE_STATES)
+        assert all(b >= a for a, b in zip(first, last, strict=True))
 
 
 def test_ps_placement_is_the_simulators(tmp_path: Path) -> None:

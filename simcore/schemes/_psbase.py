@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -271,15 +272,20 @@ class ParameterServerScheme(Scheme):
         host = topo.host_spec
         if host is not None and ctx.cpu_pool_of is not None:
             # CPU hosts: a server is a thread on its machine's shared cores; it adds
-            # pushes at the host's reduction cost and updates at its memory bandwidth.
+            # pushes at the host's reduction cost and updates a shard as an optimizer
+            # step: the device's fixed step overhead plus passes at its memory bandwidth
+            # (a real server's per-shard work, its aggregation's and step's calls, is
+            # most of what it costs: ~0.4-2 ms a shard, 2026-11-24).
             self.server_streams = [
                 CpuStream(ctx.cpu_pool_of(d), self._server_logger(s))
                 for s, d in enumerate(self.server_dev)
             ]
             self.add_s_per_byte = host.reduce_cpu_s_per_byte
             self.update_s_per_byte = 1.0 / topo.gpu_spec.memory_bandwidth_bytes_per_s
+            self.step_overhead_s = topo.gpu_spec.step_overhead_s
         else:
             self.add_s_per_byte = self.update_s_per_byte = 1.0 / self.options.server_bandwidth
+            self.step_overhead_s = 0.0
         # Server s's pushes of shard k per iteration: expected[k][s].
         self.expected: list[dict[int, int]] = []
         for parts in self.parts:
@@ -299,6 +305,11 @@ class ParameterServerScheme(Scheme):
         self.waiting: dict[tuple[int, int], list[tuple[int, Event]]] = {}
         # Per (shard, server, iteration): pushes added, value ready, pending pulls.
         self.added: dict[tuple[int, int, int], int] = {}
+        # CPU hosts: pushes of a shard arrived so far, and the receiving threads that
+        # went on to update the shard (a real server updates on the thread that took
+        # the last push), to release once the update is done
+        self.arrived: dict[tuple[int, int, int], int] = {}
+        self.updating: dict[tuple[int, int, int], Callable[[], None]] = {}
         self.ready: set[tuple[int, int, int]] = set()
         self.pulls: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
         pb = trace.param_bytes
@@ -616,6 +627,13 @@ class ParameterServerScheme(Scheme):
         if self.group_mult is not None:
             secs *= self.group_mult.get((k, self.rank_class[r], s), 1.0)
         key = (k, s, it)
+        if self.server_streams is not None:
+            n = self.arrived.get(key, 0) + 1
+            if n < self.expected[k][s]:
+                self.arrived[key] = n
+            else:
+                del self.arrived[key]
+                msg.hold = lambda release: self.updating.__setitem__(key, release)
         if self.fused:
             # Nothing answers a single push: only the last worker's push of a shard,
             # added last on the server's in-order stream, needs an event.
@@ -656,12 +674,15 @@ class ParameterServerScheme(Scheme):
 
     def _update(self, key: tuple[int, int, int]) -> None:
         k, s, it = key
-        secs = self.update_passes * self.share[k] * self.update_s_per_byte
+        secs = self.update_passes * self.share[k] * self.update_s_per_byte + self.step_overhead_s
         self._server_work(s, secs, "update", it, self._updated, key)
 
     def _updated(self, ev: Any) -> None:
         key = ev._value
         k, s, it = key
+        release = self.updating.pop(key, None)
+        if release is not None:
+            release()
         if self.fused:
             for c, plist in enumerate(self.parts[k]):
                 for s2, nb in plist:
