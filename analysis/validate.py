@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from analysis.matrix_defaults import BATCH, ITERATIONS, RANKS, REPEATS, WARMUP_ITERATIONS
-from realrun.calibrate import SEGMENT_BYTES
+from realrun.calibrate import segment_bytes
 from simcore.config import ConfigError
 from simcore.units import parse_rate
 from traces.atomic import write_text
@@ -68,10 +68,6 @@ BANDWIDTHS = ("200Mbps", "1Gbps")
 MIN_RANKS, MAX_RANKS = 2, 4
 """Ranks a validation case may have: at least two (something to communicate), at most four
 (a parameter-server case then has eight processes on this machine's cores)."""
-
-CHUNK_BYTES = SEGMENT_BYTES
-"""Chunk size of the simulated network in validation, the calibration's
-(:data:`realrun.calibrate.SEGMENT_BYTES`: a TCP segment as the kernel hands it on)."""
 
 PROFILE_ITERATIONS, PROFILE_WARMUP = 12, 2
 """Iterations of the real run a case's compute is measured in (means over the measured ones)."""
@@ -495,10 +491,12 @@ def sim_config(
 ) -> Any:
     """The simulator's configuration of ``case``: the profiled trace on the calibrated
     preset (whose fitted link rate and latency are used as they are), no device
-    rescaling, and the network cut into :data:`CHUNK_BYTES` chunks: a message crosses two
-    shaped hops (its sender's link, then its receiver's), and TCP pipelines them segment
-    by segment, where 1 MiB chunks stored and forwarded would double a message's time."""
-    from analysis.resolve import build_config
+    rescaling, and the network cut into the calibration's chunks
+    (:func:`realrun.calibrate.segment_bytes`): a message crosses two shaped hops (its
+    sender's link, then its receiver's), and TCP pipelines them segment by segment (or
+    frame by frame), where 1 MiB chunks stored and forwarded would double a message's
+    time."""
+    from analysis.resolve import build_config, load_preset
     from simcore.spec import RunSpec
 
     settings: dict[str, Any] = {
@@ -510,7 +508,7 @@ def sim_config(
         "iterations": case.iterations,
         "warmup_iterations": case.warmup_iterations,
         "compute_scale": 1.0,
-        "chunk_bytes": CHUNK_BYTES,
+        "chunk_bytes": segment_bytes(load_preset(topology_file)),
     }
     settings.update({f"scheme.{k}": v for k, v in case.options})
     return build_config(RunSpec().replace(**settings), record_spans=record_spans)

@@ -442,9 +442,9 @@ def test_the_link_lead_is_recovered_from_a_simulated_two_flow_benchmark(lead_s: 
     the same schedule; the fit takes the smallest); the first flow finishes later the
     smaller the lead, and the second after both messages' bytes whatever the lead."""
     from realrun.calibrate import (
-        SEGMENT_BYTES,
         SHARING_BYTES,
         fit_sharing_lead,
+        segment_bytes,
         simulate_two_flows,
     )
 
@@ -457,7 +457,7 @@ def test_the_link_lead_is_recovered_from_a_simulated_two_flow_benchmark(lead_s: 
         rows.append({"delay_s": d, "first_s": first, "second_s": second})
     lead, residual = fit_sharing_lead(preset, SHARING_BYTES, rows)
     goodput = parse_rate(preset["network"]["bandwidth"])
-    assert lead_s - SEGMENT_BYTES / goodput <= lead <= lead_s and residual < 1e-9
+    assert lead_s - segment_bytes(preset) / goodput <= lead <= lead_s and residual < 1e-9
     burst = parse_size(preset["network"]["burst"])  # leaves at the peak speed
     for d in delays:
         fair = simulate_two_flows(preset, SHARING_BYTES, d, 0.0)
@@ -538,3 +538,41 @@ def test_two_flow_rows_are_medians_after_the_warm_up() -> None:
     assert rows[1]["first_s"] == pytest.approx(0.018)
     assert all(r["second_s"] == pytest.approx(0.034) for r in rows)
     assert sharing_rows([{}, {}]) == []
+
+
+@pytest.mark.parametrize("rate", [25e6, 125e6])
+def test_the_chunk_keeps_a_calibrated_links_one_way_times(rate: float) -> None:
+    """The simulated network's chunk for a calibrated link (``segment_bytes``: 64 KiB
+    where tbf's bucket holds a segment, 16 KiB where it cuts segments into frames, as at
+    200 Mbit/s) carries one message over the two shaped hops in the time the
+    calibration's fit says it takes, ``latency + (n - burst) / goodput``, to within 0.15
+    ms: the second hop adds no 64 KiB store-and-forward that the measured link does not
+    have."""
+    from simpy import Environment
+
+    from realrun.calibrate import FRAME_CHUNK_BYTES, SEGMENT_BYTES, segment_bytes
+    from simcore.network import DetailedNetwork
+    from simcore.topology import TopologySpec, build_topology
+
+    with open(NETNS_PRESET, encoding="utf-8") as fh:
+        preset = yaml.safe_load(fh)
+    latency, goodput = 50e-6, 0.95 * rate
+    burst = burst_payload_bytes(rate)
+    network = {
+        **preset["network"],
+        "bandwidth": f"{goodput}B/s",
+        "latency": f"{latency / 2 * 1e6}us",  # per hop
+        "burst": f"{int(burst)}B",
+        "peak_bandwidth": f"{20 * rate}B/s",
+    }
+    preset = {**preset, "network": network}
+    chunk = segment_bytes(preset)
+    assert chunk == (FRAME_CHUNK_BYTES if rate < 50e6 else SEGMENT_BYTES)
+    topo = build_topology(TopologySpec(preset, 2))
+    for n in (256 << 10, 1 << 20, 4 << 20):
+        env = Environment()
+        net = DetailedNetwork(env, topo, chunk_bytes=chunk)
+        msg = net.send(topo.gpus[0], topo.gpus[1], n)
+        env.run()
+        fitted = latency + max(0.0, n - burst) / goodput
+        assert msg.end_s == pytest.approx(fitted, abs=0.15e-3)
