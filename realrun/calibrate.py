@@ -121,9 +121,13 @@ two-flow benchmark: 0 to 40 ms."""
 WAKEUP_SIZES_BYTES = (256 * KiB, 1 * MiB)
 """All-reduces of the busy-cores benchmark (a data-parallel run's buckets are a few
 hundred KB to a few MB)."""
+WAKEUP_REPEATS = 8
+"""Timed all-reduces of the busy-cores benchmark per row, per ``--repeats``: a busy
+machine's scheduling is noisy (with 4 the fitted wait ranged 1.35-1.8 ms over four
+calibrations of one hour)."""
 WAKEUP_PAUSE_S = 0.02
-"""Idle time before each all-reduce of the busy-cores benchmark: tbf's bucket fills, as it
-does while a training step computes."""
+"""Idle time before each all-reduce of the busy-cores benchmark (the threads that carry it
+go to sleep, as they do while a training step computes)."""
 WAKEUP_GRID_S = tuple(i * 0.05e-3 for i in range(101))
 """The wake-up waits (:attr:`simcore.topology.HostSpec.wakeup_s`) tried when fitting the
 busy-cores benchmark: 0 to 5 ms."""
@@ -362,14 +366,15 @@ def segment_bytes(preset: Mapping[str, Any]) -> int:
     ``network.burst``; here and in ``sim validate``). The kernel hands tbf 64 KiB segments
     (:data:`SEGMENT_BYTES`); tbf passes a segment whole when its bucket holds one and
     otherwise cuts it into frames, which the receiver's shaped hop then forwards frame by
-    frame: 16 KiB chunks then (:data:`FRAME_CHUNK_BYTES`). 64 KiB chunks, stored and
+    frame: 16 KiB chunks then (:data:`FRAME_CHUNK_BYTES`). A link without a bucket
+    (unshaped) carries whole segments. 64 KiB chunks, stored and
     forwarded at that second hop, made a 256 KiB or 1 MiB message at 200 Mbit/s (a 47 KB
     bucket) 0.7 ms slower than the calibration measured it; 16 KiB chunks are within 0.1
     ms, as close as frame-sized ones, at a tenth of their events (2026-11-24)."""
     from simcore.units import parse_size
 
     burst = parse_size((preset.get("network") or {}).get("burst", 0) or 0)
-    return SEGMENT_BYTES if burst >= SEGMENT_BYTES else FRAME_CHUNK_BYTES
+    return FRAME_CHUNK_BYTES if 0 < burst < SEGMENT_BYTES else SEGMENT_BYTES
 
 
 def burst_payload_bytes(rate_bytes_per_s: float | None) -> float:
@@ -552,6 +557,20 @@ def simulate_busy_allreduce(
     Collectives(net).allreduce([0, 1], nbytes, "ring", lambda t: done.succeed(t))
     env.run(until=done)
     return float(done.value)
+
+
+def unshaped_links(
+    preset: Mapping[str, Any], latency_s: float, goodput_bytes_per_s: float
+) -> dict[str, Any]:
+    """``preset`` with its network unshaped: the ``latency_s`` and goodput a message
+    between two hosts sees on unshaped veths (the calibration's wall-time fit), no tbf
+    bucket, no lead. The busy-cores benchmark runs on such links."""
+    network = {
+        k: v for k, v in preset["network"].items() if k not in ("burst", "peak_bandwidth", "lead")
+    }
+    network["bandwidth"] = format_rate_text(goodput_bytes_per_s)
+    network["latency"] = _time_text(max(latency_s, 0.0) / ROUTE_LINKS)
+    return {**preset, "network": network}
 
 
 def fit_wakeup(
@@ -894,9 +913,12 @@ def calibrate(
     # (the messenger's CPU is taken unshaped: over a shaped link its threads also burn
     # CPU while a message is in flight, which does not carry over to a training run's
     # many messages at once; the shaped link's own cost per byte is the preset's)
-    steps = ["pingpong:unshaped", "compute"]
+    # (the busy-cores all-reduce too: how long a woken thread waits for a core is the
+    # machine's scheduler, measured where the link adds least; beside busy cores a
+    # 200 Mbit/s link also slows for its soft interrupts, which is not a wait)
+    steps = ["pingpong:unshaped", "compute", "wakeup"]
     steps += ["messenger:unshaped", "shape", "pingpong:shaped", "sharing"] if shaped else []
-    steps += ["messenger:idle", "messenger:busy", "allreduce", "wakeup"]
+    steps += ["messenger:idle", "messenger:busy", "allreduce"]
     job = {
         "sizes": sizes,
         "repeats": repeats,
@@ -1236,8 +1258,10 @@ def _preset(
     # the wait whose simulation of the busy-cores benchmark slows it down as measured
     wake_rows = wakeup_rows(results)
     if wake_rows:
-        try:
-            wake, wake_residual = fit_wakeup(preset, wake_rows)
+        try:  # on the unshaped links it ran on
+            wake, wake_residual = fit_wakeup(
+                unshaped_links(preset, un_latency, un_goodput), wake_rows
+            )
         except ValueError as err:
             raise CalibrationError(f"the busy-cores benchmark cannot be fitted: {err}") from None
         preset["host"]["wakeup_s"] = wake
@@ -1762,11 +1786,11 @@ def _busy_allreduce(
     dist: Any, torch: Any, rank: int, world: int, pair: Any, repeats: int
 ) -> list[dict[str, Any]]:  # pragma: no cover - runs in the rank processes
     """Ranks 0 and 1 all-reduce each of :data:`WAKEUP_SIZES_BYTES` (``pair``: a group of
-    the two), one warm-up and ``4 * repeats`` timed, beside ``t`` computing threads for
-    ``t`` = 0 (idle) and 2 to ``world``: ranks 0 and 1's main threads and those of ranks
-    2 .. ``t - 1`` train a small convolution meanwhile (a data-parallel step's backward
-    beside its buckets' all-reduce; the other ranks' for a window of three idle
-    all-reduces' time). Each all-reduce starts :data:`WAKEUP_PAUSE_S` after a barrier and
+    the two), one warm-up and ``WAKEUP_REPEATS * repeats`` timed, beside ``t`` computing
+    threads for ``t`` = 0 (idle) and 2 to ``world``: ranks 0 and 1's main threads and
+    those of ranks 2 .. ``t - 1`` train a small convolution meanwhile (a data-parallel
+    step's backward beside its buckets' all-reduce; the other ranks' for a window of
+    three idle all-reduces' time). Each all-reduce starts :data:`WAKEUP_PAUSE_S` after a barrier and
     is timed from its start to its end as a thread waiting on it sees it. Returns rank
     0's rows (``bytes``, ``threads``, ``times_s``); the other ranks' are empty."""
     import threading
@@ -1779,7 +1803,7 @@ def _busy_allreduce(
         buf = torch.ones(_element_count(n))
         for threads in (0, *range(2, world + 1)):
             times = []
-            for k in range(4 * repeats + 1):
+            for k in range(WAKEUP_REPEATS * repeats + 1):
                 dist.barrier()
                 time.sleep(WAKEUP_PAUSE_S)
                 t0 = time.perf_counter()

@@ -30,7 +30,7 @@ from realrun.calibrate import (
     write_calibration,
 )
 from simcore.topology import TopologySpec, build_topology
-from simcore.units import parse_rate, parse_size
+from simcore.units import parse_rate, parse_size, parse_time
 from tests.helpers import netns_unavailable_reason
 
 SIZES = np.array([4, 64, 1024, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20], dtype=float)
@@ -576,3 +576,32 @@ def test_the_chunk_keeps_a_calibrated_links_one_way_times(rate: float) -> None:
         env.run()
         fitted = latency + max(0.0, n - burst) / goodput
         assert msg.end_s == pytest.approx(fitted, abs=0.15e-3)
+
+
+def test_the_busy_cores_benchmark_is_fitted_on_the_unshaped_links_it_ran_on() -> None:
+    """The wake-up wait is the machine's scheduler, measured on unshaped links: the fit
+    simulates them (the calibration's unshaped latency over the two hops and goodput; no
+    tbf bucket, peak or lead, so whole 64 KiB segments), whatever the shaped link of the
+    preset."""
+    from realrun.calibrate import SEGMENT_BYTES, segment_bytes, unshaped_links
+
+    with open(NETNS_PRESET, encoding="utf-8") as fh:
+        preset = yaml.safe_load(fh)
+    shaped = {
+        **preset,
+        "network": {
+            **preset["network"],
+            "burst": "47820B",
+            "peak_bandwidth": "2GB/s",
+            "lead": "11ms",
+            "bandwidth": "23.77MB/s",
+        },
+    }
+    free = unshaped_links(shaped, 60e-6, 1.9e9)
+    net = free["network"]
+    assert not {"burst", "peak_bandwidth", "lead"} & set(net)
+    assert parse_rate(net["bandwidth"]) == pytest.approx(1.9e9, rel=1e-3)
+    assert parse_time(net["latency"]) == pytest.approx(30e-6, rel=1e-3)  # per hop
+    assert net["sharing"] == shaped["network"]["sharing"] and free["host"] == shaped["host"]
+    assert segment_bytes(free) == SEGMENT_BYTES == 4 * segment_bytes(shaped)
+    assert shaped["network"]["burst"] == "47820B"  # the preset itself is left alone
