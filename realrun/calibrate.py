@@ -366,11 +366,11 @@ def segment_bytes(preset: Mapping[str, Any]) -> int:
     ``network.burst``; here and in ``sim validate``). The kernel hands tbf 64 KiB segments
     (:data:`SEGMENT_BYTES`); tbf passes a segment whole when its bucket holds one and
     otherwise cuts it into frames, which the receiver's shaped hop then forwards frame by
-    frame: 16 KiB chunks then (:data:`FRAME_CHUNK_BYTES`). A link without a bucket
-    (unshaped) carries whole segments. 64 KiB chunks, stored and
+    frame: 16 KiB chunks then (:data:`FRAME_CHUNK_BYTES`). 64 KiB chunks, stored and
     forwarded at that second hop, made a 256 KiB or 1 MiB message at 200 Mbit/s (a 47 KB
     bucket) 0.7 ms slower than the calibration measured it; 16 KiB chunks are within 0.1
-    ms, as close as frame-sized ones, at a tenth of their events (2026-11-24)."""
+    ms, as close as frame-sized ones, at a tenth of their events (2026-11-24). A link
+    without a bucket (unshaped) carries whole segments."""
     from simcore.units import parse_size
 
     burst = parse_size((preset.get("network") or {}).get("burst", 0) or 0)

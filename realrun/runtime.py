@@ -138,8 +138,8 @@ class Recorder:
         compute stream, without the time it waited for a core."""
         self.machine_at_end: dict[int, list[float]] = {}
         """The machine's CPU seconds by state (:data:`MACHINE_STATES`, from /proc/stat)
-        at the same moments: what every process and the kernel (soft interrupts, which
-        no process is charged for) took of the cores; empty where there is no
+        at the same moments: what every process and the kernel took of the cores, the
+        shaped links' soft interrupts counted apart; empty where there is no
         /proc/stat."""
         self._main_clock = time.pthread_getcpuclockid(threading.main_thread().ident or 0)
         self._lock = threading.Lock()
