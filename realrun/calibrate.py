@@ -21,6 +21,9 @@ YAML for ``sim run --topology FILE``. What is measured:
 * **Busy cores**: hosts 0 and 1 all-reduce 256 KiB and 1 MiB beside 0 and 2 .. hosts
   threads training a small convolution; the wait of a woken thread for a core
   (``host.wakeup_s``) is fitted by simulating it (:func:`fit_wakeup`).
+* **The scheduler**, first and without the cluster: ``cores + 1`` plain processes compute
+  and sleep in turn (:mod:`realrun.scheduler`); the delay before an idle core takes over
+  a thread queued on a busier one (``host.balance_s``) is fitted by simulating it.
 
 The fitting functions (:func:`fit_line`, :func:`fit_latency_bandwidth`, :func:`fit_shaped_link`,
 :func:`fit_cpu_cost`)
@@ -46,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from realrun import scheduler
 from simcore.units import format_bytes, format_rate, parse_rate, parse_size
 
 __all__ = [
@@ -927,7 +931,7 @@ def calibrate(
         "steps": steps,
         "sharing_delays_s": sharing_delays_s(bandwidth_bytes_per_s) if shaped else [],
     }
-    total = _steps(job)
+    total = _steps(job) + 1  # and the scheduler benchmark, first
     done = 0
 
     def tick(what: str) -> None:
@@ -938,6 +942,12 @@ def calibrate(
 
     started = datetime.datetime.now(datetime.UTC)
     t0 = time.monotonic()
+    # the machine's scheduler, on its own before any rank starts (plain processes)
+    try:
+        sched_rows = scheduler.measure(_cores())
+    except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as err:
+        raise CalibrationError(f"the scheduler benchmark failed: {err}") from None
+    tick("scheduler benchmark")
     work = tempfile.mkdtemp(prefix="dtsim-calibrate-")
     try:
         results, qdiscs = _in_cluster(
@@ -955,6 +965,7 @@ def calibrate(
         qdiscs=qdiscs,
         started=started,
         wall_s=time.monotonic() - t0,
+        scheduler_rows=sched_rows,
     )
 
 
@@ -1024,6 +1035,7 @@ def _preset(
     qdiscs: list[dict[str, Any]],
     started: datetime.datetime,
     wall_s: float,
+    scheduler_rows: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """Fit the measurements and lay them out as a topology preset."""
     un = _pingpong_rows(results, sizes, "unshaped")
@@ -1254,6 +1266,18 @@ def _preset(
         measured["sharing"] = [{"bytes": SHARING_BYTES, **r} for r in rows]
         fits["sharing_lead_s"] = lead
         fits["sharing_residual_rel_max"] = residual
+    # how soon a core that ran out of threads takes over one queued on a busier core:
+    # the delay whose simulation of the scheduler benchmark does as many cycles (before
+    # the busy-cores fit, which simulates the cores with it)
+    if scheduler_rows:
+        try:
+            balance, balance_residual = scheduler.fit_balance(scheduler_rows, cores)
+        except ValueError as err:
+            raise CalibrationError(f"the scheduler benchmark cannot be fitted: {err}") from None
+        preset["host"]["balance_s"] = balance
+        measured["scheduler"] = [dict(r) for r in scheduler_rows]
+        fits["balance_s"] = balance
+        fits["balance_residual_rel_max"] = balance_residual
     # how long a woken thread waits for a core while the ranks compute on all of them:
     # the wait whose simulation of the busy-cores benchmark slows it down as measured
     wake_rows = wakeup_rows(results)
@@ -1380,6 +1404,18 @@ def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
                 )
             ]
             if "sharing_lead_s" in fits
+            else []
+        ),
+        *(
+            [
+                (
+                    "scheduler",
+                    f"a core left idle takes over a thread queued on a busier one after "
+                    f"{fits['balance_s'] * 1e3:.3g} ms (scheduler benchmark, residual max "
+                    f"{fits['balance_residual_rel_max']:.0%})",
+                )
+            ]
+            if "balance_s" in fits
             else []
         ),
         *(

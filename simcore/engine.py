@@ -123,7 +123,7 @@ def cpu_pools(env: Environment, topology: Topology) -> Callable[[int], CpuPool]:
     spec = topology.host_spec
     assert spec is not None
     if spec.shared:
-        pool = CpuPool(env, spec.cores)
+        pool = CpuPool(env, spec.cores, spec.balance_s)
         return lambda _device: pool
     pools: dict[int, CpuPool] = {}
     devices = topology.devices
@@ -132,7 +132,7 @@ def cpu_pools(env: Environment, topology: Topology) -> Callable[[int], CpuPool]:
         box = devices[device].box
         key = box if box >= 0 else -1 - device
         if key not in pools:
-            pools[key] = CpuPool(env, spec.cores)
+            pools[key] = CpuPool(env, spec.cores, spec.balance_s)
         return pools[key]
 
     return pool_of

@@ -45,12 +45,16 @@ _EPS_S = 1e-12
 
 
 class _Task:
-    __slots__ = ("done", "holds", "left")
+    __slots__ = ("core", "done", "holds", "left", "thread")
 
-    def __init__(self, work_s: float, done: Callable[[], None], holds: bool) -> None:
+    def __init__(
+        self, work_s: float, done: Callable[[], None], holds: bool, thread: Any = None
+    ) -> None:
         self.left = work_s
         self.done = done
         self.holds = holds
+        self.thread = thread
+        self.core = -1
 
 
 class _Wake(FastEvent):
@@ -62,25 +66,55 @@ class _Wake(FastEvent):
 
 
 class CpuPool:
-    """``cores`` cores shared by processor sharing among runnable tasks (module docs).
+    """``cores`` cores shared by the runnable tasks (module docs).
+
+    With ``balance_s`` 0 the cores are one run queue under processor sharing: ``n``
+    runnable tasks each progress at ``min(1, cores / n)``. With ``balance_s`` > 0 each
+    core has a run queue of its own, shared by processor sharing among the tasks on it
+    (the scheduler's time slices, averaged): a task goes to an idle core if there is one
+    (the core its thread last ran on first), else to its thread's last core (the least
+    loaded one for a thread never seen); a thread that goes on computing keeps its core;
+    and a core left idle while another holds two or more tasks takes one of them over
+    only after ``balance_s`` (the scheduler's periodic load balancing). Idle cores beside
+    queued work are what this machine's scheduler shows (docs/cpu_hosts.md).
 
     Attributes:
         cores: the number of cores.
+        balance_s: see above.
         busy_s: core-seconds of work done so far.
     """
 
-    __slots__ = ("_at", "_generation", "_holding", "_last", "_running", "busy_s", "cores", "env")
+    __slots__ = (
+        "_at",
+        "_generation",
+        "_holding",
+        "_last",
+        "_on",
+        "_running",
+        "_steal_at",
+        "_threads",
+        "balance_s",
+        "busy_s",
+        "cores",
+        "env",
+    )
 
-    def __init__(self, env: Environment, cores: int) -> None:
+    def __init__(self, env: Environment, cores: int, balance_s: float = 0.0) -> None:
         if cores < 1:
             raise ValueError(f"a host needs at least one core, got {cores}")
-        self.env, self.cores = env, cores
+        if not (balance_s >= 0 and math.isfinite(balance_s)):
+            raise ValueError(f"balance_s must be seconds, 0 or more; got {balance_s!r}")
+        self.env, self.cores, self.balance_s = env, cores, balance_s
         self._at = EventQueue(env).at
         self._running: dict[_Task, None] = {}
         self._holding = 0  # runnable tasks that hold a core for whole slices
         self._last = 0.0
         self._generation = 0
         self.busy_s = 0.0
+        # per-core run queues (balance_s > 0)
+        self._on: list[dict[_Task, None]] = [{} for _ in range(cores)]
+        self._steal_at: list[float | None] = [None] * cores
+        self._threads: dict[Any, tuple[int, float]] = {}  # thread: (core, when it left)
 
     @property
     def holding(self) -> int:
@@ -89,35 +123,100 @@ class CpuPool:
         return self._holding
 
     def rate(self) -> float:
-        """Core-seconds per second each runnable task gets now."""
+        """Core-seconds per second each runnable task gets now (one shared run queue)."""
         n = len(self._running)
         return 1.0 if n <= self.cores else self.cores / n
 
-    def run(self, work_s: float, done: Callable[[], None], holds: bool = False) -> None:
+    def run(
+        self, work_s: float, done: Callable[[], None], holds: bool = False, thread: Any = None
+    ) -> None:
         """Make ``work_s`` core-seconds of work runnable now; ``done()`` is called (from
         the simulation loop) when it has been done. ``holds``: the work is a thread's
-        compute, which keeps its core for whole time slices (:attr:`holding`)."""
+        compute, which keeps its core for whole time slices (:attr:`holding`).
+        ``thread``: any hashable naming the thread the work runs on (per-core run
+        queues place it by where that thread ran last)."""
         self._advance()
-        self._running[_Task(max(work_s, 0.0), done, holds)] = None
+        task = _Task(max(work_s, 0.0), done, holds, thread)
+        self._running[task] = None
         self._holding += holds
+        if self.balance_s > 0:
+            task.core = self._place(thread)
+            self._on[task.core][task] = None
+            self._balance()
         self._reschedule()
+
+    def _place(self, thread: Any) -> int:
+        now = self.env.now
+        last = self._threads.get(thread) if thread is not None else None
+        if last is not None and last[1] == now:
+            return last[0]  # the thread did not sleep: it keeps its core
+        on = self._on
+        idle = [k for k in range(self.cores) if not on[k]]
+        if idle:
+            return last[0] if last is not None and last[0] in idle else idle[0]
+        if last is not None:
+            return last[0]
+        return min(range(self.cores), key=lambda k: len(on[k]))
+
+    def _balance(self) -> None:
+        """Start (or stop) each core's wait before it takes over a task of a busier one."""
+        counts = [len(q) for q in self._on]
+        crowded = max(counts) >= 2
+        for k in range(self.cores):
+            if counts[k] == 0 and crowded:
+                if self._steal_at[k] is None:
+                    self._steal_at[k] = self.env.now + self.balance_s
+            else:
+                self._steal_at[k] = None
+
+    def _steal(self) -> None:
+        """Idle cores whose wait is over take the newest task of the busiest core."""
+        now = self.env.now
+        for k in range(self.cores):
+            at = self._steal_at[k]
+            if at is None or at > now + _EPS_S:
+                continue
+            self._steal_at[k] = None
+            src = max(range(self.cores), key=lambda c: len(self._on[c]))
+            if not self._on[k] and len(self._on[src]) >= 2:
+                task = next(reversed(self._on[src]))
+                del self._on[src][task]
+                task.core = k
+                self._on[k][task] = None
+        self._balance()
 
     def _advance(self) -> None:
         now = self.env.now
         dt = now - self._last
         self._last = now
-        if dt > 0 and self._running:
-            step = dt * self.rate()
-            self.busy_s += step * len(self._running)
-            for task in self._running:
-                task.left -= step
+        if dt <= 0 or not self._running:
+            return
+        if self.balance_s > 0:
+            for q in self._on:
+                if q:
+                    step = dt / len(q)
+                    self.busy_s += dt
+                    for task in q:
+                        task.left -= step
+            return
+        step = dt * self.rate()
+        self.busy_s += step * len(self._running)
+        for task in self._running:
+            task.left -= step
 
     def _reschedule(self) -> None:
         self._generation += 1
+        now = self.env.now
+        if self.balance_s > 0:
+            firsts = [now + max(min(t.left for t in q), 0.0) * len(q) for q in self._on if q]
+            firsts += [at for at in self._steal_at if at is not None]
+            if firsts:
+                self._at(min(firsts), _Wake(self._wake, self._generation))
+            return
         if not self._running:
             return
         first = min(task.left for task in self._running)
-        at = self.env.now + max(first, 0.0) / self.rate()
+        at = now + max(first, 0.0) / self.rate()
         self._at(at, _Wake(self._wake, self._generation))
 
     def _wake(self, ev: _Wake) -> None:
@@ -128,6 +227,13 @@ class CpuPool:
         for task in finished:
             del self._running[task]
             self._holding -= task.holds
+        if self.balance_s > 0:
+            now = self.env.now
+            for task in finished:
+                del self._on[task.core][task]
+                if task.thread is not None:
+                    self._threads[task.thread] = (task.core, now)
+            self._steal()
         self._reschedule()
         for task in finished:
             task.done()
@@ -172,7 +278,7 @@ class CpuStream:
         self._head = True
         self._start = self.env.now
         work, info, then = self._pending[0]
-        self.pool.run(work, lambda: self._finished(info, then), holds=True)
+        self.pool.run(work, lambda: self._finished(info, then), holds=True, thread=self)
 
     def _finished(self, info: Any, then: Callable[[float], None] | None) -> None:
         self._pending.popleft()

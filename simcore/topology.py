@@ -115,6 +115,11 @@ class HostSpec:
             its machine's cores all computing: before its bytes leave (the sending
             thread) and before the receiver sees it (the receiving one); 0: woken
             threads run at once, as processor sharing alone says.
+        balance_s: how long a core that has run out of threads stays idle while another
+            core has two or more runnable before it takes one of them over (the
+            scheduler's load balancing); threads wake on an idle core if there is one,
+            else on the core they last ran on. 0: the cores are one run queue shared by
+            processor sharing (:class:`simcore.host.CpuPool`).
     """
 
     cores: int = 1
@@ -127,6 +132,7 @@ class HostSpec:
     p2p_message_cpu_s: float = 0.0
     p2p_copy_cpu_s_per_byte: float = 0.0
     wakeup_s: float = 0.0
+    balance_s: float = 0.0
 
     def message_cpu(self, nbytes: int, messages: int = 1) -> float:
         """CPU seconds one end spends on ``nbytes`` sent as ``messages`` messages."""
@@ -695,6 +701,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         "p2p_message_cpu_s",
         "p2p_copy_cpu_s_per_byte",
         "wakeup_s",
+        "balance_s",
     }
     unknown = sorted(set(d) - allowed)
     if unknown:
@@ -702,6 +709,9 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
     wakeup_s = float(d.get("wakeup_s", 0.0))
     if not wakeup_s >= 0 or math.isinf(wakeup_s):
         raise ValueError(f"host.wakeup_s must be seconds, 0 or more; got {wakeup_s!r}")
+    balance_s = float(d.get("balance_s", 0.0))
+    if not balance_s >= 0 or math.isinf(balance_s):
+        raise ValueError(f"host.balance_s must be seconds, 0 or more; got {balance_s!r}")
     return HostSpec(
         cores=int(d.get("cores", 1)),
         shared=bool(d.get("shared", True)),
@@ -713,6 +723,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         p2p_message_cpu_s=float(d.get("p2p_message_cpu_s", 0.0)),
         p2p_copy_cpu_s_per_byte=float(d.get("p2p_copy_cpu_s_per_byte", 0.0)),
         wakeup_s=wakeup_s,
+        balance_s=balance_s,
     )
 
 

@@ -29,6 +29,7 @@ from realrun.calibrate import (
     tcp_send_buffer_bytes,
     write_calibration,
 )
+from realrun.scheduler import BALANCE_GRID_S, CYCLES
 from simcore.topology import TopologySpec, build_topology
 from simcore.units import parse_rate, parse_size, parse_time
 from tests.helpers import netns_unavailable_reason
@@ -271,6 +272,13 @@ def test_local_calibration_writes_a_topology_sim_run_reads(tmp_path: Any, capsys
     # beside a computing main thread, the other threads' CPU per message is kept too
     busy = [r for r in preset["measured"]["messenger"] if r["busy"]]
     assert busy and all(r["messages_cpu_s"] >= 0 for r in busy)
+    # the scheduler benchmark ran first, one process more than cores, and its fitted
+    # load-balancing delay is the file's host.balance_s
+    sched = preset["measured"]["scheduler"]
+    assert [r["processes"] for r in sched] == [preset["host"]["cores"] + 1] * len(CYCLES)
+    assert all(r["cycles"] > 0 for r in sched)
+    assert preset["host"]["balance_s"] == preset["measured"]["fits"]["balance_s"]
+    assert preset["host"]["balance_s"] in BALANCE_GRID_S
     loaded = load_preset(path)
     assert loaded["name"] == "local-calibrated"
     code, out, err = run_main(

@@ -95,6 +95,81 @@ def test_pool_is_work_conserving(cores, works):
     assert got[-1] >= max(sum(works) / cores, max(works)) - 1e-9
 
 
+def per_core_ends(cores: int, balance_s: float, jobs: list[tuple[float, float, object]]) -> list:
+    """End times of ``(start_s, work_s, thread)`` jobs on a pool with per-core queues."""
+    env = Environment()
+    pool = CpuPool(env, cores, balance_s)
+    done = [None] * len(jobs)
+
+    def submit(i: int, start: float, work: float, thread: object):
+        yield env.timeout(start)
+        pool.run(work, lambda: done.__setitem__(i, env.now), thread=thread)
+
+    for i, job in enumerate(jobs):
+        env.process(submit(i, *job))
+    env.run()
+    return done
+
+
+def test_per_core_queues_closed_forms():
+    # Three 1 s tasks on two cores: two share core 0 at half speed, one has core 1; when
+    # it is done, core 1 stays idle: the pair ends at 1 + 0.5 * 2 (processor sharing
+    # over both cores: all at 1.5 s).
+    jobs = [(0.0, 1.0, "a"), (0.0, 1.0, "b"), (0.0, 1.0, "c")]
+    assert per_core_ends(2, 1e3, jobs) == pytest.approx([2.0, 1.0, 2.0])
+    # With a 0.2 s balancing delay core 1 takes one of them over at 1.2 s (0.4 s left
+    # each): both end at 1.6 s.
+    assert per_core_ends(2, 0.2, jobs) == pytest.approx([1.6, 1.0, 1.6])
+
+
+def test_a_woken_thread_goes_to_an_idle_core_else_back_to_its_own():
+    # a runs 1 s on core 0, b 10 s on core 1; c arrives at 1.1 s on the idle core 0; a
+    # wakes at 2 s with no core idle and goes back to core 0, sharing it with c (ends at
+    # 4 s); processor sharing over both cores would end it at 3.5 s
+    jobs = [(0.0, 1.0, "a"), (0.0, 10.0, "b"), (1.1, 10.0, "c"), (2.0, 1.0, "a")]
+    ends = per_core_ends(2, 1e3, jobs)
+    assert ends[0] == pytest.approx(1.0) and ends[3] == pytest.approx(4.0)
+    # had a core been idle at 2 s, a would have run alone there
+    jobs = [(0.0, 1.0, "a"), (0.0, 1.5, "b"), (1.1, 10.0, "c"), (2.0, 1.0, "a")]
+    assert per_core_ends(2, 1e3, jobs)[3] == pytest.approx(3.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    cores=st.integers(1, 4),
+    balance_s=st.sampled_from([1e-3, 0.1, 1e3]),
+    jobs=st.lists(
+        st.tuples(st.floats(0.0, 1.0), st.floats(0.001, 2.0), st.integers(0, 3)),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_per_core_queues_do_all_work_and_never_beat_the_cores(cores, balance_s, jobs):
+    """Every task ends, no sooner than its own work after its start; the cores did exactly
+    the work given and never more than ``cores`` at once; nothing ends later than all the
+    work done one after the other."""
+    env = Environment()
+    pool = CpuPool(env, cores, balance_s)
+    ends: list = [None] * len(jobs)
+
+    def submit(i: int, start: float, work: float, thread: int):
+        yield env.timeout(start)
+        pool.run(work, lambda: ends.__setitem__(i, env.now), thread=thread)
+
+    for i, job in enumerate(jobs):
+        env.process(submit(i, *job))
+    env.run()
+    works = [w for _, w, _ in jobs]
+    assert all(e is not None for e in ends)
+    for (start, work, _), end in zip(jobs, ends, strict=True):
+        assert end >= start + work - 1e-9
+    assert pool.busy_s == pytest.approx(sum(works), rel=1e-9, abs=1e-9)
+    last = max(ends)
+    first = min(s for s, _, _ in jobs)
+    assert last >= first + sum(works) / cores - 1e-9
+    assert last <= max(s for s, _, _ in jobs) + sum(works) + 1e-9
+
+
 def test_stream_runs_its_tasks_in_order():
     env = Environment()
     pool = CpuPool(env, 2)
@@ -281,10 +356,12 @@ def test_a_send_returns_once_the_socket_buffer_holds_the_rest():
     cores=st.integers(1, 4),
     scheme=st.sampled_from(["dp", "ps", "p3", "gossip", "gpipe", "pipedream", "spectrain"]),
     copy_ns=st.floats(0.0, 5.0),
+    balance_s=st.sampled_from([0.0, 5e-3]),
 )
-def test_more_cores_are_never_slower_and_bytes_balance(cores, scheme, copy_ns):
-    p_small = preset(cores=cores, copy_cpu_s_per_byte=copy_ns * 1e-9, message_cpu_s=1e-4)
-    p_big = preset(cores=cores + 2, copy_cpu_s_per_byte=copy_ns * 1e-9, message_cpu_s=1e-4)
+def test_more_cores_are_never_slower_and_bytes_balance(cores, scheme, copy_ns, balance_s):
+    host = {"copy_cpu_s_per_byte": copy_ns * 1e-9, "message_cpu_s": 1e-4, "balance_s": balance_s}
+    p_small = preset(cores=cores, **host)
+    p_big = preset(cores=cores + 2, **host)
     a = run(p_small, 2, scheme)
     b = run(p_big, 2, scheme)
     assert b.iteration_time_s <= a.iteration_time_s * (1 + 1e-9)
@@ -310,6 +387,7 @@ def test_cpu_devices_are_not_called_gpus():
         ({"host": {"cores": 0}}, "host.cores"),
         ({"host": {"cores": 2, "speed": 3}}, "unknown key 'speed'"),
         ({"host": {"cores": 2, "wakeup_s": -1e-3}}, "host.wakeup_s"),
+        ({"host": {"cores": 2, "balance_s": -1e-3}}, "host.balance_s"),
         ({"gpu": {"kind": "tpu"}}, "gpu.kind 'tpu'"),
     ],
 )
