@@ -7,9 +7,9 @@ keeps a run queue per core: a thread that wakes goes to an idle core if there is
 else back to the core it last ran on, and a core that runs out of threads takes one over
 from a busier core only at its next load balancing, milliseconds later. Threads that
 block and wake all the time (a training step waiting for messages) leave cores idle
-beside queued work: three threads computing 8 ms and sleeping 4 ms in turn on this 2-core
-machine got 1.61 cores, not the 2 processor sharing gives them, and waited 2.8 ms per
-cycle in the run queues.
+beside queued work: three processes computing 8 ms and sleeping 4 ms in turn on this
+2-core machine kept it 19.9% idle and each waited 2.9 ms per cycle in a run queue
+(2026-11-24; docs/cpu_hosts.md has the table, ``bench/scheduler.py`` reruns it).
 
 :func:`measure` runs that benchmark (``cores + 1`` processes, each spinning
 :data:`CYCLES` ``compute`` seconds of CPU time then sleeping ``sleep`` seconds, for
@@ -57,7 +57,13 @@ _CHILD = r"""
 import json, sys, time
 compute_s, sleep_s, start, stop = (float(a) for a in sys.argv[1:5])
 time.sleep(max(0.0, start - time.monotonic()))
-cycles, slept = 0, 0.0
+def waited():
+    try:
+        with open("/proc/thread-self/schedstat") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+cycles, slept, w0 = 0, 0.0, waited()
 while time.monotonic() < stop:
     t0 = time.thread_time()
     while time.thread_time() - t0 < compute_s:
@@ -66,18 +72,23 @@ while time.monotonic() < stop:
     time.sleep(sleep_s)
     slept += time.monotonic() - s0
     cycles += 1
-print(json.dumps({"cycles": cycles, "sleep_s": slept / max(cycles, 1)}))
+out = {"cycles": cycles, "sleep_s": slept / max(cycles, 1), "run_wait_s": waited() - w0}
+print(json.dumps(out))
 """
 
 
 def measure(
-    cores: int | None = None, cycles: Sequence[tuple[float, float, float]] = CYCLES
+    cores: int | None = None,
+    cycles: Sequence[tuple[float, float, float]] = CYCLES,
+    processes: int | None = None,
 ) -> list[dict[str, float]]:
-    """Run the benchmark on this machine: per row of ``cycles``, ``cores + 1`` processes
-    (``cores``: the cores this process may use) start together and each computes and
-    sleeps in turn until the row's duration is over. Returns per row the processes, the
-    cycles they did in all, and the mean time a sleep really took."""
-    n = (cores or len(os.sched_getaffinity(0))) + 1
+    """Run the benchmark on this machine: per row of ``cycles``, ``processes`` processes
+    (default ``cores + 1``; ``cores``: the cores this process may use) start together and
+    each computes and sleeps in turn until the row's duration is over. Returns per row
+    the processes, the cycles they did in all, the mean time a sleep really took, and the
+    time a cycle spent waiting in a run queue (``/proc/<pid>/schedstat``; 0 where the
+    kernel does not keep it)."""
+    n = processes or (cores or len(os.sched_getaffinity(0))) + 1
     rows = []
     for compute_s, sleep_s, duration_s in cycles:
         start = time.monotonic() + 0.3  # every process started and waiting by then
@@ -102,6 +113,8 @@ def measure(
                 "duration_s": duration_s,
                 "cycles": sum(int(o["cycles"]) for o in outs),
                 "slept_s": sum(o["sleep_s"] for o in outs) / n,
+                "run_wait_s": sum(o["run_wait_s"] for o in outs)
+                / max(sum(int(o["cycles"]) for o in outs), 1),
             }
         )
     return rows

@@ -8,9 +8,14 @@ machine's cores also run what communication costs the CPU: the socket copies on 
 ends of every message, a fixed per-message cost (framing, system calls, the runtime's
 own code) and the sums of a collective's reduction.
 
-:class:`CpuPool` is the machine's cores under processor sharing, which is how a
-time-slicing scheduler treats runnable threads: ``n`` runnable tasks each progress at
-``min(1, C / n)`` core-seconds per second. A task needs one core at most (one thread).
+:class:`CpuPool` is the machine's cores. With one run queue (``balance_s`` 0) they are
+shared by processor sharing, the fluid limit of a time-slicing scheduler: ``n`` runnable
+tasks each progress at ``min(1, C / n)`` core-seconds per second. With a run queue per
+core (``balance_s`` > 0, as Linux keeps them) the tasks of one core share it, a woken
+thread goes to an idle core if there is one and else back to its own, and an idle core
+takes over work queued elsewhere only after ``balance_s``: cores can idle beside queued
+work, as measured on this machine (:mod:`realrun.scheduler`, docs/cpu_hosts.md). A task
+needs one core at most (one thread).
 :class:`CpuStream` is one thread's work: tasks run one at a time in the order they were
 queued, each one runnable on the pool while it is at the head. :class:`CpuRank` is a
 rank whose compute stream is such a thread; it offers :class:`~simcore.device.Gpu`'s
