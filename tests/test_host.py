@@ -95,8 +95,11 @@ def test_pool_is_work_conserving(cores, works):
     assert got[-1] >= max(sum(works) / cores, max(works)) - 1e-9
 
 
-def per_core_ends(cores: int, balance_s: float, jobs: list[tuple[float, float, object]]) -> list:
-    """End times of ``(start_s, work_s, thread)`` jobs on a pool with per-core queues."""
+def run_per_core(
+    cores: int, balance_s: float, jobs: list[tuple[float, float, object]]
+) -> tuple[list, CpuPool]:
+    """End times of ``(start_s, work_s, thread)`` jobs on a pool with per-core queues,
+    and the pool."""
     env = Environment()
     pool = CpuPool(env, cores, balance_s)
     done = [None] * len(jobs)
@@ -108,7 +111,11 @@ def per_core_ends(cores: int, balance_s: float, jobs: list[tuple[float, float, o
     for i, job in enumerate(jobs):
         env.process(submit(i, *job))
     env.run()
-    return done
+    return done, pool
+
+
+def per_core_ends(cores: int, balance_s: float, jobs: list[tuple[float, float, object]]) -> list:
+    return run_per_core(cores, balance_s, jobs)[0]
 
 
 def test_per_core_queues_closed_forms():
@@ -148,17 +155,7 @@ def test_per_core_queues_do_all_work_and_never_beat_the_cores(cores, balance_s, 
     """Every task ends, no sooner than its own work after its start; the cores did exactly
     the work given and never more than ``cores`` at once; nothing ends later than all the
     work done one after the other."""
-    env = Environment()
-    pool = CpuPool(env, cores, balance_s)
-    ends: list = [None] * len(jobs)
-
-    def submit(i: int, start: float, work: float, thread: int):
-        yield env.timeout(start)
-        pool.run(work, lambda: ends.__setitem__(i, env.now), thread=thread)
-
-    for i, job in enumerate(jobs):
-        env.process(submit(i, *job))
-    env.run()
+    ends, pool = run_per_core(cores, balance_s, jobs)
     works = [w for _, w, _ in jobs]
     assert all(e is not None for e in ends)
     for (start, work, _), end in zip(jobs, ends, strict=True):
