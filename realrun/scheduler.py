@@ -95,26 +95,35 @@ def measure(
         stop = start + duration_s
         argv = [sys.executable, "-c", _CHILD, repr(compute_s), repr(sleep_s), repr(start),
                 repr(stop)]  # fmt: skip
-        procs = [
-            subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(n)
-        ]
+        procs: list[subprocess.Popen[str]] = []
         outs = []
-        for p in procs:
-            out, err = p.communicate(timeout=duration_s + 60)
-            if p.returncode != 0:
-                raise RuntimeError(f"scheduler benchmark process failed: {err.strip()[-300:]}")
-            outs.append(json.loads(out))
+        try:
+            for _ in range(n):
+                procs.append(
+                    subprocess.Popen(
+                        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                    )
+                )
+            for p in procs:
+                out, err = p.communicate(timeout=duration_s + 60)
+                if p.returncode != 0:
+                    raise RuntimeError(f"scheduler benchmark process failed: {err.strip()[-300:]}")
+                outs.append(json.loads(out))
+        finally:  # on any way out, no benchmark process is left spinning
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        done = sum(int(o["cycles"]) for o in outs)
         rows.append(
             {
                 "processes": n,
                 "compute_s": compute_s,
                 "sleep_s": sleep_s,
                 "duration_s": duration_s,
-                "cycles": sum(int(o["cycles"]) for o in outs),
+                "cycles": done,
                 "slept_s": sum(o["sleep_s"] for o in outs) / n,
-                "run_wait_s": sum(o["run_wait_s"] for o in outs)
-                / max(sum(int(o["cycles"]) for o in outs), 1),
+                "run_wait_s": sum(o["run_wait_s"] for o in outs) / max(done, 1),
             }
         )
     return rows
