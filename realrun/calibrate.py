@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from realrun import scheduler
+from realrun import linkcpu, scheduler
 from simcore.units import format_bytes, format_rate, parse_rate, parse_size
 
 __all__ = [
@@ -931,7 +931,7 @@ def calibrate(
         "steps": steps,
         "sharing_delays_s": sharing_delays_s(bandwidth_bytes_per_s) if shaped else [],
     }
-    total = _steps(job) + 1  # and the scheduler benchmark, first
+    total = _steps(job) + 1 + shaped  # and the scheduler benchmark, first; the link's CPU
     done = 0
 
     def tick(what: str) -> None:
@@ -955,6 +955,17 @@ def calibrate(
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    link_row = None
+    if shaped:  # the shaped link's packet work beside computing processes (own cluster)
+        try:
+            link_row = linkcpu.measure(
+                float(bandwidth_bytes_per_s),
+                _cores(),
+                prefix=os.environ.get("DTSIM_NETNS_PREFIX", "dtsim") + "l",
+            )
+        except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as err:
+            raise CalibrationError(f"the link CPU benchmark failed: {err}") from None
+        tick("link CPU benchmark")
     return _preset(
         cluster=cluster,
         rate=bandwidth_bytes_per_s,
@@ -966,6 +977,7 @@ def calibrate(
         started=started,
         wall_s=time.monotonic() - t0,
         scheduler_rows=sched_rows,
+        link_row=link_row,
     )
 
 
@@ -1036,6 +1048,7 @@ def _preset(
     started: datetime.datetime,
     wall_s: float,
     scheduler_rows: Sequence[Mapping[str, Any]] = (),
+    link_row: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Fit the measurements and lay them out as a topology preset."""
     un = _pingpong_rows(results, sizes, "unshaped")
@@ -1062,7 +1075,8 @@ def _preset(
         shaped_copy = None
         if rate is not None and len(big) >= 2 and all(c > 0 for c in shaped_cpu):
             shaped_copy = fit_cpu_cost(np.asarray(big, dtype=float), shaped_cpu)[1]
-            copy_cpu = max(copy_cpu, shaped_copy)
+            if link_row is None:  # else the link benchmark measures that work (below)
+                copy_cpu = max(copy_cpu, shaped_copy)
     except ValueError as err:
         raise CalibrationError(f"the measurements cannot be fitted: {err}") from None
     burst = burst_payload_bytes(rate)
@@ -1278,6 +1292,12 @@ def _preset(
         measured["scheduler"] = [dict(r) for r in scheduler_rows]
         fits["balance_s"] = balance
         fits["balance_residual_rel_max"] = balance_residual
+    # the shaped link's packet work, measured as what computing processes lose to it
+    if link_row is not None:
+        link_cpu = linkcpu.link_cpu_s_per_byte(link_row)
+        preset["host"]["link_cpu_s_per_byte"] = link_cpu
+        measured["link_cpu"] = dict(link_row)
+        fits["link_cpu_s_per_byte"] = link_cpu
     # how long a woken thread waits for a core while the ranks compute on all of them:
     # the wait whose simulation of the busy-cores benchmark slows it down as measured
     wake_rows = wakeup_rows(results)
@@ -1404,6 +1424,19 @@ def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
                 )
             ]
             if "sharing_lead_s" in fits
+            else []
+        ),
+        *(
+            [
+                (
+                    "link CPU",
+                    f"{fits['link_cpu_s_per_byte'] * 1e9:.3g} ns per byte held to the rate, "
+                    f"per side, taken from computing threads (link CPU benchmark: "
+                    f"{m['link_cpu']['lost_cores']:.2f} cores lost, "
+                    f"{m['link_cpu']['ranks_cores']:.2f} of them the ranks')",
+                )
+            ]
+            if "link_cpu_s_per_byte" in fits
             else []
         ),
         *(

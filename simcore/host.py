@@ -368,6 +368,10 @@ class CpuRank(Gpu):
         return math.nan
 
 
+def _nothing() -> None:
+    return None
+
+
 class CommCpu:
     """The CPU side of communication on CPU hosts: each message costs both ends
     :meth:`HostSpec.message_cpu` core-seconds, run as tasks of their own on the ends'
@@ -405,6 +409,14 @@ class CommCpu:
             self.pool_of(dst).run(recv_s, on_one)
 
         return 3, start
+
+    def background(self, src: int, dst: int, nbytes: int) -> None:
+        """The network's packet work for ``nbytes`` that crossed it: runnable on both
+        ends' cores (:attr:`HostSpec.link_cpu_s_per_byte`), waited for by nobody."""
+        work = nbytes * self.spec.link_cpu_s_per_byte
+        if work > 0:
+            self.pool_of(src).run(work, _nothing)
+            self.pool_of(dst).run(work, _nothing)
 
     def wakeup_s(self, device: int) -> float:
         """How long a thread of ``device``'s machine woken now waits for a core: nothing

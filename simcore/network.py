@@ -67,6 +67,7 @@ class LinkState:
         "busy",
         "finish",
         "free_at",
+        "held_bytes",
         "latency",
         "link",
         "peak_service",
@@ -88,6 +89,7 @@ class LinkState:
         self.burst_s = link.burst_bytes * self.service
         self.peak_service = 1.0 / link.peak_bytes_per_s if link.peak_bytes_per_s > 0 else 0.0
         self.tat = 0.0
+        self.held_bytes = 0.0  # bytes the bucket held to the rate (a tbf queue's)
         self.free_at = 0.0
         self.sent_bytes = 0
         self.recv_bytes = 0
@@ -110,7 +112,11 @@ class LinkState:
         self.tat = tat
         fast = start + nbytes * self.peak_service
         held = tat - self.burst_s
-        return fast if fast > held else held
+        if fast >= held:
+            return fast
+        slower = self.service - self.peak_service
+        self.held_bytes += min(nbytes, (held - fast) / slower) if slower > 0 else nbytes
+        return held
 
 
 class ShadowLink(LinkState):
@@ -572,13 +578,16 @@ class DetailedNetwork(Network):
         if len(msg.hops) == 1:
             # One hop: only the arrival of the last byte matters.
             msg.chunks_left = 1
+            h0 = st.held_bytes
             end = st.transmit(t, n)
+            self._held(msg, 0, st.held_bytes - h0, False)
             st.free_at = end
             at(end + st.latency, _ChunkArrival(cb, msg, 1, n))
             return
         full, last = divmod(n, c)
         msg.chunks_left = full + (1 if last else 0)
         lat = st.latency
+        h0 = st.held_bytes
         for _ in range(full):
             t = st.transmit(t, c)
             at(t + lat, _ChunkArrival(cb, msg, 1, c))
@@ -586,6 +595,24 @@ class DetailedNetwork(Network):
             t = st.transmit(t, last)
             at(t + lat, _ChunkArrival(cb, msg, 1, last))
         st.free_at = t
+        self._held(msg, 0, st.held_bytes - h0, False)
+
+    def _held(self, msg: Message, hop: int, by_bucket: float, queued: bool) -> None:
+        """Charge the ends' cores for the bytes of a chunk of ``msg`` that a shaped link
+        (hop ``hop``) held back (:meth:`simcore.host.CommCpu.background`): on the first
+        shaped link of the route, what its bucket held to the rate (``by_bucket``); on a
+        later one only if the chunk queued behind other traffic (``queued``), since its
+        bytes come in at the rate already (a chunk stored and forwarded whole would
+        otherwise look held again)."""
+        if self.cpu is None:
+            return
+        hops = msg.hops
+        if not hops[hop].burst_s > 0:
+            return
+        first = all(h.burst_s <= 0 for h in hops[:hop])
+        nbytes = by_bucket if first or queued else 0.0
+        if nbytes > 0:
+            self.cpu.background(msg.src, msg.dst, nbytes)
 
     def _arrive_fifo(self, ev: _ChunkArrival) -> None:
         msg = ev.msg
@@ -605,7 +632,9 @@ class DetailedNetwork(Network):
         start = st.free_at
         if start < now:
             start = now
+        h0 = st.held_bytes
         end = st.transmit(start, size)
+        self._held(msg, hop, st.held_bytes - h0, start > now)
         st.free_at = end
         st.sent_bytes += size
         self._at(end + st.latency, _ChunkArrival(self._on_fifo_arrival, msg, hop + 1, size))
@@ -650,11 +679,15 @@ class DetailedNetwork(Network):
         st.seq += 1
         heapq.heappush(st.queue, (msg.priority, tag, st.seq, now, msg, hop, size))
 
-    def _serve(self, st: LinkState, msg: Message, hop: int, size: int, start: float) -> None:
+    def _serve(
+        self, st: LinkState, msg: Message, hop: int, size: int, start: float, queued: bool = False
+    ) -> None:
         if msg.start_s < 0:
             msg.start_s = start
         st.sent_bytes += size
+        h0 = st.held_bytes
         end = st.transmit(start, size)
+        self._held(msg, hop, st.held_bytes - h0, queued)
         st.free_at = end
         self._at(end + st.latency, _ChunkArrival(self._on_prio_arrival, msg, hop + 1, size))
 
@@ -669,15 +702,16 @@ class DetailedNetwork(Network):
             while queue and queue[0][3] > start:
                 later.append(heapq.heappop(queue))
             if queue:
-                _, tag, _, _, msg, hop, size = heapq.heappop(queue)
+                _, tag, _, came, msg, hop, size = heapq.heappop(queue)
             else:  # the link went idle until the first of the later chunks came
                 first = min(later, key=lambda e: (e[3], e[2]))
                 later.remove(first)
                 _, tag, _, start, msg, hop, size = first
+                came = start
             for entry in later:
                 heapq.heappush(queue, entry)
             st.vtime = tag
-            self._serve(st, msg, hop, size, start)
+            self._serve(st, msg, hop, size, start, start > came)
 
     def _arrive_prio(self, ev: _ChunkArrival) -> None:
         msg = ev.msg
@@ -879,6 +913,8 @@ class AnalyticNetwork(Network):
         msg: Message = ev.value
         for st in msg.hops:
             st.recv_bytes += msg.nbytes
+        if self.cpu is not None and any(st.burst_s > 0 for st in msg.hops):
+            self.cpu.background(msg.src, msg.dst, msg.nbytes)  # no bucket here: all held
         if msg.socket is not None:
             msg.socket.ack(msg.nbytes)
         self._complete(msg)

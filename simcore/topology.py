@@ -120,6 +120,10 @@ class HostSpec:
             scheduler's load balancing); threads wake on an idle core if there is one,
             else on the core they last ran on. 0: the cores are one run queue shared by
             processor sharing (:class:`simcore.host.CpuPool`).
+        link_cpu_s_per_byte: CPU seconds per byte that the network's packet work
+            (shaping, the kernel's soft interrupts) takes from each end's cores while
+            the bytes cross the network; no thread waits for it: it only competes with
+            the threads for the cores. 0: none.
     """
 
     cores: int = 1
@@ -133,6 +137,7 @@ class HostSpec:
     p2p_copy_cpu_s_per_byte: float = 0.0
     wakeup_s: float = 0.0
     balance_s: float = 0.0
+    link_cpu_s_per_byte: float = 0.0
 
     def message_cpu(self, nbytes: int, messages: int = 1) -> float:
         """CPU seconds one end spends on ``nbytes`` sent as ``messages`` messages."""
@@ -702,6 +707,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         "p2p_copy_cpu_s_per_byte",
         "wakeup_s",
         "balance_s",
+        "link_cpu_s_per_byte",
     }
     unknown = sorted(set(d) - allowed)
     if unknown:
@@ -712,6 +718,11 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
     balance_s = float(d.get("balance_s", 0.0))
     if not balance_s >= 0 or math.isinf(balance_s):
         raise ValueError(f"host.balance_s must be seconds, 0 or more; got {balance_s!r}")
+    link_cpu = float(d.get("link_cpu_s_per_byte", 0.0))
+    if not link_cpu >= 0 or math.isinf(link_cpu):
+        raise ValueError(
+            f"host.link_cpu_s_per_byte must be seconds per byte, 0 or more; got {link_cpu!r}"
+        )
     return HostSpec(
         cores=int(d.get("cores", 1)),
         shared=bool(d.get("shared", True)),
@@ -724,6 +735,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         p2p_copy_cpu_s_per_byte=float(d.get("p2p_copy_cpu_s_per_byte", 0.0)),
         wakeup_s=wakeup_s,
         balance_s=balance_s,
+        link_cpu_s_per_byte=link_cpu,
     )
 
 

@@ -1,0 +1,151 @@
+"""What a shaped link's packet work takes from computing threads, measured.
+
+A ``tc tbf`` link holds packets to its rate and releases them from a timer, one or a few
+at a time, in the kernel's soft interrupts; the receiving end handles each frame there
+too. No process is charged for that work, and the machine's busy counters, read in
+10 ms ticks that stop on idle cores, barely see it; but it runs on the same cores as the
+ranks. At 200 Mbit/s on this 2-core machine, two ranks exchanging 1 MiB messages both
+ways at the link's rate took about one core from two computing processes, of which the
+ranks' own CPU time was a third (2026-11-24: 13.3 ns per byte beyond the ranks'; at
+1 Gbit/s 0.8 ns, the bucket then releases many frames per timer).
+
+:func:`measure` runs that benchmark on a two-host emulated cluster: ``cores`` spinning
+processes (plain Python, counting loops) alone, then beside two gloo ranks that exchange
+1 MiB messages both ways for ``duration_s``, then alone again; the spinners' lost
+throughput, in cores, less the ranks' own CPU (which the preset's per-message and
+per-byte costs already charge), per byte carried, is the link's cost.
+:func:`link_cpu_s_per_byte` turns a row into :attr:`simcore.topology.HostSpec.link_cpu_s_per_byte`
+(per byte, at each end: half of it).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["MESSAGE_BYTES", "link_cpu_s_per_byte", "measure"]
+
+MESSAGE_BYTES = 1 << 20
+"""Size of the messages the two ranks exchange (each way at once, back to back)."""
+
+PORT = 29533
+"""The rendezvous port of the two ranks, inside the benchmark's own namespaces."""
+
+_SPINNER = r"""
+import sys, time
+stop = float(sys.argv[1])
+n = 0
+t0 = time.monotonic()
+while time.monotonic() < stop:
+    for _ in range(2000):
+        pass
+    n += 1
+print(n / (time.monotonic() - t0))
+"""
+
+_RANK = r"""
+import sys, time
+import torch, torch.distributed as dist
+torch.set_num_threads(1)
+rank, nbytes, addr, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+start, stop = float(sys.argv[5]), float(sys.argv[6])
+dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://{addr}:{port}")
+peer = 1 - rank
+out, into = torch.zeros(nbytes // 4), torch.zeros(nbytes // 4)
+dist.barrier()
+n, go = 0, True
+while go:
+    r = dist.irecv(into, peer)
+    s = dist.isend(out, peer)
+    r.wait()
+    s.wait()
+    if n == 0:
+        c0, t0 = time.process_time(), time.monotonic()
+    n += 1
+    flag = torch.tensor([1 if time.monotonic() < stop else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    go = bool(flag.item())
+cpu, wall = time.process_time() - c0, time.monotonic() - t0
+dist.barrier()
+print(n - 1, nbytes * (n - 1), cpu, wall)
+"""
+
+
+def _spin(cores: int, seconds: float) -> float:
+    """Loops per second of ``cores`` spinning processes together, over ``seconds``."""
+    stop = time.monotonic() + seconds
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _SPINNER, repr(stop)], stdout=subprocess.PIPE,
+                         text=True)
+        for _ in range(cores)
+    ]  # fmt: skip
+    try:
+        return sum(float(p.communicate(timeout=seconds + 30)[0]) for p in procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def measure(
+    rate_bytes_per_s: float, cores: int, duration_s: float = 2.0, prefix: str = "dtlcpu"
+) -> dict[str, Any]:
+    """The benchmark (module docs) on links shaped to ``rate_bytes_per_s``; returns its
+    row: ``spin_idle`` and ``spin_busy`` (loops per second of all spinners), ``lost_cores``,
+    ``ranks_cores`` (their CPU over the exchange), ``bytes`` (carried, both ways),
+    ``seconds`` (the exchange's) and ``rate``. Root and network namespaces needed."""
+    from realrun.netns import EmulatedCluster, terminate_as_interrupt
+
+    warm_s = 1.0
+    with terminate_as_interrupt(), EmulatedCluster(2, rate_bytes_per_s, prefix=prefix) as emu:
+        idle_before = _spin(cores, duration_s)
+        start = time.monotonic()
+        stop = start + warm_s + duration_s
+        procs = []
+        try:
+            for h in range(2):
+                env = {**os.environ, "GLOO_SOCKET_IFNAME": emu.hosts[h].ifname}
+                argv = [sys.executable, "-c", _RANK, str(h), str(MESSAGE_BYTES),
+                        emu.hosts[0].address, str(PORT), repr(start), repr(stop)]  # fmt: skip
+                procs.append(subprocess.Popen(emu.command(h, argv), env=env,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                              text=True))  # fmt: skip
+            time.sleep(max(0.0, start + warm_s - time.monotonic()))
+            busy = _spin(cores, max(0.5, stop - time.monotonic() - 0.2))
+            outs = []
+            for p in procs:
+                out, err = p.communicate(timeout=duration_s + 60)
+                if p.returncode != 0:
+                    tail = err.strip().splitlines()[-1:] or ["no output"]
+                    raise RuntimeError(f"link benchmark rank failed: {tail[0]}")
+                outs.append([float(v) for v in out.split()])
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        idle_after = _spin(cores, duration_s)
+    idle = (idle_before + idle_after) / 2
+    seconds = max(o[3] for o in outs)
+    return {
+        "rate": rate_bytes_per_s,
+        "spin_idle": idle,
+        "spin_busy": busy,
+        "lost_cores": max(0.0, (idle - busy) / idle * min(cores, os.cpu_count() or cores)),
+        "ranks_cores": sum(o[2] for o in outs) / seconds,
+        "bytes": sum(o[1] for o in outs),
+        "seconds": seconds,
+    }
+
+
+def link_cpu_s_per_byte(row: Mapping[str, Any]) -> float:
+    """CPU seconds per byte, at each end, that the link's packet work took from the
+    spinners beyond the ranks' own CPU (0 when none showed)."""
+    lost = float(row["lost_cores"]) - float(row["ranks_cores"])
+    carried = float(row["bytes"]) / float(row["seconds"])
+    return max(0.0, lost / carried / 2) if carried > 0 else 0.0
