@@ -580,7 +580,7 @@ class DetailedNetwork(Network):
             msg.chunks_left = 1
             h0 = st.held_bytes
             end = st.transmit(t, n)
-            self._held(msg, 0, st.held_bytes - h0, False)
+            self._held(msg, 0, st.held_bytes - h0)
             st.free_at = end
             at(end + st.latency, _ChunkArrival(cb, msg, 1, n))
             return
@@ -595,24 +595,19 @@ class DetailedNetwork(Network):
             t = st.transmit(t, last)
             at(t + lat, _ChunkArrival(cb, msg, 1, last))
         st.free_at = t
-        self._held(msg, 0, st.held_bytes - h0, False)
+        self._held(msg, 0, st.held_bytes - h0)
 
-    def _held(self, msg: Message, hop: int, by_bucket: float, queued: bool) -> None:
+    def _held(self, msg: Message, hop: int, by_bucket: float) -> None:
         """Charge the ends' cores for the bytes of a chunk of ``msg`` that a shaped link
-        (hop ``hop``) held back (:meth:`simcore.host.CommCpu.background`): on the first
-        shaped link of the route, what its bucket held to the rate (``by_bucket``); on a
-        later one only if the chunk queued behind other traffic (``queued``), since its
-        bytes come in at the rate already (a chunk stored and forwarded whole would
-        otherwise look held again)."""
-        if self.cpu is None:
+        (hop ``hop``) held to its rate (:meth:`simcore.host.CommCpu.background`), once per
+        route: on its first shaped link. The bytes reach a later one at the rate already
+        (a chunk stored and forwarded whole would look held again); where many senders
+        meet at a receiver's link, TCP slows them to their share there, so their bytes
+        are held about once too, if not always on the first link."""
+        if by_bucket <= 0 or self.cpu is None:
             return
-        hops = msg.hops
-        if not hops[hop].burst_s > 0:
-            return
-        first = all(h.burst_s <= 0 for h in hops[:hop])
-        nbytes = by_bucket if first or queued else 0.0
-        if nbytes > 0:
-            self.cpu.background(msg.src, msg.dst, nbytes)
+        if all(h.burst_s <= 0 for h in msg.hops[:hop]):
+            self.cpu.background(msg.src, msg.dst, by_bucket)
 
     def _arrive_fifo(self, ev: _ChunkArrival) -> None:
         msg = ev.msg
@@ -634,7 +629,7 @@ class DetailedNetwork(Network):
             start = now
         h0 = st.held_bytes
         end = st.transmit(start, size)
-        self._held(msg, hop, st.held_bytes - h0, start > now)
+        self._held(msg, hop, st.held_bytes - h0)
         st.free_at = end
         st.sent_bytes += size
         self._at(end + st.latency, _ChunkArrival(self._on_fifo_arrival, msg, hop + 1, size))
@@ -679,15 +674,13 @@ class DetailedNetwork(Network):
         st.seq += 1
         heapq.heappush(st.queue, (msg.priority, tag, st.seq, now, msg, hop, size))
 
-    def _serve(
-        self, st: LinkState, msg: Message, hop: int, size: int, start: float, queued: bool = False
-    ) -> None:
+    def _serve(self, st: LinkState, msg: Message, hop: int, size: int, start: float) -> None:
         if msg.start_s < 0:
             msg.start_s = start
         st.sent_bytes += size
         h0 = st.held_bytes
         end = st.transmit(start, size)
-        self._held(msg, hop, st.held_bytes - h0, queued)
+        self._held(msg, hop, st.held_bytes - h0)
         st.free_at = end
         self._at(end + st.latency, _ChunkArrival(self._on_prio_arrival, msg, hop + 1, size))
 
@@ -702,16 +695,15 @@ class DetailedNetwork(Network):
             while queue and queue[0][3] > start:
                 later.append(heapq.heappop(queue))
             if queue:
-                _, tag, _, came, msg, hop, size = heapq.heappop(queue)
+                _, tag, _, _, msg, hop, size = heapq.heappop(queue)
             else:  # the link went idle until the first of the later chunks came
                 first = min(later, key=lambda e: (e[3], e[2]))
                 later.remove(first)
                 _, tag, _, start, msg, hop, size = first
-                came = start
             for entry in later:
                 heapq.heappush(queue, entry)
             st.vtime = tag
-            self._serve(st, msg, hop, size, start, start > came)
+            self._serve(st, msg, hop, size, start)
 
     def _arrive_prio(self, ev: _ChunkArrival) -> None:
         msg = ev.msg

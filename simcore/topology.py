@@ -120,10 +120,11 @@ class HostSpec:
             scheduler's load balancing); threads wake on an idle core if there is one,
             else on the core they last ran on. 0: the cores are one run queue shared by
             processor sharing (:class:`simcore.host.CpuPool`).
-        link_cpu_s_per_byte: CPU seconds per byte that the network's packet work
-            (shaping, the kernel's soft interrupts) takes from each end's cores while
-            the bytes cross the network; no thread waits for it: it only competes with
-            the threads for the cores. 0: none.
+        link_cpu_s_per_byte: CPU seconds per byte, at each end, that a shaped link's
+            packet work (tbf releasing what it held, the kernel's soft interrupts) takes
+            from the cores, for every byte the first shaped link of a route holds to its
+            rate; no thread waits for it, it only competes with the threads for the
+            cores (docs/cpu_hosts.md). 0: none.
     """
 
     cores: int = 1

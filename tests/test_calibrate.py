@@ -351,6 +351,17 @@ def test_netns_calibration_measures_goodput_below_the_tbf_rate(
     wake = preset["measured"]["fits"]["wakeup_s"]
     assert 0 <= wake <= 5e-3 and topo.host_spec is not None
     assert topo.host_spec.wakeup_s == pytest.approx(wake)
+    # the link CPU benchmark: the two ranks kept the shaped link busy both ways, the
+    # spinners lost more than the ranks' own CPU (the link's packet work), and that per
+    # byte and end is the file's host.link_cpu_s_per_byte
+    link = preset["measured"]["link_cpu"]
+    assert link["bytes"] / link["seconds"] > 0.7 * 2 * goodput
+    assert link["lost_cores"] > link["ranks_cores"] > 0
+    per_byte = preset["measured"]["fits"]["link_cpu_s_per_byte"]
+    assert per_byte == pytest.approx(
+        (link["lost_cores"] - link["ranks_cores"]) / (link["bytes"] / link["seconds"]) / 2
+    )
+    assert topo.host_spec.link_cpu_s_per_byte == pytest.approx(per_byte) and per_byte > 0
 
 
 @pytest.mark.skipif(_REASON is not None, reason=f"network namespaces unavailable: {_REASON}")
@@ -613,3 +624,13 @@ def test_the_busy_cores_benchmark_is_fitted_on_the_unshaped_links_it_ran_on() ->
     assert net["sharing"] == shaped["network"]["sharing"] and free["host"] == shaped["host"]
     assert segment_bytes(free) == SEGMENT_BYTES == 4 * segment_bytes(shaped)
     assert shaped["network"]["burst"] == "47820B"  # the preset itself is left alone
+
+
+def test_the_links_cpu_is_what_spinners_lost_beyond_the_ranks_per_byte_and_end() -> None:
+    from realrun.linkcpu import link_cpu_s_per_byte
+
+    row = {"lost_cores": 0.9, "ranks_cores": 0.3, "bytes": 100e6, "seconds": 2.0}
+    # 0.6 cores beyond the ranks over 50 MB/s carried: 12 ns a byte, 6 at each end
+    assert link_cpu_s_per_byte(row) == pytest.approx(6e-9)
+    assert link_cpu_s_per_byte({**row, "lost_cores": 0.2}) == 0.0  # noise, not a gain
+    assert link_cpu_s_per_byte({**row, "bytes": 0}) == 0.0

@@ -13,7 +13,7 @@ from simpy import Environment
 
 from dtsim.resolve import load_preset
 from simcore import SimConfig, simulate
-from simcore.host import CpuPool, CpuStream
+from simcore.host import CommCpu, CpuPool, CpuStream
 from simcore.topology import GlooSpec, TopologyError, TopologySpec, build_topology
 from traces.model import Layer, TraceMeta, chain
 
@@ -385,6 +385,7 @@ def test_cpu_devices_are_not_called_gpus():
         ({"host": {"cores": 2, "speed": 3}}, "unknown key 'speed'"),
         ({"host": {"cores": 2, "wakeup_s": -1e-3}}, "host.wakeup_s"),
         ({"host": {"cores": 2, "balance_s": -1e-3}}, "host.balance_s"),
+        ({"host": {"cores": 2, "link_cpu_s_per_byte": -1e-9}}, "host.link_cpu_s_per_byte"),
         ({"gpu": {"kind": "tpu"}}, "gpu.kind 'tpu'"),
     ],
 )
@@ -567,3 +568,40 @@ def test_a_receiving_thread_still_at_work_holds_the_senders_next_messages(hold_s
         assert all(t < first + 0.01 for _tag, t in handed[1:])
     sock = net._senders[topo.gpus[0]].sockets[topo.gpus[1]]
     assert sock.sent == sock.delivered == 3 and not sock.backlog
+
+
+# ---- a shaped link's packet work (host.link_cpu_s_per_byte) --------------------------------
+@pytest.mark.parametrize("balance_s", [0.0, 5e-3])
+def test_the_links_packet_work_slows_compute_and_nobody_waits_for_it(balance_s):
+    """One core computing 1 s; 100 MB held by a link at 1 ns per byte and end, both ends on
+    this machine: 0.2 s of work that shares the core, so the compute ends at 1.2 s, and the
+    call returns at once (no thread waits for it)."""
+    from simcore.topology import HostSpec
+
+    env = Environment()
+    pool = CpuPool(env, 1, balance_s)
+    ends = []
+    pool.run(1.0, lambda: ends.append(env.now), holds=True, thread="rank")
+    CommCpu(HostSpec(cores=1, link_cpu_s_per_byte=1e-9), lambda _d: pool).background(0, 1, 100 * MB)
+    env.run()
+    assert ends == [pytest.approx(1.2)]
+    assert pool.busy_s == pytest.approx(1.2)
+
+
+def test_the_links_packet_work_costs_nothing_when_not_set():
+    from simcore.topology import HostSpec
+
+    env = Environment()
+    pool = CpuPool(env, 1)
+    CommCpu(HostSpec(cores=1), lambda _d: pool).background(0, 1, 100 * MB)
+    env.run()
+    assert pool.busy_s == 0.0
+
+
+def test_link_cpu_makes_a_link_bound_exchange_cost_cpu_but_not_time():
+    """gossip on two hosts of the netns preset: the packet work adds busy core time in
+    proportion to it, and the iteration (link-bound, cores to spare) barely moves."""
+    base = run(preset(2), 2, "gossip", trace=trace(param_bytes=4 * MB))
+    more = run(preset(2, link_cpu_s_per_byte=2e-9), 2, "gossip", trace=trace(param_bytes=4 * MB))
+    assert more.iteration_time_s == pytest.approx(base.iteration_time_s, rel=0.05)
+    assert more.iteration_time_s >= base.iteration_time_s * (1 - 1e-9)

@@ -7,8 +7,9 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simcore.host import CommCpu, CpuPool
 from simcore.network import AnalyticNetwork, DetailedNetwork
-from simcore.topology import TopologyBuilder
+from simcore.topology import HostSpec, TopologyBuilder
 
 B = 1e9  # bytes/s
 LAT = 1e-5  # s
@@ -278,3 +279,55 @@ def test_a_bucket_never_slows_a_link_and_never_beats_rate_plus_burst(sizes, gaps
     for i, at in sorted(shaped_at.items(), key=lambda kv: kv[1]):
         delivered += sizes[i]
         assert delivered <= burst + 4096 + B * (at - LAT) + 1e-6
+
+
+# ---- what a shaped link holds to its rate (the CPU its packet work costs) -------------------
+class _Charges(CommCpu):
+    """The CPU side of messages on one 1-core machine, recording the packet work charged."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.pool = CpuPool(env, 1)
+        super().__init__(HostSpec(cores=1, link_cpu_s_per_byte=1e-9), lambda _d: self.pool)
+        self.held: list[tuple[int, int, float]] = []
+
+    def background(self, src: int, dst: int, nbytes: int) -> None:
+        self.held.append((src, dst, nbytes))
+        super().background(src, dst, nbytes)
+
+
+def test_a_bucket_counts_the_bytes_it_held_to_the_rate():
+    """1 MB through a 10 kB bucket (peak 10x the rate): the first bytes go at peak speed
+    while the bucket lasts, the rest is held: n - burst * peak / (peak - rate) bytes."""
+    topo = shaped_line(10_000, 10 * B)
+    env = simpy.Environment()
+    net = DetailedNetwork(env, topo)
+    st = net.state[0]
+    st.transmit(0.0, 1_000_000)
+    assert st.held_bytes == pytest.approx(1_000_000 - 10_000 * 10 / 9)
+    fresh = DetailedNetwork(simpy.Environment(), topo).state[0]
+    fresh.transmit(0.0, 8_000)  # within the bucket
+    assert fresh.held_bytes == 0
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_packet_work_is_charged_once_per_route_for_the_bytes_held(fair):
+    """Two shaped links in a row: the second gets the bytes at the rate already, so only
+    the first one's held bytes are charged (a chunk stored and forwarded whole would look
+    held again); nothing is charged without a CPU side."""
+    b = TopologyBuilder("tbf2")
+    b.device("a", "gpu", 0)
+    b.device("s", "switch", -1)
+    b.device("z", "gpu", 1)
+    b.link("a", "s", "ethernet", B, LAT, 1, 10_000, 10 * B)
+    b.link("s", "z", "ethernet", B, LAT, 1, 10_000, 10 * B)
+    b_topo = b.build([0, 2], link_sharing="fair" if fair else "fifo")
+    env = simpy.Environment()
+    net = DetailedNetwork(env, b_topo, chunk_bytes=100_000)
+    net.cpu = _Charges(env)
+    n = 1_000_000
+    net.send(b_topo.gpus[0], b_topo.gpus[1], n)
+    env.run()
+    charged = sum(x for _s, _d, x in net.cpu.held)
+    assert charged == pytest.approx(n - 10_000 * 10 / 9)
+    assert {(s, d) for s, d, _x in net.cpu.held} == {(b_topo.gpus[0], b_topo.gpus[1])}
+    assert net.cpu.pool.busy_s == pytest.approx(2 * 1e-9 * charged)  # both ends, one machine
