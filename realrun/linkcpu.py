@@ -71,7 +71,8 @@ while go:
     go = bool(flag.item())
 cpu, wall = time.process_time() - c0, time.monotonic() - t0
 dist.barrier()
-print(n - 1, nbytes * (n - 1), cpu, wall)
+print(n - 1, nbytes * (n - 1), cpu, wall, flush=True)
+dist.destroy_process_group()
 """
 
 
@@ -120,10 +121,11 @@ def measure(
             outs = []
             for p in procs:
                 out, err = p.communicate(timeout=duration_s + 60)
-                if p.returncode != 0:
-                    tail = err.strip().splitlines()[-1:] or ["no output"]
+                fields = out.split()
+                if len(fields) != 4:  # (gloo may abort at exit once the numbers are out)
+                    tail = err.strip().splitlines()[-1:] or [f"exit status {p.returncode}"]
                     raise RuntimeError(f"link benchmark rank failed: {tail[0]}")
-                outs.append([float(v) for v in out.split()])
+                outs.append([float(v) for v in fields])
         finally:
             for p in procs:
                 if p.poll() is None:

@@ -50,13 +50,14 @@ def exit_code_and_message(
         return 2, " ".join(str(exc).split())
     if isinstance(exc, SimulationError):
         return 1, str(exc)
+    from realrun.calibrate import CalibrationError
     from realrun.job import JobError
     from realrun.launch import RankFailed
     from realrun.netns import NetnsUnavailable
 
     if isinstance(exc, JobError | NetnsUnavailable):
         return 2, " ".join(str(exc).split())
-    if isinstance(exc, RankFailed):
+    if isinstance(exc, RankFailed | CalibrationError):
         return 1, " ".join(str(exc).split())
     if isinstance(exc, OSError):
         return 1, f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
