@@ -153,6 +153,22 @@ def test_cli_without_root_for_netns_is_one_line(
     assert not (tmp_path / "v").exists()
 
 
+def test_cli_failed_calibration_is_one_line(
+    capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from realrun import calibrate, netns
+
+    def fail(**_kw: Any) -> None:
+        raise calibrate.CalibrationError("the link CPU benchmark failed: rank 1 exited")
+
+    monkeypatch.setattr(netns, "check_available", lambda: None)
+    monkeypatch.setattr(calibrate, "calibrate", fail)
+    code, _, err = run_main(capsys, "validate", "--quick", "--out", str(tmp_path / "v"))
+    assert code == 1
+    assert "link CPU benchmark failed" in err and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
 def test_cli_dry_run_lists_cases(capsys: Any) -> None:
     code, out, _ = run_main(capsys, "validate", "--dry-run")
     assert code == 0
