@@ -106,12 +106,14 @@ def calibrate(
     Times point-to-point ping-pongs over message sizes on links shaped to --bandwidth and
     unshaped (wall time and CPU seconds per message), two TCP flows sharing a shaped
     link, gloo all-reduces (also beside threads that keep every core computing),
-    one-thread reductions, copies and matmuls, and processes that compute and sleep in
-    turn (the machine's scheduler); fits the network's latency and goodput, the CPU cost
-    per message, per byte sent and per byte reduced, how long a sending connection keeps
-    a link before a new one shares it, how soon an idle core takes over a thread queued
-    on a busier one, and how long a woken thread waits for a core; writes them as a
-    topology file. Takes about a minute with the defaults.
+    one-thread reductions, copies and matmuls, processes that compute and sleep in
+    turn (the machine's scheduler), and spinning processes beside a shaped exchange
+    (what the link's packet work takes from them); fits the network's latency and
+    goodput, the CPU cost per message, per byte sent and per byte reduced, how long a
+    sending connection keeps a link before a new one shares it, how soon an idle core
+    takes over a thread queued on a busier one, how long a woken thread waits for a
+    core, and the shaped link's CPU per byte; writes them as a topology file. Takes
+    about a minute with the defaults.
 
     \b
     Examples:
