@@ -2,9 +2,9 @@
 
 A ``tc tbf`` link holds packets to its rate and releases them from a timer, one or a few
 at a time, in the kernel's soft interrupts; the receiving end handles each frame there
-too. No process is charged for that work, and the machine's busy counters, read in
-10 ms ticks that stop on idle cores, barely see it; but it runs on the same cores as the
-ranks. At 200 Mbit/s on this 2-core machine, two ranks exchanging 1 MiB messages both
+too. No process is charged for that work, and the machine's busy counters (kept in
+scheduler ticks, which stop on idle cores) barely see it; but it runs on the same cores
+as the ranks. At 200 Mbit/s on this 2-core machine, two ranks exchanging 1 MiB messages both
 ways at the link's rate took about one core from two computing processes, of which the
 ranks' own CPU time was a third (2026-11-24: 13.3 ns per byte beyond the ranks'; at
 1 Gbit/s 0.8 ns, the bucket then releases many frames per timer).
@@ -12,8 +12,9 @@ ranks' own CPU time was a third (2026-11-24: 13.3 ns per byte beyond the ranks';
 :func:`measure` runs that benchmark on a two-host emulated cluster: ``cores`` spinning
 processes (plain Python, counting loops) alone, then beside two gloo ranks that exchange
 1 MiB messages both ways for ``duration_s``, then alone again; the spinners' lost
-throughput, in cores, less the ranks' own CPU (which the preset's per-message and
-per-byte costs already charge), per byte carried, is the link's cost.
+throughput, in cores, less the ranks' own CPU clocks (the processes' share, which the
+preset's per-message and per-byte costs stand for), per byte carried, is the link's
+cost.
 :func:`link_cpu_s_per_byte` turns a row into :attr:`simcore.topology.HostSpec.link_cpu_s_per_byte`
 (per byte, at each end: half of it).
 """

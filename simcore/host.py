@@ -410,7 +410,7 @@ class CommCpu:
 
         return 3, start
 
-    def background(self, src: int, dst: int, nbytes: int) -> None:
+    def background(self, src: int, dst: int, nbytes: float) -> None:
         """The network's packet work for ``nbytes`` that crossed it: runnable on both
         ends' cores (:attr:`HostSpec.link_cpu_s_per_byte`), waited for by nobody."""
         work = nbytes * self.spec.link_cpu_s_per_byte

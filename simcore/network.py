@@ -598,7 +598,7 @@ class DetailedNetwork(Network):
         self._held(msg, 0, st.held_bytes - h0)
 
     def _held(self, msg: Message, hop: int, by_bucket: float) -> None:
-        """Charge the ends' cores for the bytes of a chunk of ``msg`` that a shaped link
+        """Charge the ends' cores for ``by_bucket`` bytes of ``msg`` that a shaped link
         (hop ``hop``) held to its rate (:meth:`simcore.host.CommCpu.background`), once per
         route: on its first shaped link. The bytes reach a later one at the rate already
         (a chunk stored and forwarded whole would look held again); where many senders
