@@ -120,12 +120,15 @@ def measure(
             time.sleep(max(0.0, start + warm_s - time.monotonic()))
             busy = _spin(cores, max(0.5, stop - time.monotonic() - 0.2))
             outs = []
-            for p in procs:
+            for h, p in enumerate(procs):
                 out, err = p.communicate(timeout=duration_s + 60)
                 fields = out.split()
                 if len(fields) != 4:  # (gloo may abort at exit once the numbers are out)
                     tail = err.strip().splitlines()[-1:] or [f"exit status {p.returncode}"]
-                    raise RuntimeError(f"link benchmark rank failed: {tail[0]}")
+                    raise RuntimeError(
+                        f"its rank {h} gave no result ({tail[0]}); a busy machine or a "
+                        "stale namespace can cause this: run the calibration again"
+                    )
                 outs.append([float(v) for v in fields])
         finally:
             for p in procs:
