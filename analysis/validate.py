@@ -828,6 +828,8 @@ def run_case(
     sim = result.to_dict()
     job = make_job(case, config)
     records = runner(job, case.bandwidth_bytes_per_s, repeats)
+    for k, rec in enumerate(records):
+        keep_records(rec, records_path(out_dir, case, k))
     reals = [summarize(r, cluster="netns") for r in records]
     profiled_s = float(sim["iteration_time_s"])
     # each repeat is simulated again on the compute it measured (see the module docs)
@@ -974,6 +976,47 @@ def measured_files(case: Case, out_dir: str, repeat: int) -> tuple[str, str]:
     if not os.path.exists(base + ".json") or not presets:
         raise FileNotFoundError(f"no measured trace and preset of {case.case_id} repeat {repeat}")
     return base + ".json", presets[0]
+
+
+def records_path(out_dir: str, case: Case, repeat: int) -> str:
+    """Where the records of repeat ``repeat`` of ``case``'s real run are kept (gzipped
+    JSON under ``real/`` of ``out_dir``): every span each rank recorded, so the measured
+    trace can be built again (``bench/resimulate.py --rebuild``)."""
+    return os.path.join(out_dir, "real", f"{case.case_id}-r{repeat}.json.gz")
+
+
+def keep_records(records: Mapping[str, Any], path: str) -> None:
+    """Write a real run's records to ``path`` (gzipped JSON, atomically)."""
+    import gzip
+
+    from traces.atomic import atomic_path
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with atomic_path(path) as tmp, gzip.open(tmp, "wt") as fh:
+        json.dump(records, fh)
+
+
+def load_records(path: str) -> dict[str, Any]:
+    """The records :func:`keep_records` wrote."""
+    import gzip
+
+    with gzip.open(path, "rt") as fh:
+        return json.load(fh)
+
+
+def remeasure(case: Case, out_dir: str, repeat: int, into: str) -> Any:
+    """Simulate repeat ``repeat`` of ``case`` again from its kept records
+    (:func:`records_path`), reading them with this code: its measured trace and preset
+    are built anew into ``traces/measured/`` of ``into`` (``out_dir``'s stay as they
+    are), from the calibrated preset kept for the repeat and the job the run recorded.
+    ``FileNotFoundError`` when the records or the preset were not kept."""
+    from realrun.job import Job
+
+    _trace, preset = measured_files(case, out_dir, repeat)
+    records = load_records(records_path(out_dir, case, repeat))
+    trace_file, update = ensure_trace(out_dir, case, preset)
+    job = Job.from_dict(records["job"])
+    return simulate_measured(case, records, repeat, into, preset, trace_file, update, job)
 
 
 RESIMULATED = "-resimulated.yaml"

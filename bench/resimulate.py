@@ -11,6 +11,12 @@ between runs is larger than most of what one setting changes).
     python bench/resimulate.py validation/                        # as validated
     python bench/resimulate.py validation/ --set host.wakeup_s=0  # without the wake-up wait
     python bench/resimulate.py validation/ --set host.socket_buffer=1.2MB --only ps-
+    python bench/resimulate.py validation/ --rebuild              # traces built anew
+
+``--rebuild`` builds each repeat's measured trace and preset again from the real run's
+records kept in ``real/`` (validations from 2026-11-24 on keep them), with this
+checkout's code (into a scratch folder; the validation's own files stay as they are):
+a what-if on how the real run is read, not only on the model.
 
 Keys are the preset's own, dotted (``host.socket_buffer``, ``network.lead``,
 ``gpu.predict_overhead``); values are read as YAML (numbers stay numbers, ``1.2MB``
@@ -46,13 +52,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="preset key to override (repeatable)")  # fmt: skip
     ap.add_argument("--only", default="", help="only cases whose id starts with this (ps-, p3-cnn)")
+    ap.add_argument("--rebuild", action="store_true",
+                    help="build the measured traces again from the kept records")  # fmt: skip
     args = ap.parse_args(argv)
+
+    import tempfile
 
     import pandas as pd
     import yaml
 
     from analysis.resolve import load_preset
-    from analysis.validate import case_from_row, measured_case_config, measured_files, table_path
+    from analysis.validate import (
+        case_from_row,
+        measured_case_config,
+        measured_files,
+        remeasure,
+        table_path,
+    )
     from simcore.engine import simulate
 
     sets = []
@@ -61,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not key:
             ap.error(f"--set {item!r}: expected KEY=VALUE, e.g. host.wakeup_s=0")
         sets.append((key, yaml.safe_load(value)))
+    scratch = tempfile.mkdtemp(prefix="dtsim-resimulate-") if args.rebuild else args.out
     table = pd.read_parquet(table_path(args.out))
     errors_was, errors_now = [], []
     print(f"{'case':44} {'measured':>9} {'validated':>17} {'now':>17}")
@@ -71,12 +88,14 @@ def main(argv: list[str] | None = None) -> int:
         times = []
         try:
             for k in range(int(row.repeats)):
+                if args.rebuild:
+                    remeasure(case, args.out, k, scratch)
                 preset = None
                 if sets:
-                    preset = dict(load_preset(measured_files(case, args.out, k)[1]))
+                    preset = dict(load_preset(measured_files(case, scratch, k)[1]))
                     for key, value in sets:
                         preset = override(preset, key, value)
-                config = measured_case_config(case, args.out, k, preset)
+                config = measured_case_config(case, scratch, k, preset)
                 times.append(simulate(config).iteration_time_s)
         except FileNotFoundError as exc:
             print(f"{row.point_id:44} skipped: {exc}")

@@ -216,8 +216,10 @@ def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:
     same rank's compute stream (any kind: the previous layer, the loss, a wait) to its own
     end, so a pass's layers add up to the pass; layers the runtime does not record (those
     without parameters, in data-parallel runs) get the time in which they ran charged to
-    the next recorded layer and none themselves. Means over the passes are used (the
-    simulator predicts a mean iteration).
+    the next recorded layer and none themselves, except where a wait comes between: the
+    time from a recorded span to a wait right after it is then theirs (split by
+    ``base``'s times of them, equally if those are 0), since they ran before the wait.
+    Means over the passes are used (the simulator predicts a mean iteration).
 
     Where the ranks shared the cores (a pipeline's stages, more ranks than cores), a
     span's wall time includes the time its rank waited for a core. The charged times of
@@ -232,15 +234,27 @@ def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:
     plan = job.get("pipeline") or {}
     batch = int(job["batch_size"]) // int(plan.get("microbatches", 1) or 1)
     index = {layer.name: i for i, layer in enumerate(base.layers)}
-    samples: dict[tuple[str, int], list[float]] = {}
+    shares = _gap_shares(records, base)
+    samples: dict[tuple[str, str], list[float]] = {}
+    gap_s: dict[tuple[str, str], float] = {}
     for r in records["ranks"]:
         if r.get("role", "worker") != "worker":
             continue
-        for kind, name, _it, _layer, charged in _charged_spans(r, warm):
-            if kind in (FORWARD, BACKWARD):
+        for kind, name, _it, _layer, charged in _charged_spans(r, warm, shares):
+            if kind == GAP:
+                after_kind, _sep, after = name.partition(":")
+                key = (after_kind, after)
+                gap_s[key] = gap_s.get(key, 0.0) + charged
+            elif kind in (FORWARD, BACKWARD):
                 if name not in index:
                     raise ValueError(f"the run recorded layer {name!r}, which the trace lacks")
                 samples.setdefault((kind, name), []).append(charged)
+    # a gap's layers ran in every pass, before a wait only in some (the others' time is
+    # in the next recorded span): their mean is over the passes of the layer before them
+    for (kind, after), seconds in gap_s.items():
+        passes = len(samples.get((kind, after), ())) or 1
+        for unrecorded, share in shares[(kind, after)]:
+            samples[(kind, unrecorded)] = [seconds * share / passes]
     if not samples:
         raise ValueError("the records hold no forward or backward spans of measured iterations")
     layers = []
@@ -297,10 +311,66 @@ def median_trace(traces: Sequence[Trace]) -> Trace:
     return Trace(meta, layers, first.edges)
 
 
-def _charged_spans(rank: Mapping[str, Any], warm: int) -> list[tuple[str, str, int, int, float]]:
+GAP = "gap"
+"""Kind of a :func:`_charged_spans` entry: the main thread's time between a forward or
+backward span and a wait right after it, when layers the runtime does not record ran
+there (named ``"<kind>:<layer of the span>"``)."""
+
+GapShares = Mapping[tuple[str, str], list[tuple[str, float]]]
+"""``(kind, recorded layer) -> [(unrecorded layer, share)]`` (:func:`_gap_shares`)."""
+
+
+def _gap_shares(records: Mapping[str, Any], base: Trace) -> dict[tuple[str, str], list]:
+    """For each recorded ``(kind, layer)`` of ``records`` that the pass follows with
+    layers the runtime does not record (forward: the next layers of ``base``; backward:
+    the previous ones; never the input), those layers with their shares of a gap after
+    it: in proportion to ``base``'s times of them, equal where those are all 0."""
+    recorded = {
+        (s[2], s[3])
+        for r in records["ranks"]
+        if r.get("role", "worker") == "worker"
+        for s in r["spans"]
+        if s[1] == COMPUTE and s[2] in (FORWARD, BACKWARD)
+    }
+    index = {layer.name: i for i, layer in enumerate(base.layers)}
+    out = {}
+    for kind, name in recorded:
+        i = index.get(name)
+        if i is None:
+            continue
+        step = 1 if kind == FORWARD else -1
+        run = []
+        j = i + step
+        while (
+            0 <= j < len(base.layers)
+            and base.layers[j].kind != "input"
+            and (kind, base.layers[j].name) not in recorded
+        ):
+            run.append(base.layers[j])
+            j += step
+        if not run:
+            continue
+        times = [x.forward_s if kind == FORWARD else x.backward_s for x in run]
+        total = sum(times)
+        out[(kind, name)] = [
+            (x.name, t / total if total > 0 else 1.0 / len(run))
+            for x, t in zip(run, times, strict=True)
+        ]
+    return out
+
+
+def _charged_spans(
+    rank: Mapping[str, Any], warm: int, gaps: GapShares | None = None
+) -> list[tuple[str, str, int, int, float]]:
     """``(kind, name, iteration, layer, charged seconds)`` of the rank's compute spans of
     measured iterations (``layer`` -1 for a span of no one layer), each charged from the
-    end of the span before it (waits get none), scaled by the rank's :func:`cpu_factor`."""
+    end of the span before it (waits get none), scaled by the rank's :func:`cpu_factor`.
+
+    With ``gaps``, the time from a forward or backward span that ``gaps`` names to a
+    wait right after it is an entry of kind :data:`GAP`: the layers the runtime does not
+    record ran then (a gossip worker waits for its partner's gradients just before each
+    layer with parameters, so the layers without them in between run before the wait,
+    not in the next recorded span); that time counts as compute for the factor too."""
     marked = [int(k) for k in rank.get("main_cpu_at_end") or {}]
     last = max(marked) if marked else float("inf")
     stream = sorted(
@@ -309,11 +379,17 @@ def _charged_spans(rank: Mapping[str, Any], warm: int) -> list[tuple[str, str, i
     )
     out = []
     last_end = None
+    previous = None
     for s in stream:
         kind, name, start, end = s[2], s[3], s[4], s[5]
         begin = start if last_end is None else min(last_end, start)
         if kind != "wait":  # realrun.runtime.WAIT (this module does not import torch)
             out.append((kind, name, int(s[6]), int(s[7]), end - begin))
+            previous = (kind, name)
+        else:
+            if gaps and previous in gaps and start > begin:
+                out.append((GAP, f"{previous[0]}:{previous[1]}", int(s[6]), -1, start - begin))
+            previous = None
         last_end = end
     factor = cpu_factor(rank, warm, sum(c for *_k, c in out))
     return [(k, n, it, layer, c * factor) for k, n, it, layer, c in out]
@@ -448,12 +524,13 @@ def _stage_means(
     warm = int(records["job"]["warmup_iterations"])
     stage_layers = (records["job"].get("pipeline") or {}).get("stage_layers")
     per_stage: dict[int, list[float]] = {}
+    shares = _gap_shares(records, base)
     for r in records["ranks"]:
         if r.get("role", "worker") != "worker":
             continue
         ops: list[float] = []
         by_layer: dict[int, float] = {}  # an iteration's operation taken layer by layer
-        for kind, _n, it, layer, charged in _charged_spans(r, warm):
+        for kind, _n, it, layer, charged in _charged_spans(r, warm, shares):
             if kind == span_kind and layer < 0:
                 ops.append(charged)
             elif kind == span_kind:

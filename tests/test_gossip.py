@@ -230,3 +230,47 @@ def test_a_gossip_step_also_averages_with_the_partner() -> None:
         assert get_scheme("gossip").step_passes(opt, 1) == passes
         assert get_scheme("gossip").step_passes(opt, 4) == passes + AVERAGE_PASSES
         assert get_scheme("dp").step_passes(opt, 4) == passes
+
+
+def test_a_message_moves_only_once_its_receive_is_posted(monkeypatch):
+    """The real worker keeps its receives posted one iteration ahead (realrun.schemes.
+    gossip), and gloo moves a message only once its receive is posted: rank ``r``'s
+    gradient of a layer in iteration ``t`` leaves no earlier than its partner used the
+    gradient of that layer of iteration ``t - 1``. Four ranks of the emulated cluster
+    share two cores and drift apart, so some sends are held."""
+    from simcore.schemes import gossip
+
+    used, moved, held = {}, [], []
+    use, move, send = gossip.Gossip._use, gossip.Gossip._move, gossip.Gossip._send
+
+    def record_use(self, r, it, slot):
+        used[(r, it, slot)] = self.ctx.env.now
+        use(self, r, it, slot)
+
+    def record_move(self, r, it, slot):
+        moved.append((self.partners_of(it)[0][r], it, slot, self.ctx.env.now))
+        move(self, r, it, slot)
+
+    def record_send(self, r, it, slot):
+        send(self, r, it, slot)
+        held.extend(k for k, v in self.held.items() if v == (r, it, slot))
+
+    monkeypatch.setattr(gossip.Gossip, "_use", record_use)
+    monkeypatch.setattr(gossip.Gossip, "_move", record_move)
+    monkeypatch.setattr(gossip.Gossip, "_send", record_send)
+    layers = [
+        Layer(f"l{i}", 0.002 * (i + 1), 0.004, param_bytes=1_000_000 * (4 - i)) for i in range(4)
+    ]
+    simulate(
+        SimConfig(
+            trace=chain(TraceMeta("g", "cpu", 8), layers),
+            topology=TopologySpec(load_preset("netns"), 4),
+            scheme="gossip",
+            iterations=6,
+        )
+    )
+    assert held, "no send was held: the case does not exercise the receive window"
+    later = [(dst, it, slot, t) for dst, it, slot, t in moved if it > 0]
+    assert later
+    for dst, it, slot, t in later:
+        assert t >= used[(dst, it - 1, slot)]

@@ -95,6 +95,43 @@ def test_a_step_taken_layer_by_layer_adds_up_per_iteration():
     assert update_cost(records(spans), base(), 1) == UpdateCost(pytest.approx(800 / 0.05))
 
 
+def test_layers_a_wait_follows_get_the_time_before_it():
+    """A gossip worker waits for its partner's gradients before each layer with
+    parameters: the layer without them between two such layers (``r``, unrecorded) runs
+    between the recorded span before it and the wait, so that time is its own (forward:
+    after ``a``; backward: after ``b``), not nothing; a gap before a wait with no
+    unrecorded layer there (after the last backward) is charged to no layer."""
+    layers = [
+        Layer("x", 0.0, 0.0, kind="input"),
+        Layer("a", 1.0, 1.0, param_bytes=400),
+        Layer("r", 0.0, 0.0),
+        Layer("b", 1.0, 1.0, param_bytes=400),
+    ]
+    three = chain(TraceMeta("m", "cpu", 8), layers)
+    spans = [
+        span("forward", "a", 10.0, 10.1, 1),
+        span("wait", "wait L3", 10.3, 10.5, 1),  # 0.2 s of r's forward before it
+        layer_span("update", "update L3", 10.5, 10.55, 1, 3),
+        span("forward", "b", 10.55, 10.6, 1),
+        span("backward", "b", 10.6, 10.7, 1),
+        span("wait", "wait", 10.8, 10.9, 1),  # 0.1 s of r's backward
+        span("backward", "a", 10.9, 11.0, 1),
+        span("wait", "end of backward", 11.4, 11.5, 1),  # nothing below a: no layer's
+        # a pass with no wait before b: r's time is in b's span, and r's mean is over
+        # both passes (0.2 s in one, none in the other): nothing is counted twice
+        span("wait", "wait batch", 19.0, 20.0, 2),
+        span("forward", "a", 20.0, 20.1, 2),
+        span("forward", "b", 20.4, 20.5, 2),
+    ]
+    x, a, r, b = trace_from_run(records(spans, microbatches=1), three).layers
+    assert (a.forward_s, r.forward_s, b.forward_s) == pytest.approx((0.1, 0.1, 0.225))
+    assert (b.backward_s, r.backward_s, a.backward_s) == pytest.approx((0.1, 0.1, 0.1))
+    assert (x.forward_s, x.backward_s) == (0.0, 0.0)
+    # the update is charged from the wait's end as before: the gap is not the step's
+    assert update_cost(records(spans), three, 1) == UpdateCost(pytest.approx(800 / 0.05))
+    assert sum(x.forward_s for x in (a, r, b)) == pytest.approx((0.35 + 0.5) / 2)
+
+
 def layer_span(kind, name, a, b, it, layer):
     return ["r0", "compute", kind, name, a, b, it, layer, 0, 0, -1]
 
@@ -168,7 +205,7 @@ def test_a_real_one_rank_run_gives_a_trace_that_adds_up(tmp_path: Path) -> None:
     from tests.test_real import run
     from traces import jsonfmt
 
-    recs, result, _job = run(tmp_path, scheme="dp", workers=1, iterations=4, profile=True)
+    recs, result, _job = run(tmp_path, scheme="dp", workers=1, iterations=10, profile=True)
     prof = recs.get("profile")
     assert prof is not None
     tr = trace_from_run(recs, jsonfmt.from_dict(prof))

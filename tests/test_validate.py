@@ -465,6 +465,11 @@ def test_validate_end_to_end_on_an_emulated_cluster(
         assert case.case_id == by.loc[scheme, "point_id"]
         again = simulate(va.measured_case_config(case, out, 0)).iteration_time_s
         assert again == pytest.approx(sims[0], abs=5.1e-5)  # the table keeps 0.1 ms
+        # the run's records are kept, and read again they give the same simulation
+        records = va.load_records(va.records_path(out, case, 0))
+        assert records["job"]["scheme"] == scheme and len(records["ranks"]) == 2
+        rebuilt = va.remeasure(case, out, 0, str(tmp_path / "again")).iteration_time_s
+        assert rebuilt == pytest.approx(again, rel=1e-9)
     med = float(df["abs_rel_err"].median())
     # the same command with a gate below the error: resumes (nothing runs) and exits 1
     code, stdout, err = run_main(capsys, *args, "--fail-above", f"{med / 2}")

@@ -265,6 +265,10 @@ class Gossip(Scheme):
         self.left = {(r, it): expected for r in range(simulated) for it in range(ctx.iterations)}
         self.waiting: dict[tuple[int, int, int], Event] = {}
         self.bwd_end: dict[tuple[int, int], float] = {}
+        # Receive window: ``(r, it, slot)`` once rank ``r`` has used that message (its
+        # receive for the next iteration's is then posted), and the sends held until then.
+        self.used: set[tuple[int, int, int]] = set()
+        self.held: dict[tuple[int, int, int], tuple[int, int, int]] = {}
         pb = trace.param_bytes
         if self.mirror is not None:
             ctx.traffic_scale = p / simulated
@@ -327,13 +331,15 @@ class Gossip(Scheme):
             # Forward: the batch shuffled in last iteration, then layer by layer, each
             # layer with parameters after its averaged update of the last iteration.
             if self.shuffle_bytes:
+                self._send(r, it, self.shuffle_slot)
                 if it > 0:
                     yield from self._wait_for(r, it - 1, self.shuffle_slot, gpu)
-                self._send(r, it, self.shuffle_slot)
+                    self._use(r, it - 1, self.shuffle_slot)
             for layer, run in self.ops.forward_runs(it, has_grad):
                 if layer >= 0 and it > 0:
                     if self.p > 1:
                         yield from self._wait_for(r, it - 1, self.slot[layer], gpu)
+                        self._use(r, it - 1, self.slot[layer])
                     gpu.enqueue([self._update_op(layer, it)])
                 gpu.enqueue(run)
             mem.alloc("activations", act)
@@ -373,7 +379,28 @@ class Gossip(Scheme):
             yield env.timeout(t - env.now)
 
     # ---- exchange -----------------------------------------------------------------------
+    def _use(self, r: int, it: int, slot: int) -> None:
+        """Rank ``r`` has used iteration ``it``'s message in ``slot``: its receive for
+        the next iteration's message in that slot is posted, so a send held for it goes."""
+        key = (r, it, slot)
+        self.used.add(key)
+        held = self.held.pop(key, None)
+        if held is not None:
+            self._move(*held)
+
     def _send(self, r: int, it: int, slot: int) -> None:
+        """Rank ``r`` sends its ``slot`` of iteration ``it`` to its partner, once the
+        partner has a receive posted for it: receives are posted one iteration ahead
+        (realrun.schemes.gossip), so the partner must have used its message of the
+        previous iteration in that slot. gloo moves a message only after the receiver's
+        notice; a partner that is behind holds the send."""
+        dst = self.partners_of(it)[0][r]
+        if it > 0 and (dst, it - 1, slot) not in self.used:
+            self.held[(dst, it - 1, slot)] = (r, it, slot)
+            return
+        self._move(r, it, slot)
+
+    def _move(self, r: int, it: int, slot: int) -> None:
         ctx = self.ctx
         dst = self.partners_of(it)[0][r]
         if slot == self.shuffle_slot:
