@@ -95,58 +95,88 @@ def _spin(cores: int, seconds: float) -> float:
 
 
 def measure(
-    rate_bytes_per_s: float, cores: int, duration_s: float = 2.0, prefix: str = "dtlcpu"
+    rate_bytes_per_s: float,
+    cores: int,
+    duration_s: float = 2.0,
+    prefix: str = "dtlcpu",
+    rounds: int = 3,
 ) -> dict[str, Any]:
-    """The benchmark (module docs) on links shaped to ``rate_bytes_per_s``; returns its
-    row: ``spin_idle`` and ``spin_busy`` (loops per second of all spinners), ``lost_cores``,
-    ``ranks_cores`` (their CPU over the exchange), ``bytes`` (carried, both ways),
-    ``seconds`` (the exchange's) and ``rate``. Root and network namespaces needed."""
+    """The benchmark (module docs) on links shaped to ``rate_bytes_per_s``, ``rounds``
+    times over (spinners alone before, between and after the exchanges), and the row of
+    the round whose cost per byte (:func:`link_cpu_s_per_byte`) is the median: one
+    round's reading has moved by half between calibrations on this machine.
+
+    The row: ``spin_idle`` and ``spin_busy`` (loops per second of all spinners, alone
+    around the round and beside its exchange), ``lost_cores``, ``ranks_cores`` (their
+    CPU over the exchange), ``bytes`` (carried, both ways), ``seconds`` (the
+    exchange's), ``rate``, and ``rounds``: every round's ``[lost_cores, ranks_cores,
+    bytes, seconds]``. Root and network namespaces needed."""
     from realrun.netns import EmulatedCluster, terminate_as_interrupt
 
-    warm_s = 1.0
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    share = min(cores, os.cpu_count() or cores)
+    rows = []
     with terminate_as_interrupt(), EmulatedCluster(2, rate_bytes_per_s, prefix=prefix) as emu:
         idle_before = _spin(cores, duration_s)
-        start = time.monotonic()
-        stop = start + warm_s + duration_s
-        procs = []
-        try:
-            for h in range(2):
-                env = {**os.environ, "GLOO_SOCKET_IFNAME": emu.hosts[h].ifname}
-                argv = [sys.executable, "-c", _RANK, str(h), str(MESSAGE_BYTES),
-                        emu.hosts[0].address, str(PORT), repr(start), repr(stop)]  # fmt: skip
-                procs.append(subprocess.Popen(emu.command(h, argv), env=env,
-                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                              text=True))  # fmt: skip
-            time.sleep(max(0.0, start + warm_s - time.monotonic()))
-            busy = _spin(cores, max(0.5, stop - time.monotonic() - 0.2))
-            outs = []
-            for h, p in enumerate(procs):
-                out, err = p.communicate(timeout=duration_s + 60)
-                fields = out.split()
-                if len(fields) != 4:  # (gloo may abort at exit once the numbers are out)
-                    tail = err.strip().splitlines()[-1:] or [f"exit status {p.returncode}"]
-                    raise RuntimeError(
-                        f"its rank {h} gave no result ({tail[0]}); a busy machine or a "
-                        "stale namespace can cause this: run the calibration again"
-                    )
-                outs.append([float(v) for v in fields])
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        idle_after = _spin(cores, duration_s)
-    idle = (idle_before + idle_after) / 2
-    seconds = max(o[3] for o in outs)
-    return {
-        "rate": rate_bytes_per_s,
-        "spin_idle": idle,
-        "spin_busy": busy,
-        "lost_cores": max(0.0, (idle - busy) / idle * min(cores, os.cpu_count() or cores)),
-        "ranks_cores": sum(o[2] for o in outs) / seconds,
-        "bytes": sum(o[1] for o in outs),
-        "seconds": seconds,
-    }
+        for _ in range(rounds):
+            busy, outs = _exchange(emu, cores, duration_s)
+            idle_after = _spin(cores, duration_s)
+            idle = (idle_before + idle_after) / 2
+            seconds = max(o[3] for o in outs)
+            rows.append(
+                {
+                    "rate": rate_bytes_per_s,
+                    "spin_idle": idle,
+                    "spin_busy": busy,
+                    "lost_cores": max(0.0, (idle - busy) / idle * share),
+                    "ranks_cores": sum(o[2] for o in outs) / seconds,
+                    "bytes": sum(o[1] for o in outs),
+                    "seconds": seconds,
+                }
+            )
+            idle_before = idle_after
+    ranked = sorted(rows, key=link_cpu_s_per_byte)
+    row = dict(ranked[(len(ranked) - 1) // 2])
+    row["rounds"] = [[r["lost_cores"], r["ranks_cores"], r["bytes"], r["seconds"]] for r in rows]
+    return row
+
+
+def _exchange(emu: Any, cores: int, duration_s: float) -> tuple[float, list[list[float]]]:
+    """One round: the two ranks exchange for ``duration_s`` (after a second's warm-up)
+    while ``cores`` spinners run; ``(spinners' loops per second, each rank's [messages,
+    bytes, CPU seconds, wall seconds])``."""
+    warm_s = 1.0
+    start = time.monotonic()
+    stop = start + warm_s + duration_s
+    procs = []
+    try:
+        for h in range(2):
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": emu.hosts[h].ifname}
+            argv = [sys.executable, "-c", _RANK, str(h), str(MESSAGE_BYTES),
+                    emu.hosts[0].address, str(PORT), repr(start), repr(stop)]  # fmt: skip
+            procs.append(subprocess.Popen(emu.command(h, argv), env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))  # fmt: skip
+        time.sleep(max(0.0, start + warm_s - time.monotonic()))
+        busy = _spin(cores, max(0.5, stop - time.monotonic() - 0.2))
+        outs = []
+        for h, p in enumerate(procs):
+            out, err = p.communicate(timeout=duration_s + 60)
+            fields = out.split()
+            if len(fields) != 4:  # (gloo may abort at exit once the numbers are out)
+                tail = err.strip().splitlines()[-1:] or [f"exit status {p.returncode}"]
+                raise RuntimeError(
+                    f"its rank {h} gave no result ({tail[0]}); a busy machine or a "
+                    "stale namespace can cause this: run the calibration again"
+                )
+            outs.append([float(v) for v in fields])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return busy, outs
 
 
 def link_cpu_s_per_byte(row: Mapping[str, Any]) -> float:
