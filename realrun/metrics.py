@@ -320,7 +320,9 @@ GapShares = Mapping[tuple[str, str], list[tuple[str, float]]]
 """``(kind, recorded layer) -> [(unrecorded layer, share)]`` (:func:`_gap_shares`)."""
 
 
-def _gap_shares(records: Mapping[str, Any], base: Trace) -> dict[tuple[str, str], list]:
+def _gap_shares(
+    records: Mapping[str, Any], base: Trace
+) -> dict[tuple[str, str], list[tuple[str, float]]]:
     """For each recorded ``(kind, layer)`` of ``records`` that the pass follows with
     layers the runtime does not record (forward: the next layers of ``base``; backward:
     the previous ones; never the input), those layers with their shares of a gap after
