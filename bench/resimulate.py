@@ -58,8 +58,24 @@ def main(argv: list[str] | None = None) -> int:
 
     import tempfile
 
-    import pandas as pd
     import yaml
+
+    sets = []
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            ap.error(f"--set {item!r}: expected KEY=VALUE, e.g. host.wakeup_s=0")
+        sets.append((key, yaml.safe_load(value)))
+    if not args.rebuild:
+        return _compare(args.out, args.out, sets, args.only, False)
+    with tempfile.TemporaryDirectory(prefix="dtsim-resimulate-") as scratch:
+        return _compare(args.out, scratch, sets, args.only, True)
+
+
+def _compare(out: str, scratch: str, sets: list[Any], only: str, rebuild: bool) -> int:
+    """Simulate every repeat of ``out`` again (its measured traces and presets, or with
+    ``rebuild`` those built anew into ``scratch``) and print the comparison."""
+    import pandas as pd
 
     from analysis.resolve import load_preset
     from analysis.validate import (
@@ -71,25 +87,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     from simcore.engine import simulate
 
-    sets = []
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            ap.error(f"--set {item!r}: expected KEY=VALUE, e.g. host.wakeup_s=0")
-        sets.append((key, yaml.safe_load(value)))
-    scratch = tempfile.mkdtemp(prefix="dtsim-resimulate-") if args.rebuild else args.out
-    table = pd.read_parquet(table_path(args.out))
+    table = pd.read_parquet(table_path(out))
     errors_was, errors_now = [], []
     print(f"{'case':44} {'measured':>9} {'validated':>17} {'now':>17}")
     for _, row in table.iterrows():
-        if row.status != "ok" or not row.point_id.startswith(args.only):
+        if row.status != "ok" or not row.point_id.startswith(only):
             continue
         case = case_from_row(row)
         times = []
         try:
             for k in range(int(row.repeats)):
-                if args.rebuild:
-                    remeasure(case, args.out, k, scratch)
+                if rebuild:
+                    remeasure(case, out, k, scratch)
                 preset = None
                 if sets:
                     preset = dict(load_preset(measured_files(case, scratch, k)[1]))

@@ -266,7 +266,8 @@ class Gossip(Scheme):
         self.waiting: dict[tuple[int, int, int], Event] = {}
         self.bwd_end: dict[tuple[int, int], float] = {}
         # Receive window: ``(r, it, slot)`` once rank ``r`` has used that message (its
-        # receive for the next iteration's is then posted), and the sends held until then.
+        # receive for the next iteration's is then posted) until the next one is sent,
+        # and the sends held until then.
         self.used: set[tuple[int, int, int]] = set()
         self.held: dict[tuple[int, int, int], tuple[int, int, int]] = {}
         pb = trace.param_bytes
@@ -383,9 +384,10 @@ class Gossip(Scheme):
         """Rank ``r`` has used iteration ``it``'s message in ``slot``: its receive for
         the next iteration's message in that slot is posted, so a send held for it goes."""
         key = (r, it, slot)
-        self.used.add(key)
         held = self.held.pop(key, None)
-        if held is not None:
+        if held is None:
+            self.used.add(key)
+        else:
             self._move(*held)
 
     def _send(self, r: int, it: int, slot: int) -> None:
@@ -394,10 +396,12 @@ class Gossip(Scheme):
         (realrun.schemes.gossip), so the partner must have used its message of the
         previous iteration in that slot. gloo moves a message only after the receiver's
         notice; a partner that is behind holds the send."""
-        dst = self.partners_of(it)[0][r]
-        if it > 0 and (dst, it - 1, slot) not in self.used:
-            self.held[(dst, it - 1, slot)] = (r, it, slot)
-            return
+        if it > 0:
+            key = (self.partners_of(it)[0][r], it - 1, slot)
+            if key not in self.used:
+                self.held[key] = (r, it, slot)
+                return
+            self.used.discard(key)  # one sender per receiver and slot: not needed again
         self._move(r, it, slot)
 
     def _move(self, r: int, it: int, slot: int) -> None:
