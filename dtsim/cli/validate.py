@@ -129,15 +129,15 @@ def validate(
     x bandwidths x ranks), calibrate the emulated cluster (once per bandwidth), profile
     the model on this machine (once per batch), simulate on the calibrated topology, run
     it for real --repeats times (network namespaces, needs root) and compare iteration
-    time, throughput, bytes per link (exactly), utilisation and bubble per rank. The
-    pipelines and dp are compared on each run's own measured compute (every run
-    simulated again on its layer times, medians compared; the profile's prediction is
-    kept in the table); ps, p3 and gossip on the profile.
+    time, throughput, bytes per link (exactly), utilisation and bubble per rank. Every
+    case is compared on each run's own measured compute (every run simulated again on
+    its layer times, medians compared; the profile's prediction is kept in the table).
 
     Writes DIR/validation.parquet and .csv (one row per case), DIR/report.md with a
-    scatter of simulated against measured time and per-case timelines, and the Chrome
-    traces of both sides in DIR/timelines/. Rerunning the same command skips finished
-    cases. Exits 1 when the median error exceeds --fail-above.
+    scatter of simulated against measured time and per-case timelines, the Chrome
+    traces of both sides in DIR/timelines/, and each real run's records in DIR/real/
+    (bench/resimulate.py simulates them again). Rerunning the same command skips
+    finished cases. Exits 1 when the median error exceeds --fail-above.
 
     \b
     Examples:
