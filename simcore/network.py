@@ -578,9 +578,7 @@ class DetailedNetwork(Network):
         if len(msg.hops) == 1:
             # One hop: only the arrival of the last byte matters.
             msg.chunks_left = 1
-            h0 = st.held_bytes
-            end = st.transmit(t, n)
-            self._held(msg, 0, st.held_bytes - h0)
+            end = self._transmit(st, msg, 0, t, n)
             st.free_at = end
             at(end + st.latency, _ChunkArrival(cb, msg, 1, n))
             return
@@ -596,6 +594,14 @@ class DetailedNetwork(Network):
             at(t + lat, _ChunkArrival(cb, msg, 1, last))
         st.free_at = t
         self._held(msg, 0, st.held_bytes - h0)
+
+    def _transmit(self, st: LinkState, msg: Message, hop: int, start: float, size: int) -> float:
+        """``st.transmit`` of ``size`` bytes of ``msg`` (its hop ``hop``) from ``start``,
+        the bytes the bucket held charged to the ends (:meth:`_held`); returns the end."""
+        before = st.held_bytes
+        end = st.transmit(start, size)
+        self._held(msg, hop, st.held_bytes - before)
+        return end
 
     def _held(self, msg: Message, hop: int, by_bucket: float) -> None:
         """Charge the ends' cores for ``by_bucket`` bytes of ``msg`` that a shaped link
@@ -627,9 +633,7 @@ class DetailedNetwork(Network):
         start = st.free_at
         if start < now:
             start = now
-        h0 = st.held_bytes
-        end = st.transmit(start, size)
-        self._held(msg, hop, st.held_bytes - h0)
+        end = self._transmit(st, msg, hop, start, size)
         st.free_at = end
         st.sent_bytes += size
         self._at(end + st.latency, _ChunkArrival(self._on_fifo_arrival, msg, hop + 1, size))
@@ -678,9 +682,7 @@ class DetailedNetwork(Network):
         if msg.start_s < 0:
             msg.start_s = start
         st.sent_bytes += size
-        h0 = st.held_bytes
-        end = st.transmit(start, size)
-        self._held(msg, hop, st.held_bytes - h0)
+        end = self._transmit(st, msg, hop, start, size)
         st.free_at = end
         self._at(end + st.latency, _ChunkArrival(self._on_prio_arrival, msg, hop + 1, size))
 
