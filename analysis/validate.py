@@ -456,9 +456,9 @@ def case_topology(
     """The calibrated preset with the optimizer step's cost measured with the trace (its
     memory bandwidth and fixed overhead, :func:`realrun.metrics.update_cost`) and, where
     ``update`` has them, SpecTrain's fixed cost of a weight prediction
-    (``predict_overhead_s``) and the messaging CPU per message (``p2p_message_cpu_s``)
-    measured in the same run; next to the trace; the calibration itself is left as
-    measured."""
+    (``predict_overhead_s``), the messaging CPU per message (``p2p_message_cpu_s``) and
+    the sending thread's hold per ``isend`` (``isend_s``) measured in the same run; next
+    to the trace; the calibration itself is left as measured."""
     from analysis.resolve import load_preset
 
     preset = dict(load_preset(topology_file))
@@ -469,11 +469,9 @@ def case_topology(
     }
     if "predict_overhead_s" in update:
         preset["gpu"]["predict_overhead"] = f"{update['predict_overhead_s'] * 1e6:.6g}us"
-    if "p2p_message_cpu_s" in update:
-        preset["host"] = {
-            **dict(preset.get("host") or {}),
-            "p2p_message_cpu_s": float(update["p2p_message_cpu_s"]),
-        }
+    for key in ("p2p_message_cpu_s", "isend_s"):
+        if key in update:
+            preset["host"] = {**dict(preset.get("host") or {}), key: float(update[key])}
     stem = os.path.basename(topology_file).removesuffix(".yaml")
     path = trace_file.removesuffix(".json") + f"-{stem}.yaml"
     if not os.path.exists(path):
@@ -710,7 +708,7 @@ def why_missed(
     if t_sim < t_real and hold >= SEND_HOLD_SHARE * (t_real - t_sim):
         why += (
             f"; a real rank's sends held its main thread {1e3 * hold:.1f} ms per iteration "
-            "(the simulator's sends never hold a rank)"
+            "(simulated as every send's mean hold, host.isend_s)"
         )
     return why
 
@@ -880,13 +878,16 @@ def simulate_measured(
     profile_update: Mapping[str, float],
     job: Any,
 ) -> Any:
-    """Simulate ``case`` on the layer times, optimizer steps and messaging threads' CPU
-    per message that real run ``records`` measured (:func:`realrun.metrics.trace_from_run`,
-    in CPU time; :func:`realrun.metrics.messenger_cpu_s_per_message`), a pipeline on the
+    """Simulate ``case`` on the layer times, optimizer steps, messaging threads' CPU
+    per message and sending threads' hold per ``isend`` that real run ``records``
+    measured (:func:`realrun.metrics.trace_from_run`, in CPU time;
+    :func:`realrun.metrics.messenger_cpu_s_per_message`,
+    :func:`realrun.metrics.isend_overhead_s`), a pipeline on the
     stages that run used (``scheme.stages``, checked against the run's plan); the trace
     and its preset are kept in ``traces/measured/`` of ``out_dir``."""
     from analysis.resolve import load_preset
     from realrun.metrics import (
+        isend_overhead_s,
         messenger_cpu_s_per_message,
         predict_overhead_s,
         server_step_overhead_s,
@@ -929,6 +930,14 @@ def simulate_measured(
     p2p = messenger_cpu_s_per_message(records, per_byte, float(host.get("message_cpu_s", 0.0)))
     if p2p is not None:
         update["p2p_message_cpu_s"] = p2p
+    isend = isend_overhead_s(
+        records,
+        base,
+        float(host.get("message_cpu_s", 0.0)),
+        float(host.get("copy_cpu_s_per_byte", 0.0)),
+    )
+    if isend is not None:
+        update["isend_s"] = isend
     topology = case_topology(out_dir, calibration, path, update)
     if not job.pipeline:
         return simulate(sim_config(case, path, topology))

@@ -205,6 +205,36 @@ def send_hold_s(records: Mapping[str, Any]) -> float:
     return max(held, default=0.0) / max(iters, 1)
 
 
+def isend_overhead_s(
+    records: Mapping[str, Any], base: Trace, cpu_s_per_message: float, cpu_s_per_byte: float
+) -> float | None:
+    """How long handing a message to gloo held a real run's sending thread beyond the
+    CPU the simulator charges the message's sending end (``cpu_s_per_message`` and
+    ``cpu_s_per_byte`` of its bytes, ``HostSpec.message_cpu``), as ``HostSpec.isend_s``
+    means it: the workers' send spans of the measured iterations charged and scaled as
+    :func:`trace_from_run` charges compute (so that the thread's time is the trace's or
+    the sends', never both nor neither), their mean less that CPU, never below zero;
+    ``None`` for a scheme whose ranks do not send on their main thread
+    (:data:`POSTED_SEND_SCHEMES`) or a run without sends."""
+    job = records["job"]
+    if job["scheme"] not in POSTED_SEND_SCHEMES:
+        return None
+    warm = int(job["warmup_iterations"])
+    shares = _gap_shares(records, base)
+    charged, nbytes = [], 0
+    for r in records["ranks"]:
+        if r.get("role", "worker") != "worker":
+            continue
+        for kind, _name, _it, size, c in _charged_spans(r, warm, shares, True):
+            if kind == ISEND:
+                charged.append(c)
+                nbytes += size
+    if not charged:
+        return None
+    per_message = statistics.fmean(charged)
+    return max(0.0, per_message - cpu_s_per_message - cpu_s_per_byte * nbytes / len(charged))
+
+
 def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:
     """The layer trace of ``base``'s model with the compute times a real run measured:
     a profile taken inside the runtime itself.
@@ -235,12 +265,13 @@ def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:
     batch = int(job["batch_size"]) // int(plan.get("microbatches", 1) or 1)
     index = {layer.name: i for i, layer in enumerate(base.layers)}
     shares = _gap_shares(records, base)
+    posted = job["scheme"] in POSTED_SEND_SCHEMES
     samples: dict[tuple[str, str], list[float]] = {}
     gap_s: dict[tuple[str, str], float] = {}
     for r in records["ranks"]:
         if r.get("role", "worker") != "worker":
             continue
-        for kind, name, _it, _layer, charged in _charged_spans(r, warm, shares):
+        for kind, name, _it, _layer, charged in _charged_spans(r, warm, shares, posted):
             if kind == GAP:
                 after_kind, _sep, after = name.partition(":")
                 key = (after_kind, after)
@@ -311,6 +342,9 @@ def median_trace(traces: Sequence[Trace]) -> Trace:
     return Trace(meta, layers, first.edges)
 
 
+ISEND = "isend"
+"""Kind of a :func:`_charged_spans` entry: a main thread's time handing a message to
+gloo (a send span of :data:`POSTED_SEND_SCHEMES`), charged like compute."""
 GAP = "gap"
 """Kind of a :func:`_charged_spans` entry: the main thread's time between a forward or
 backward span and a wait right after it, when layers the runtime does not record ran
@@ -362,11 +396,17 @@ def _gap_shares(
 
 
 def _charged_spans(
-    rank: Mapping[str, Any], warm: int, gaps: GapShares | None = None
+    rank: Mapping[str, Any], warm: int, gaps: GapShares | None = None, sends: bool = False
 ) -> list[tuple[str, str, int, int, float]]:
     """``(kind, name, iteration, layer, charged seconds)`` of the rank's compute spans of
     measured iterations (``layer`` -1 for a span of no one layer), each charged from the
     end of the span before it (waits get none), scaled by the rank's :func:`cpu_factor`.
+    With ``sends`` (:data:`POSTED_SEND_SCHEMES`) the main thread's send spans between
+    compute spans are charged too, as entries of kind :data:`ISEND` (the simulator holds
+    a sending rank for them: ``HostSpec.isend_s``, :func:`isend_overhead_s`; their
+    ``layer`` is the message's bytes), not in the span after; a send from inside a
+    compute span (gossip's gradients, sent by hooks during the backward) stays that
+    span's.
 
     With ``gaps``, the time from a forward or backward span that ``gaps`` names to a
     wait right after it is an entry of kind :data:`GAP`: the layers the runtime does not
@@ -375,8 +415,9 @@ def _charged_spans(
     not in the next recorded span); that time counts as compute for the factor too."""
     marked = [int(k) for k in rank.get("main_cpu_at_end") or {}]
     last = max(marked) if marked else float("inf")
+    streams = (COMPUTE, SEND) if sends else (COMPUTE,)
     stream = sorted(
-        (s for s in rank["spans"] if s[1] == COMPUTE and warm <= s[6] <= last),
+        (s for s in rank["spans"] if s[1] in streams and warm <= s[6] <= last),
         key=lambda s: s[4],
     )
     out = []
@@ -385,6 +426,12 @@ def _charged_spans(
     for s in stream:
         kind, name, start, end = s[2], s[3], s[4], s[5]
         begin = start if last_end is None else min(last_end, start)
+        if s[1] == SEND:  # the thread's time in the send is not the next span's
+            if last_end is not None and start < last_end:
+                continue  # sent from inside the span before (gossip's gradient hooks)
+            out.append((ISEND, name, int(s[6]), int(s[9]), end - begin))  # bytes, no layer
+            last_end = end
+            continue
         if kind != "wait":  # realrun.runtime.WAIT (this module does not import torch)
             out.append((kind, name, int(s[6]), int(s[7]), end - begin))
             previous = (kind, name)
@@ -527,12 +574,13 @@ def _stage_means(
     stage_layers = (records["job"].get("pipeline") or {}).get("stage_layers")
     per_stage: dict[int, list[float]] = {}
     shares = _gap_shares(records, base)
+    posted = records["job"]["scheme"] in POSTED_SEND_SCHEMES
     for r in records["ranks"]:
         if r.get("role", "worker") != "worker":
             continue
         ops: list[float] = []
         by_layer: dict[int, float] = {}  # an iteration's operation taken layer by layer
-        for kind, _n, it, layer, charged in _charged_spans(r, warm, shares):
+        for kind, _n, it, layer, charged in _charged_spans(r, warm, shares, posted):
             if kind == span_kind and layer < 0:
                 ops.append(charged)
             elif kind == span_kind:

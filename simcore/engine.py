@@ -94,10 +94,10 @@ def simulate(config: SimConfig, progress: Callable[[float], None] | None = None)
                 "is for GPU clusters; CPU hosts share cores (set it to 0)",
             )
         pool_of = cpu_pools(env, topology)
-        net.cpu = CommCpu(topology.host_spec, pool_of)
         gpus = [
             CpuRank(env, r, d, names[r], gpu_log, pool_of(d)) for r, d in enumerate(topology.gpus)
         ]
+        net.cpu = CommCpu(topology.host_spec, pool_of, {g.device: g.stream for g in gpus})
     ctx = SimContext(env, config, options, trace, topology, net, coll, gpus, compute_log, rng)
     ctx.cpu_pool_of = pool_of
     scheme = cls(ctx)

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from simpy import Environment
+from simpy import Environment, Timeout
 
 from simcore.clock import EventQueue, FastEvent
 from simcore.device import Done, Gpu
@@ -321,6 +321,8 @@ class CpuRank(Gpu):
         self._ev_at = EventQueue(env).at
 
     def _record(self, start: float, end: float, info: Any) -> None:
+        if info is None:  # a message this thread wrote (CommCpu.join): not compute
+            return
         kind, label, iteration, layer, microbatch = info
         by_it = self.busy_by_iteration
         by_it[iteration] = by_it.get(iteration, 0.0) + (end - start)
@@ -376,17 +378,28 @@ class CommCpu:
     """The CPU side of communication on CPU hosts: each message costs both ends
     :meth:`HostSpec.message_cpu` core-seconds, run as tasks of their own on the ends'
     pools from the moment it is sent (a communication thread streams the bytes while the
-    wire carries them), and it is delivered once the wire and both ends are done. An end
-    whose machine has every core taken by compute when the message leaves or arrives
-    waits there for a core (:meth:`wakeup_s`).
+    wire carries them), and it is delivered once the wire and both ends are done. A
+    message its sending rank's own thread writes (an ``isend`` whose receive is posted:
+    gloo writes in the caller) has the sending end's work on that thread instead, which
+    holds the rank meanwhile. An end whose machine has every core taken by compute when
+    the message leaves or arrives waits there for a core (:meth:`wake`).
 
-    ``pool_of`` maps a device index to the pool of its machine.
+    ``pool_of`` maps a device index to the pool of its machine; ``thread_of`` a device
+    to its rank's thread (:class:`CpuStream`), where it has one.
     """
 
-    __slots__ = ("pool_of", "spec")
+    __slots__ = ("pool_of", "spec", "thread_of")
 
-    def __init__(self, spec: HostSpec, pool_of: Callable[[int], CpuPool]) -> None:
+    def __init__(
+        self,
+        spec: HostSpec,
+        pool_of: Callable[[int], CpuPool],
+        thread_of: Mapping[int, Any] | None = None,
+    ) -> None:
         self.spec, self.pool_of = spec, pool_of
+        self.thread_of: Mapping[int, Any] = thread_of or {}
+        """A device's rank thread (its :class:`CpuStream`), which writes the messages
+        the rank sends itself (``on_thread`` of :meth:`join`)."""
 
     def join(
         self,
@@ -396,16 +409,22 @@ class CommCpu:
         messages: int,
         reduce_bytes: int,
         extra_s: float = 0.0,
+        on_thread: bool = False,
     ) -> tuple[int, Callable[[Callable[[], None]], None]]:
-        """Queue the CPU work of one message (each end ``extra_s`` more); returns how many
+        """Queue the CPU work of one message (each end ``extra_s`` more; with
+        ``on_thread`` the sending end's on ``src``'s rank thread); returns how many
         completions (the wire's included) its delivery waits for, and a function that
         starts the tasks with the callback to call on each completion."""
         spec = self.spec
         send_s = spec.message_cpu(nbytes, messages) + extra_s
         recv_s = send_s + reduce_bytes * spec.reduce_cpu_s_per_byte
+        thread = self.thread_of.get(src) if on_thread else None
 
         def start(on_one: Callable[[], None]) -> None:
-            self.pool_of(src).run(send_s, on_one)
+            if thread is not None:  # the runtime's own code around the write too
+                thread.submit(send_s + spec.isend_s, None, lambda _end: on_one())
+            else:
+                self.pool_of(src).run(send_s, on_one)
             self.pool_of(dst).run(recv_s, on_one)
 
         return 3, start
@@ -417,6 +436,15 @@ class CommCpu:
         if work > 0:
             self.pool_of(src).run(work, _nothing)
             self.pool_of(dst).run(work, _nothing)
+
+    def wake(self, device: int, then: Callable[[], None]) -> None:
+        """A thread of ``device``'s machine woken now: ``then()`` once it has a core,
+        after :meth:`wakeup_s` (at once while a core is free of compute)."""
+        wait = self.wakeup_s(device)
+        if wait > 0:
+            Timeout(self.pool_of(device).env, wait).callbacks.append(lambda _ev: then())
+        else:
+            then()
 
     def wakeup_s(self, device: int) -> float:
         """How long a thread of ``device``'s machine woken now waits for a core: nothing

@@ -257,6 +257,7 @@ class Network(ABC):
         segments: int = 1,
         reduce_bytes: int = 0,
         p2p: bool = True,
+        on_thread: bool = False,
     ) -> Message:
         """Start moving ``nbytes`` from device ``src`` to device ``dst`` now.
 
@@ -267,7 +268,9 @@ class Network(ABC):
         ``reduce_bytes`` of it into a buffer of its own; and a message that a rank's
         sending thread hands over one at a time (``p2p``: a parameter server's, not a
         collective's, a pipeline's or a gossip exchange's, whose receives are posted
-        ahead) waits for the device's sender (see :class:`_Sender`).
+        ahead) waits for the device's sender (see :class:`_Sender`). ``on_thread``: the
+        sending rank's own thread writes it (an ``isend`` whose receive is posted), so
+        the sending end's CPU work holds that rank (:meth:`CommCpu.join`).
         """
         hops = self._hops.get((src, dst))
         if hops is None:
@@ -304,32 +307,42 @@ class Network(ABC):
                     )
                 sender.queue(msg, segments, reduce_bytes, extra_s)
                 return msg
-            wake = self.cpu.wakeup_s(src)
-            if wake > 0:  # the thread that writes the bytes waits for a core first
-                later = Timeout(self.env, wake, msg)
-                later.callbacks.append(
-                    lambda _ev: self._start_cpu(msg, segments, reduce_bytes, extra_s)
-                )
-            else:
-                self._start_cpu(msg, segments, reduce_bytes, extra_s)
+            if on_thread:  # the rank's thread, which is running
+                self._start_cpu(msg, segments, reduce_bytes, extra_s, True)
+            else:  # the thread that writes the bytes waits for a core first
+                self.cpu.wake(src, lambda: self._start_cpu(msg, segments, reduce_bytes, extra_s))
             return msg
         self._inject(msg)
         return msg
 
-    def _start_cpu(self, msg: Message, segments: int, reduce_bytes: int, extra_s: float) -> None:
+    def _start_cpu(
+        self,
+        msg: Message,
+        segments: int,
+        reduce_bytes: int,
+        extra_s: float,
+        on_thread: bool = False,
+    ) -> None:
         """Put ``msg`` on the wire with its ends' CPU work (CPU hosts)."""
-        self._join_cpu(msg, segments, reduce_bytes, extra_s)
+        self._join_cpu(msg, segments, reduce_bytes, extra_s, on_thread)
         self._inject(msg)
 
     def _join_cpu(
-        self, msg: Message, segments: int, reduce_bytes: int, extra_s: float = 0.0
+        self,
+        msg: Message,
+        segments: int,
+        reduce_bytes: int,
+        extra_s: float = 0.0,
+        on_thread: bool = False,
     ) -> None:
         """Deliver ``msg`` only when the wire and both ends' CPU work are done (each end's
         with ``extra_s`` more: a messenger thread's own code), and the receiving thread
-        has had a core (:meth:`CommCpu.wakeup_s`)."""
+        has had a core (:meth:`CommCpu.wake`)."""
         assert self.cpu is not None
         deliver = msg.on_arrival
-        left, start = self.cpu.join(msg.src, msg.dst, msg.nbytes, segments, reduce_bytes, extra_s)
+        left, start = self.cpu.join(
+            msg.src, msg.dst, msg.nbytes, segments, reduce_bytes, extra_s, on_thread
+        )
         count = [left]
         cpu = self.cpu
 
@@ -340,12 +353,8 @@ class Network(ABC):
 
         def one() -> None:
             count[0] -= 1
-            if count[0] == 0:
-                wake = cpu.wakeup_s(msg.dst)
-                if wake > 0:  # the thread that takes it waits for a core first
-                    Timeout(self.env, wake).callbacks.append(arrive)
-                else:
-                    arrive()
+            if count[0] == 0:  # the thread that takes it waits for a core first
+                cpu.wake(msg.dst, arrive)
 
         msg.on_arrival = lambda _m: one()
         start(one)
@@ -469,8 +478,8 @@ class _Sender:
     each message holds the sender for a handshake (``handshake_s``, calibrated) and
     until what its connection to the destination has not yet delivered, this message
     included, fits in the socket's send buffer (``buffer_bytes``; until the message has
-    arrived when 0). The next one waits. A handshake that starts while its machine's
-    cores are all taken is ``HostSpec.wakeup_s`` longer (the thread waits for a core)."""
+    arrived when 0). The next one waits. A handshake that starts while compute takes
+    all its machine's cores first waits for a core (:meth:`CommCpu.wake`)."""
 
     __slots__ = ("buffer_bytes", "busy", "handshake_s", "heap", "net", "seq", "sockets")
 
@@ -503,9 +512,15 @@ class _Sender:
 
         def handshake() -> None:
             cpu = self.net.cpu  # the sending thread may first wait for a core
-            wake = cpu.wakeup_s(msg.src) if cpu is not None else 0.0
-            ev = Timeout(self.net.env, self.handshake_s + wake)
-            ev.callbacks.append(lambda _e: self._go(msg, sock, segments, reduce_bytes, extra_s))
+
+            def go() -> None:
+                ev = Timeout(self.net.env, self.handshake_s)
+                ev.callbacks.append(lambda _e: self._go(msg, sock, segments, reduce_bytes, extra_s))
+
+            if cpu is not None:
+                cpu.wake(msg.src, go)
+            else:
+                go()
 
         need = sock.sent - self.HEADERS_AHEAD
         if need <= sock.delivered:

@@ -108,13 +108,19 @@ class HostSpec:
         p2p_copy_cpu_s_per_byte: CPU seconds per byte such a message costs each end
             beyond ``copy_cpu_s_per_byte`` (the messenger's buffers and tensor handling);
             ``sim calibrate`` fits it with ``p2p_message_cpu_s`` over message sizes.
+        isend_s: how long handing a message to the transport holds the sending rank's
+            thread beyond the message's CPU (``message_cpu``): the runtime's code around
+            an ``isend`` whose bytes that thread writes itself (pipelines' and gossip's
+            messages, ``on_thread`` in :meth:`simcore.network.DetailedNetwork.send`).
+            ``sim validate`` measures it in each run (the main threads' send spans).
         wakeup_s: how long a thread a message wakes waits for a core when every core of
             its machine computes, per computing thread per core: a time-slicing
             scheduler lets the running threads go on to the end of their slices first,
             and more of them queue longer. Charged at each end of a message that finds
             its machine's cores all computing: before its bytes leave (the sending
-            thread) and before the receiver sees it (the receiving one); 0: woken
-            threads run at once, as processor sharing alone says.
+            thread, unless the sending rank's own thread writes them: it is running)
+            and before the receiver sees it (the receiving one); 0: woken threads run
+            at once, as processor sharing alone says.
         balance_s: how long a core that has run out of threads stays idle while another
             core has two or more runnable before it takes one of them over (the
             scheduler's load balancing); threads wake on an idle core if there is one,
@@ -136,6 +142,7 @@ class HostSpec:
     socket_buffer_bytes: int = 0
     p2p_message_cpu_s: float = 0.0
     p2p_copy_cpu_s_per_byte: float = 0.0
+    isend_s: float = 0.0
     wakeup_s: float = 0.0
     balance_s: float = 0.0
     link_cpu_s_per_byte: float = 0.0
@@ -706,6 +713,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         "socket_buffer",
         "p2p_message_cpu_s",
         "p2p_copy_cpu_s_per_byte",
+        "isend_s",
         "wakeup_s",
         "balance_s",
         "link_cpu_s_per_byte",
@@ -716,6 +724,9 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
     wakeup_s = float(d.get("wakeup_s", 0.0))
     if not wakeup_s >= 0 or math.isinf(wakeup_s):
         raise ValueError(f"host.wakeup_s must be seconds, 0 or more; got {wakeup_s!r}")
+    isend_s = float(d.get("isend_s", 0.0))
+    if not isend_s >= 0 or math.isinf(isend_s):
+        raise ValueError(f"host.isend_s must be seconds, 0 or more; got {isend_s!r}")
     balance_s = float(d.get("balance_s", 0.0))
     if not balance_s >= 0 or math.isinf(balance_s):
         raise ValueError(f"host.balance_s must be seconds, 0 or more; got {balance_s!r}")
@@ -734,6 +745,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         socket_buffer_bytes=parse_size(d.get("socket_buffer", 0)),
         p2p_message_cpu_s=float(d.get("p2p_message_cpu_s", 0.0)),
         p2p_copy_cpu_s_per_byte=float(d.get("p2p_copy_cpu_s_per_byte", 0.0)),
+        isend_s=isend_s,
         wakeup_s=wakeup_s,
         balance_s=balance_s,
         link_cpu_s_per_byte=link_cpu,

@@ -247,9 +247,9 @@ def test_a_message_moves_only_once_its_receive_is_posted(monkeypatch):
         used[(r, it, slot)] = self.ctx.env.now
         use(self, r, it, slot)
 
-    def record_move(self, r, it, slot):
+    def record_move(self, r, it, slot, on_thread=False):
         moved.append((self.partners_of(it)[0][r], it, slot, self.ctx.env.now))
-        move(self, r, it, slot)
+        move(self, r, it, slot, on_thread)
 
     def record_send(self, r, it, slot):
         send(self, r, it, slot)

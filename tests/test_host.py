@@ -384,6 +384,7 @@ def test_cpu_devices_are_not_called_gpus():
         ({"host": {"cores": 0}}, "host.cores"),
         ({"host": {"cores": 2, "speed": 3}}, "unknown key 'speed'"),
         ({"host": {"cores": 2, "wakeup_s": -1e-3}}, "host.wakeup_s"),
+        ({"host": {"cores": 2, "isend_s": -1e-3}}, "host.isend_s"),
         ({"host": {"cores": 2, "balance_s": -1e-3}}, "host.balance_s"),
         ({"host": {"cores": 2, "link_cpu_s_per_byte": -1e-9}}, "host.link_cpu_s_per_byte"),
         ({"gpu": {"kind": "tpu"}}, "gpu.kind 'tpu'"),
@@ -605,3 +606,62 @@ def test_link_cpu_makes_a_link_bound_exchange_cost_cpu_but_not_time():
     more = run(preset(2, link_cpu_s_per_byte=2e-9), 2, "gossip", trace=trace(param_bytes=4 * MB))
     assert more.iteration_time_s == pytest.approx(base.iteration_time_s, rel=0.05)
     assert more.iteration_time_s >= base.iteration_time_s * (1 - 1e-9)
+
+
+# ---- sends a rank's own thread writes (isend) ---------------------------------------------
+def _isend(
+    on_thread: bool, busy: int, isend_s: float = 0.0, cores: int = 2
+) -> tuple[float, float, float]:
+    """Two CPU hosts on ``cores`` shared cores (2 us per message and 1 ns per byte each end, a 3 ms
+    wake-up): ``busy`` threads compute throughout, then rank 0 sends 1 MB to rank 1
+    (``on_thread``: from its own thread, as a pipeline's ``isend``) and queues 1 ms of
+    compute on its thread right after. Returns when the message left, when it arrived
+    and when that compute ended."""
+    from simcore.engine import cpu_pools
+    from simcore.network import DetailedNetwork
+
+    p = preset(cores=cores, message_cpu_s=2e-6, copy_cpu_s_per_byte=1e-9, wakeup_s=3e-3,
+               isend_s=isend_s)  # fmt: skip
+    p["network"] = {k: v for k, v in p["network"].items() if k not in ("burst", "peak_bandwidth")}
+    topo = build_topology(TopologySpec(p, 2))
+    env = Environment()
+    net = DetailedNetwork(env, topo, chunk_bytes=64 << 10)
+    pool_of = cpu_pools(env, topo)
+    g = topo.gpus
+    rank0 = CpuStream(pool_of(g[0]))
+    net.cpu = CommCpu(topo.host_spec, pool_of, {g[0]: rank0})
+    for _ in range(busy):
+        pool_of(g[0]).run(1.0, lambda: None, holds=True)
+    got: dict[str, float] = {}
+    msg = net.send(g[0], g[1], MB, lambda m: got.setdefault("arrived", env.now), p2p=False,
+                   on_thread=on_thread)  # fmt: skip
+    rank0.submit(1e-3, ("forward", "next", 0, 0, -1), lambda end: got.setdefault("next", end))
+    env.run(until=0.5)
+    return msg.start_s, got["arrived"], got["next"]
+
+
+@pytest.mark.parametrize("isend_s", [0.0, 2e-4])
+def test_a_send_the_ranks_own_thread_writes_holds_it_for_the_messages_cpu(isend_s):
+    """A pipeline's message is written by the stage's thread inside ``isend``: the
+    sending end's CPU (``message_cpu``: 2 us + 1 ms for 1 MB) and ``host.isend_s`` hold
+    that thread, so its next compute starts only after them (exactly, with a core for
+    every thread), while the bytes leave at once; handed to a communication thread
+    instead, the next compute runs alongside. The message arrives no earlier either way
+    (its delivery waits for the sending end's CPU both ways)."""
+    hold = 2e-6 + MB * 1e-9 + isend_s
+    start, arrived, after = _isend(True, 0, isend_s, cores=3)
+    assert start == 0.0 and after == pytest.approx(hold + 1e-3)
+    assert arrived >= hold
+    start, arrived_pool, after = _isend(False, 0, isend_s, cores=3)
+    assert start == 0.0 and after == pytest.approx(1e-3)
+    assert arrived_pool == pytest.approx(arrived) or arrived_pool < arrived
+
+
+def test_a_send_the_ranks_own_thread_writes_does_not_wait_to_wake_up():
+    """With compute on both cores a message handed to a communication thread leaves only
+    after the wake-up wait (``wakeup_s`` x 2 computing threads / 2 cores = 3 ms, rank 0's
+    thread included once it computes); the running rank's own thread writes at once."""
+    start, _arrived, _next = _isend(True, 2)
+    assert start == 0.0
+    start, _arrived, _next = _isend(False, 2)
+    assert start == pytest.approx(3e-3)

@@ -10,6 +10,7 @@ import pytest
 
 from realrun.metrics import (
     UpdateCost,
+    isend_overhead_s,
     predict_overhead_s,
     server_step_overhead_s,
     trace_from_run,
@@ -55,6 +56,38 @@ def test_each_layer_is_charged_from_the_previous_span_end():
     assert a.param_bytes == 400
     assert "measured inside a gpipe run" in tr.meta.provenance
     assert update_cost(records(spans), base(), 5) == UpdateCost(pytest.approx(5 * 800 / 0.1))
+
+
+def test_a_pipelines_sends_are_the_threads_hold_not_the_next_layers():
+    """A stage's main thread hands each message to gloo (a send span): that time, from
+    the span before it, is the sends' (``isend_overhead_s``: their mean less the CPU the
+    simulator charges a message's sending end), not the next layer's; a send from inside
+    a span stays the span's; a scheme that sends from other threads (dp) keeps it all
+    in the layers."""
+
+    def send(a, b, nbytes=1000):
+        return ["r0", "send", "send", "act mb0.0", a, b, 1, -1, 0, nbytes, 7]
+
+    spans = [
+        span("forward", "a", 10.0, 10.1, 1),
+        send(10.12, 10.2),  # charged from a's end: 0.1
+        span("forward", "b", 10.25, 10.3, 1),  # from the send's end: 0.1
+        send(10.3, 10.35),  # 0.05
+        span("wait", "wait grad", 10.35, 10.9, 1),
+        span("backward", "b", 11.0, 11.2, 1),
+        send(11.1, 11.15),  # from inside b's span (a hook, as gossip's): b's
+        span("backward", "a", 11.3, 11.4, 1),
+    ]
+    tr = trace_from_run(records(spans), base())
+    assert [x.forward_s for x in tr.layers] == pytest.approx([0.1, 0.1])
+    assert [x.backward_s for x in tr.layers] == pytest.approx([0.2, 0.3])
+    assert isend_overhead_s(records(spans), base(), 0.01, 1e-5) == pytest.approx(0.055)
+    assert isend_overhead_s(records(spans), base(), 0.2, 0.0) == 0.0  # never negative
+    dp = records(spans)
+    dp["job"]["scheme"] = "dp"
+    assert [x.forward_s for x in trace_from_run(dp, base()).layers] == pytest.approx([0.1, 0.2])
+    assert isend_overhead_s(dp, base(), 0.01, 1e-5) is None
+    assert isend_overhead_s(records(spans[:1]), base(), 0.01, 1e-5) is None  # no sends
 
 
 def test_a_rank_that_waited_for_a_core_is_charged_its_cpu_time():

@@ -293,7 +293,7 @@ def test_why_names_sends_that_held_a_rank_and_only_those() -> None:
     row = va.case_row(case, _result(0.080, [50 / 80, 50 / 80], SIM_LINKS, 4.0), steady)
     assert row["real_send_hold_s"] == 0.005
     assert row["why"].endswith("held its main thread 5.0 ms per iteration "
-                               "(the simulator's sends never hold a rank)")  # fmt: skip
+                               "(simulated as every send's mean hold, host.isend_s)")  # fmt: skip
     # a hold that is a small part of the miss, or a case predicted too slow: not named
     small = [dict(r, send_hold_s=0.001) for r in steady]
     row = va.case_row(case, _result(0.080, [50 / 80, 50 / 80], SIM_LINKS, 4.0), small)

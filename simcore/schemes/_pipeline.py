@@ -389,8 +389,10 @@ class PipelineScheme(Scheme):
                     rank_dst=a.peer,
                     iteration=it,
                     payload=(a.peer, sch.RECV_ACT if act else sch.RECV_GRAD, mb),
-                    # posted ahead, moved by the transport (realrun.p2p): no sender thread
+                    # posted ahead, moved by the transport (realrun.p2p): no sender
+                    # thread; the stage's own writes it (its receive is posted)
                     p2p=False,
+                    on_thread=True,
                 )
             elif kind in sch.RECV_KINDS:
                 yield self._box((r, kind, mb))

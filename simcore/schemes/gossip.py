@@ -402,9 +402,14 @@ class Gossip(Scheme):
                 self.held[key] = (r, it, slot)
                 return
             self.used.discard(key)  # one sender per receiver and slot: not needed again
-        self._move(r, it, slot)
+        # the next batch is handed to gloo by the rank's thread between two spans; the
+        # gradients from inside the backward, whose measured spans hold that time
+        self._move(r, it, slot, slot == self.shuffle_slot)
 
-    def _move(self, r: int, it: int, slot: int) -> None:
+    def _move(self, r: int, it: int, slot: int, on_thread: bool = False) -> None:
+        """Send rank ``r``'s ``slot`` of iteration ``it``: ``on_thread``, written by the
+        rank's own thread (a posted receive, and a send between compute spans); else by
+        a communication thread (gloo's, for a send held until the partner posted)."""
         ctx = self.ctx
         dst = self.partners_of(it)[0][r]
         if slot == self.shuffle_slot:
@@ -429,6 +434,7 @@ class Gossip(Scheme):
                 payload=(dst, it, slot),
                 # receives posted ahead, sends with isend (realrun.p2p): no sender thread
                 p2p=False,
+                on_thread=on_thread,
             )
 
     def _arrived(self, msg: Message) -> None:
