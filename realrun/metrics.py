@@ -249,6 +249,9 @@ def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:
     the next recorded layer and none themselves, except where a wait comes between: the
     time from a recorded span to a wait right after it is then theirs (split by
     ``base``'s times of them, equally if those are 0), since they ran before the wait.
+    Where a rank's main thread hands its messages to gloo between two spans (the
+    pipelines' and gossip's ``isend``), that time is the sends' and not the next
+    layer's: the simulator holds the rank for it (:func:`isend_overhead_s`).
     Means over the passes are used (the simulator predicts a mean iteration).
 
     Where the ranks shared the cores (a pipeline's stages, more ranks than cores), a
