@@ -328,12 +328,14 @@ def test_netns_calibration_measures_goodput_below_the_tbf_rate(
     assert buffer == preset["measured"]["fits"]["socket_buffer_bytes"]
     assert 0 < buffer <= min(4 << 20, tcp_send_buffer_bytes())
     # the two-flow benchmark: the second flow's message came after both messages' bytes
-    # had crossed the link, and the lead fitted to it is the file's network.lead
+    # had crossed the link, and the lead fitted to it is the file's network.lead (tbf
+    # once let the 2 x 2 MiB through at 26.7 MB/s, 7% over its 25 MB/s rate and 12%
+    # over the goodput fitted to single messages: a margin of 20%)
     sharing = preset["measured"]["sharing"]
     assert len(sharing) == 3
     for row in sharing:
         assert row["delay_s"] < row["first_s"] < row["second_s"]
-        assert row["second_s"] > 0.9 * 2 * row["bytes"] / goodput
+        assert row["second_s"] > 0.8 * 2 * row["bytes"] / goodput
     lead = preset["measured"]["fits"]["sharing_lead_s"]
     assert 0 <= lead <= 0.04
     with open(tmp_path / "c.yaml", encoding="utf-8") as fh:
