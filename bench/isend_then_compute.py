@@ -52,7 +52,10 @@ def rank_main(rank: int, nbytes: int, mode: str, messages: int) -> None:
             _spin(0.002)
             work = dist.isend(buf, 1, tag=i)
             returned = time.perf_counter()
-            _spin(0.0015) if mode == "compute" else time.sleep(0.0015)
+            if mode == "compute":
+                _spin(0.0015)
+            else:
+                time.sleep(0.0015)
             work.wait()
             times.append(returned)
         else:
