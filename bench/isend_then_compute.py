@@ -1,19 +1,26 @@
 """Does a message handed to gloo arrive later when its sender computes right after the
 ``isend`` than when it sleeps?
 
-Two gloo ranks, one emulated host each (``--cluster netns``, shaped to ``--rate``; root
-only) or both on loopback (``--cluster local``). Per message: both ranks meet at a
-barrier, rank 0 computes 2 ms, posts an ``isend`` of ``--bytes`` to rank 1 (whose
-receive is posted), then either spins for 1.5 ms (``compute``: a pipeline stage's
-optimizer step after its last gradient) or sleeps as long (``sleep``: a stage that waits
-for its next message). Rank 1 notes when its receive completes. Printed per size and
-mode: how long the ``isend`` took, and from its return to the arrival the median, mean,
-90th percentile and the share over 0.5 ms (the clocks are one machine's monotonic
-clock). Each rank uses one thread; the first 10 messages are warm-up. About half a
-minute per row.
+Gloo ranks, one emulated host each (``--cluster netns``, shaped to ``--rate``; root
+only) or all on loopback (``--cluster local``), one thread each, in one of two patterns:
 
-    python bench/isend_then_compute.py                      # netns, 1 Gbit/s
-    python bench/isend_then_compute.py --cluster local --bytes 98304 --messages 400
+- ``chain`` (default, 4 ranks): model parallelism's step. Each rank receives the
+  activation from the one before (receives posted ahead), computes 0.7 ms, sends it on
+  and waits for the gradient; the last computes and sends its gradient back; each rank
+  that gets a gradient computes 0.8 ms, posts an ``isend`` of it to the rank before,
+  then either spins 0.9 ms (``compute``: its optimizer step) or sleeps as long
+  (``sleep``). Measured: every gradient hop, from the ``isend``'s return to the
+  receiver's arrival.
+- ``pair`` (2 ranks): both meet at a barrier, rank 0 computes 2 ms, posts an ``isend``
+  to rank 1, then spins or sleeps 1.5 ms.
+
+Printed per size and mode: from the ``isend``'s return to the arrival the median, mean,
+90th percentile and the share over 0.5 ms (one machine's monotonic clock; negative when
+the bytes arrived before the ``isend`` returned), and for ``chain`` the share per hop.
+The first 10 messages are warm-up. A few seconds per row.
+
+    python bench/isend_then_compute.py                      # chain, netns, 1 Gbit/s
+    python bench/isend_then_compute.py --pattern pair --bytes 98304,262144 --messages 400
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 WARMUP = 10
-"""Messages left out of the statistics."""
+"""Messages (or steps) left out of the statistics."""
+RANKS = {"chain": 4, "pair": 2}
 
 
 def _spin(seconds: float) -> None:
@@ -37,70 +45,124 @@ def _spin(seconds: float) -> None:
         pass
 
 
-def rank_main(rank: int, nbytes: int, mode: str, messages: int) -> None:
-    """One rank of the benchmark (run by the launcher below, with MASTER_ADDR/PORT set)."""
-    import torch
-    import torch.distributed as dist
+def _after_send(mode: str, seconds: float) -> None:
+    if mode == "compute":
+        _spin(seconds)
+    else:
+        time.sleep(seconds)
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    buf = torch.zeros(nbytes // 4)
+
+def _summary(late: list[float]) -> str:
+    return (
+        f"median {statistics.median(late):.3f} ms, mean {statistics.fmean(late):.3f}, "
+        f"p90 {sorted(late)[int(0.9 * len(late))]:.3f}, "
+        f"over 0.5 ms {sum(x > 0.5 for x in late) / len(late):.0%}"
+    )
+
+
+def _pair(dist, rank: int, buf, mode: str, messages: int) -> list[float]:
     times = []
     for i in range(messages):
         dist.barrier()
         if rank == 0:
             _spin(0.002)
             work = dist.isend(buf, 1, tag=i)
-            returned = time.perf_counter()
-            if mode == "compute":
-                _spin(0.0015)
-            else:
-                time.sleep(0.0015)
+            times.append(time.perf_counter())
+            _after_send(mode, 0.0015)
             work.wait()
-            times.append(returned)
         else:
             dist.irecv(buf, 0, tag=i).wait()
             times.append(time.perf_counter())
-    both = [torch.zeros(messages, dtype=torch.float64) for _ in range(2)]
-    dist.all_gather(both, torch.tensor(times, dtype=torch.float64))
+    return times
+
+
+def _chain(dist, rank: int, world: int, act, grad, mode: str, steps: int) -> list[float]:
+    """Per step: when this rank's gradient ``isend`` returned (rank > 0) and when the
+    gradient from the rank after arrived (rank < world - 1); nan where none."""
+    nan = float("nan")
+    sent, got = [], []
+    for step in range(steps):
+        works = []
+        if rank > 0:
+            dist.irecv(act, rank - 1, tag=2 * step).wait()
+        _spin(0.0007)
+        if rank < world - 1:
+            works.append(dist.isend(act, rank + 1, tag=2 * step))
+            dist.irecv(grad, rank + 1, tag=2 * step + 1).wait()
+        got.append(time.perf_counter() if rank < world - 1 else nan)
+        _spin(0.0008)
+        if rank > 0:
+            works.append(dist.isend(grad, rank - 1, tag=2 * step + 1))
+        sent.append(time.perf_counter() if rank > 0 else nan)
+        _after_send(mode, 0.0009)
+        for work in works:
+            work.wait()
+    return sent + got
+
+
+def rank_main(pattern: str, rank: int, nbytes: int, mode: str, messages: int) -> None:
+    """One rank of the benchmark (run by the launcher below, with MASTER_ADDR/PORT set)."""
+    import torch
+    import torch.distributed as dist
+
+    world = RANKS[pattern]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    buf, grad = torch.zeros(nbytes // 4), torch.zeros(nbytes // 4)
+    if pattern == "pair":
+        times = _pair(dist, rank, buf, mode, messages)
+    else:
+        times = _chain(dist, rank, world, buf, grad, mode, messages)
+    every = [torch.zeros(len(times), dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(every, torch.tensor(times, dtype=torch.float64))
     if rank == 0:
-        late = [(both[1][i] - both[0][i]).item() * 1e3 for i in range(WARMUP, messages)]
-        print(
-            f"{nbytes:>9} {mode:8} return->arrival median {statistics.median(late):.3f} ms, "
-            f"mean {statistics.fmean(late):.3f}, p90 {sorted(late)[int(0.9 * len(late))]:.3f}, "
-            f"over 0.5 ms {sum(x > 0.5 for x in late) / len(late):.0%}",
-            flush=True,
-        )
+        if pattern == "pair":
+            late = [(every[1][i] - every[0][i]).item() * 1e3 for i in range(WARMUP, messages)]
+            print(f"{nbytes:>9} {mode:8} return->arrival {_summary(late)}", flush=True)
+        else:
+            hops = {
+                r: [
+                    (every[r - 1][messages + i] - every[r][i]).item() * 1e3
+                    for i in range(WARMUP, messages)
+                ]
+                for r in range(1, world)
+            }
+            late = [x for v in hops.values() for x in v]
+            per_hop = ", ".join(
+                f"{r}->{r - 1} {sum(x > 0.5 for x in v) / len(v):.0%}" for r, v in hops.items()
+            )
+            print(f"{nbytes:>9} {mode:8} gradient return->arrival {_summary(late)} "
+                  f"(over 0.5 ms by hop: {per_hop})", flush=True)  # fmt: skip
     dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pattern", choices=tuple(RANKS), default="chain")
     ap.add_argument("--cluster", choices=("netns", "local"), default="netns")
     ap.add_argument("--rate", default="1Gbps", help="the netns links' rate (default 1Gbps)")
-    ap.add_argument("--bytes", default="16384,65536,98304,131072,262144",
-                    help="message sizes, comma-separated")  # fmt: skip
-    ap.add_argument("--messages", type=int, default=200, help="messages per row")
-    ap.add_argument(
-        "--rank", nargs=4, metavar=("RANK", "BYTES", "MODE", "N"), help=argparse.SUPPRESS
-    )
+    ap.add_argument("--bytes", default="98304", help="message sizes, comma-separated")
+    ap.add_argument("--messages", type=int, default=100, help="messages (chain: steps) per row")
+    ap.add_argument("--rank", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.rank:
-        rank_main(int(args.rank[0]), int(args.rank[1]), args.rank[2], int(args.rank[3]))
+        pattern, rank, nbytes, mode, messages = args.rank
+        rank_main(pattern, int(rank), int(nbytes), mode, int(messages))
         return 0
     if args.messages <= WARMUP:
         ap.error(f"--messages must be more than {WARMUP}, got {args.messages}")
     sizes = [int(b) for b in args.bytes.split(",")]
-    me = [sys.executable, os.path.abspath(__file__)]
+    world = RANKS[args.pattern]
+    me = [sys.executable, os.path.abspath(__file__), "--rank", args.pattern]
     port = 29800
 
     def row(nb: int, mode: str, command, env_of) -> None:
         procs = [
             subprocess.Popen(
-                command(i, [*me, "--rank", str(i), str(nb), mode, str(args.messages)]),
+                command(i, [*me, str(i), str(nb), mode, str(args.messages)]),
                 env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", **env_of(i)},
             )
-            for i in (1, 0)
+            for i in reversed(range(world))
         ]
         for p in procs:
             p.wait()
@@ -115,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     from realrun.netns import EmulatedCluster
     from simcore.units import parse_rate
 
-    with EmulatedCluster(2, parse_rate(args.rate), prefix="dtbisend") as cluster:
+    with EmulatedCluster(world, parse_rate(args.rate), prefix="dtbisend") as cluster:
         hosts = cluster.hosts
         for nb in sizes:
             for mode in ("compute", "sleep"):
