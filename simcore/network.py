@@ -307,7 +307,7 @@ class Network(ABC):
                     )
                 sender.queue(msg, segments, reduce_bytes, extra_s)
                 return msg
-            if on_thread:  # the rank's thread, which is running
+            if on_thread and src in self.cpu.thread_of:  # the rank's thread: running
                 self._start_cpu(msg, segments, reduce_bytes, extra_s, True)
             else:  # the thread that writes the bytes waits for a core first
                 self.cpu.wake(src, lambda: self._start_cpu(msg, segments, reduce_bytes, extra_s))
