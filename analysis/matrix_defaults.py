@@ -15,3 +15,10 @@ WARMUP_ITERATIONS = 3
 
 REPEATS = 3
 """Real runs per case."""
+
+SIM_SEEDS = 10
+"""Simulations per real run, each with its own seed of compute jitter (their mean is the
+run's simulated iteration time)."""
+
+SIM_JITTER = 0.05
+"""Coefficient of variation of each simulated op's CPU work in those simulations."""

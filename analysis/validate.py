@@ -19,8 +19,10 @@ plus batch size and iterations). For each case the harness
 5. **simulates each run again on the compute it measured** (:func:`simulate_measured`:
    every scheme's runtime records its layers' spans, so a run is also a profile of
    itself, taken under its own contention at the same minute; this machine's compute
-   drifts faster than a case takes), and compares the median of those simulations with
-   the median of the runs;
+   drifts faster than a case takes), a few times each with a little compute jitter
+   (:class:`Ensemble`: the mean is the run's prediction, as one deterministic simulation
+   of shared cores can land in either of two modes), and compares the median of those
+   predictions with the median of the runs;
 6. appends one row (:func:`case_row`) to the store: measured iteration time (median, min,
    max and spread over the repeats), the simulated one and the relative error, throughput,
    bytes per link on both sides and whether they are equal, utilisation and bubble per
@@ -47,7 +49,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from analysis.matrix_defaults import BATCH, ITERATIONS, RANKS, REPEATS, WARMUP_ITERATIONS
+from analysis.matrix_defaults import (
+    BATCH,
+    ITERATIONS,
+    RANKS,
+    REPEATS,
+    SIM_JITTER,
+    SIM_SEEDS,
+    WARMUP_ITERATIONS,
+)
 from realrun.calibrate import segment_bytes
 from simcore.config import ConfigError
 from simcore.units import parse_rate
@@ -512,6 +522,70 @@ def sim_config(
     return build_config(RunSpec().replace(**settings), record_spans=record_spans)
 
 
+@dataclass(frozen=True)
+class Ensemble:
+    """How each real run is simulated: ``seeds`` simulations, each with its own seed of
+    ``compute_jitter`` = ``jitter`` (every op's CPU work times a log-normal factor of mean
+    1), whose mean iteration time is the run's prediction.
+
+    On shared cores a tiny change (which thread takes a core first, which message a link
+    sends first) can switch a simulated pipeline or parameter server between modes that
+    differ by 10% and more, as the real runs switch; one deterministic simulation reads
+    as whichever mode it happened to land in. The mean over a few perturbed ones is the
+    expected time, and their range shows whether the simulation itself has modes.
+    ``seeds=1, jitter=0`` is the single deterministic simulation.
+    """
+
+    seeds: int = SIM_SEEDS
+    jitter: float = SIM_JITTER
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seeds, bool) or not isinstance(self.seeds, int) or self.seeds < 1:
+            raise ConfigError("sim_seeds", self.seeds, "expected a whole number, 1 or more")
+        if not (0 <= self.jitter < 1):
+            raise ConfigError(
+                "sim_jitter", self.jitter, "expected a coefficient of variation in [0, 1)"
+            )
+
+    @property
+    def runs(self) -> int:
+        """Simulations per real run: ``seeds``, or one without jitter (all would agree)."""
+        return self.seeds if self.jitter > 0 else 1
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """A real run's simulations (:class:`Ensemble`).
+
+    Attributes:
+        result: the simulation whose iteration time is nearest their mean (its spans,
+            utilisation and bubble are the ones reported).
+        times_s: every simulation's iteration time, in seed order.
+    """
+
+    result: Any
+    times_s: tuple[float, ...]
+
+    @property
+    def iteration_time_s(self) -> float:
+        """The mean of :attr:`times_s`."""
+        return statistics.fmean(self.times_s)
+
+
+def simulate_ensemble(config: Any, ensemble: Ensemble) -> Simulated:
+    """Simulate ``config`` as ``ensemble`` says (seeds 0, 1, ... of its jitter)."""
+    from simcore.engine import simulate
+
+    results = [
+        simulate(replace(config, seed=seed, compute_jitter=ensemble.jitter))
+        for seed in range(ensemble.runs)
+    ]
+    times = tuple(r.iteration_time_s for r in results)
+    mean = statistics.fmean(times)
+    best = min(range(len(results)), key=lambda k: abs(times[k] - mean))
+    return Simulated(results[best], times)
+
+
 def make_job(case: Case, config: Any, *, timeout_s: float = 60.0) -> Any:
     """The real run of ``case``; a pipeline gets the plan of the simulated configuration
     ``config`` (:func:`realrun.pipeline.plan`), so both run the same stages."""
@@ -814,8 +888,10 @@ def run_case(
     topology_file: str,
     repeats: int,
     runner: RealRunner,
+    ensemble: Ensemble = Ensemble(),
 ) -> dict[str, Any]:
-    """Simulate and run ``case``, write its two timelines, and return its row."""
+    """Simulate and run ``case``, write its two timelines, and return its row (each real
+    run simulated again as ``ensemble`` says)."""
     from realrun.metrics import spans, summarize
     from simcore.engine import simulate
     from traces.atomic import write_text
@@ -832,7 +908,7 @@ def run_case(
     profiled_s = float(sim["iteration_time_s"])
     # each repeat is simulated again on the compute it measured (see the module docs)
     measured = [
-        simulate_measured(case, rec, k, out_dir, topology_file, trace_file, update, job)
+        simulate_measured(case, rec, k, out_dir, topology_file, trace_file, update, job, ensemble)
         for k, rec in enumerate(records)
     ]
     if case.scheme == "gossip":
@@ -849,14 +925,20 @@ def run_case(
             real["measured_bytes_by_link"] = measured_links_real(rec)
     med = statistics.median(float(r["iteration_time_s"]) for r in reals)
     i = min(range(len(reals)), key=lambda k: abs(reals[k]["iteration_time_s"] - med))
-    # the repeat's own compute: compare run k with its simulation, the median of both
-    result = measured[i]
+    # the repeat's own compute: compare run k with its simulations, the median of both
+    result = measured[i].result
     sim = dict(sim, iteration_time_s=statistics.median(m.iteration_time_s for m in measured))
     sim["per_gpu_utilization"] = result.per_gpu_utilization
     sim["bubble_fraction"] = result.bubble_fraction
     row = case_row(case, sim, reals)
     row["sim_profiled_iteration_time_s"] = profiled_s
     row["sim_iteration_times_s"] = _compact([m.iteration_time_s for m in measured])
+    every = [t for m in measured for t in m.times_s]
+    row["sim_iteration_time_min_s"] = min(every)
+    row["sim_iteration_time_max_s"] = max(every)
+    row["sim_spread"] = (max(every) - min(every)) / row["sim_iteration_time_s"]
+    row["sim_seeds"] = ensemble.runs
+    row["sim_jitter"] = ensemble.jitter
     real_path, sim_path, _ = timeline_paths(out_dir, case.case_id)
     os.makedirs(os.path.dirname(real_path), exist_ok=True)
     real_meta = dict(reals[i], topology=f"measured, {case.bandwidth}")
@@ -877,14 +959,15 @@ def simulate_measured(
     profile_trace: str,
     profile_update: Mapping[str, float],
     job: Any,
-) -> Any:
-    """Simulate ``case`` on the layer times, optimizer steps, messaging threads' CPU
-    per message and sending threads' hold per ``isend`` that real run ``records``
-    measured (:func:`realrun.metrics.trace_from_run`, in CPU time;
+    ensemble: Ensemble = Ensemble(),
+) -> Simulated:
+    """Simulate ``case`` (as ``ensemble`` says) on the layer times, optimizer steps,
+    messaging threads' CPU per message and sending threads' hold per ``isend`` that real
+    run ``records`` measured (:func:`realrun.metrics.trace_from_run`, in CPU time;
     :func:`realrun.metrics.messenger_cpu_s_per_message`,
-    :func:`realrun.metrics.isend_overhead_s`), a pipeline on the
-    stages that run used (``scheme.stages``, checked against the run's plan); the trace
-    and its preset are kept in ``traces/measured/`` of ``out_dir``."""
+    :func:`realrun.metrics.isend_overhead_s`), a pipeline on the stages that run used
+    (``scheme.stages``, checked against the run's plan); the trace and its preset are
+    kept in ``traces/measured/`` of ``out_dir``."""
     from analysis.resolve import load_preset
     from realrun.metrics import (
         isend_overhead_s,
@@ -894,7 +977,6 @@ def simulate_measured(
         trace_from_run,
         update_cost,
     )
-    from simcore.engine import simulate
     from simcore.schemes import get_scheme
     from simcore.schemes._pipeline import PREDICT_PASSES
     from traces.jsonfmt import load, save
@@ -940,7 +1022,7 @@ def simulate_measured(
         update["isend_s"] = isend
     topology = case_topology(out_dir, calibration, path, update)
     if not job.pipeline:
-        return simulate(sim_config(case, path, topology))
+        return simulate_ensemble(sim_config(case, path, topology), ensemble)
     layers = job.pipeline["stage_layers"]
     cuts = ",".join(base.layers[min(stage)].name for stage in layers[1:])
     pinned = replace(case, options=(*case.options, ("stages", cuts)))
@@ -950,7 +1032,7 @@ def simulate_measured(
     if plan(config)["stage_layers"] != layers:
         raise RuntimeError(f"the stages cut at {cuts} are not those the real run used ({layers})")
     write_text(stages_path(path), cuts)
-    return simulate(config)
+    return simulate_ensemble(config, ensemble)
 
 
 def stages_path(measured_trace: str) -> str:
@@ -1013,8 +1095,10 @@ def load_records(path: str) -> dict[str, Any]:
         return json.load(fh)
 
 
-def remeasure(case: Case, out_dir: str, repeat: int, into: str) -> Any:
-    """Simulate repeat ``repeat`` of ``case`` again from its kept records
+def remeasure(
+    case: Case, out_dir: str, repeat: int, into: str, ensemble: Ensemble = Ensemble()
+) -> Simulated:
+    """Simulate repeat ``repeat`` of ``case`` again (as ``ensemble`` says) from its kept records
     (:func:`records_path`), reading them with this code: its measured trace and preset
     are built anew into ``traces/measured/`` of ``into`` (``out_dir``'s stay as they
     are), from the calibrated preset kept for the repeat and the job the run recorded.
@@ -1025,7 +1109,7 @@ def remeasure(case: Case, out_dir: str, repeat: int, into: str) -> Any:
     records = load_records(records_path(out_dir, case, repeat))
     trace_file, update = ensure_trace(out_dir, case, preset)
     job = Job.from_dict(records["job"])
-    return simulate_measured(case, records, repeat, into, preset, trace_file, update, job)
+    return simulate_measured(case, records, repeat, into, preset, trace_file, update, job, ensemble)
 
 
 RESIMULATED = "-resimulated.yaml"
@@ -1113,12 +1197,14 @@ def run_validation(
     runner: RealRunner | None = None,
     progress: Callable[[Case, str], None] | None = None,
     command: str = "",
+    ensemble: Ensemble = Ensemble(),
 ) -> ValidationSummary:
     """Run every case of ``cases`` that ``out_dir`` does not hold yet (see module docs),
     appending each row as it finishes, then write the table and the report.
 
     ``topology_file``: use this preset for every bandwidth instead of calibrating.
     ``runner``: how a job runs for real (default :func:`netns_runner`).
+    ``ensemble``: how each real run is simulated again (:class:`Ensemble`).
     ``progress(case, state)``: called with ``"start"``, ``"calibrate"`` (before a new
     calibration), ``"done"`` or ``"skip"``.
     A case that fails (a rank died, a plan that cannot run) is recorded with its error and
@@ -1157,7 +1243,7 @@ def run_validation(
                         out_dir, rate, calibrator
                     )
                 try:
-                    row = run_case(case, out_dir, calibrations[rate], repeats, runner)
+                    row = run_case(case, out_dir, calibrations[rate], repeats, runner, ensemble)
                 except (RankFailed, SimulationError, ConfigError, ValueError) as exc:
                     message = " ".join(str(exc).split())
                     row = {
@@ -1332,6 +1418,34 @@ def _pct(v: Any) -> str:
     return f"{100 * float(v):+.1f}%"
 
 
+def _sim_ms(row: Mapping[str, Any]) -> str:
+    """A row's simulated time, with the range of its simulations where it has one."""
+    lo, hi = row.get("sim_iteration_time_min_s"), row.get("sim_iteration_time_max_s")
+    text = _fmt_ms(row["sim_iteration_time_s"])
+    if lo is None or hi is None or math.isnan(float(lo)) or math.isnan(float(hi)):
+        return text
+    return f"{text} ({_fmt_ms(lo)}-{_fmt_ms(hi)})"
+
+
+def _ensemble_note(rows: Sequence[Mapping[str, Any]]) -> str:
+    """How the rows' simulated times were made (:class:`Ensemble`), in a sentence."""
+    kinds = {
+        (int(r["sim_seeds"]), float(r["sim_jitter"]))
+        for r in rows
+        if r.get("sim_seeds") is not None and not math.isnan(float(r["sim_seeds"]))
+    }
+    if len(kinds) != 1:
+        return "Simulated is the median over the real runs of each one's simulation(s)."
+    ((seeds, jitter),) = kinds
+    if seeds == 1:
+        return "Simulated is the median over the real runs of each one's simulation."
+    return (
+        f"Simulated is the median over the real runs of the mean of each one's {seeds} "
+        f"simulations (each op's CPU work varied by a log-normal factor, coefficient of "
+        f"variation {jitter:g}, one seed each); its range is over all of them."
+    )
+
+
 def write_report(
     rows: Sequence[Mapping[str, Any]],
     out_dir: str,
@@ -1390,7 +1504,8 @@ def write_report(
         ),
         "",
         "Relative error is (simulated - measured) / measured, measured being the median of "
-        "the repeated real runs; spread is (max - min) / median over those runs.",
+        "the repeated real runs; spread is (max - min) / median over those runs. "
+        + _ensemble_note(ok),
         "",
     ]
     if ok:
@@ -1425,7 +1540,7 @@ def write_report(
                     "bandwidth",
                     "ranks",
                     "measured ms (min-max)",
-                    "simulated ms",
+                    "simulated ms (min-max)",
                     "error",
                     "spread",
                     "samples/s real / sim",
@@ -1442,7 +1557,7 @@ def write_report(
                         f"{_fmt_ms(r['real_iteration_time_s'])} "
                         f"({_fmt_ms(r['real_iteration_time_min_s'])}-"
                         f"{_fmt_ms(r['real_iteration_time_max_s'])})",
-                        _fmt_ms(r["sim_iteration_time_s"]),
+                        _sim_ms(r),
                         _pct(r["rel_err"]),
                         f"{100 * float(r['real_spread']):.1f}%",
                         f"{float(r['real_throughput_samples_s']):.0f} / "

@@ -12,6 +12,7 @@ between runs is larger than most of what one setting changes).
     python bench/resimulate.py validation/ --set host.wakeup_s=0  # without the wake-up wait
     python bench/resimulate.py validation/ --set host.socket_buffer=1.2MB --only ps-
     python bench/resimulate.py validation/ --rebuild              # traces built anew
+    python bench/resimulate.py validation/ --sim-seeds 1 --sim-jitter 0  # deterministic
 
 ``--rebuild`` builds each repeat's measured trace and preset again from the real run's
 records kept in ``real/`` (validations from 2026-11-24 on keep them), with this
@@ -20,7 +21,9 @@ a what-if on how the real run is read, not only on the model.
 
 Keys are the preset's own, dotted (``host.socket_buffer``, ``network.lead``,
 ``gpu.predict_overhead``); values are read as YAML (numbers stay numbers, ``1.2MB``
-stays text for the preset's parser).
+stays text for the preset's parser). Each repeat is simulated as ``sim validate``
+simulates it (``--sim-seeds`` simulations with ``--sim-jitter``, their mean; the same
+defaults).
 """
 
 from __future__ import annotations
@@ -54,7 +57,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="only cases whose id starts with this (ps-, p3-cnn)")
     ap.add_argument("--rebuild", action="store_true",
                     help="build the measured traces again from the kept records")  # fmt: skip
+    from analysis.matrix_defaults import SIM_JITTER, SIM_SEEDS
+
+    ap.add_argument("--sim-seeds", type=int, default=SIM_SEEDS,
+                    help=f"simulations per repeat (default {SIM_SEEDS})")  # fmt: skip
+    ap.add_argument("--sim-jitter", type=float, default=SIM_JITTER,
+                    help=f"their compute jitter, a CV (default {SIM_JITTER})")  # fmt: skip
     args = ap.parse_args(argv)
+    from analysis.validate import Ensemble
+    from simcore.config import ConfigError
+
+    try:
+        ensemble = Ensemble(args.sim_seeds, args.sim_jitter)
+    except ConfigError as exc:
+        ap.error(str(exc))
 
     import tempfile
 
@@ -67,14 +83,17 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--set {item!r}: expected KEY=VALUE, e.g. host.wakeup_s=0")
         sets.append((key, yaml.safe_load(value)))
     if not args.rebuild:
-        return _compare(args.out, args.out, sets, args.only, False)
+        return _compare(args.out, args.out, sets, args.only, False, ensemble)
     with tempfile.TemporaryDirectory(prefix="dtsim-resimulate-") as scratch:
-        return _compare(args.out, scratch, sets, args.only, True)
+        return _compare(args.out, scratch, sets, args.only, True, ensemble)
 
 
-def _compare(out: str, scratch: str, sets: list[Any], only: str, rebuild: bool) -> int:
-    """Simulate every repeat of ``out`` again (its measured traces and presets, or with
-    ``rebuild`` those built anew into ``scratch``) and print the comparison."""
+def _compare(
+    out: str, scratch: str, sets: list[Any], only: str, rebuild: bool, ensemble: Any
+) -> int:
+    """Simulate every repeat of ``out`` again as ``ensemble`` says (its measured traces
+    and presets, or with ``rebuild`` those built anew into ``scratch``) and print the
+    comparison."""
     import pandas as pd
 
     from analysis.resolve import load_preset
@@ -83,9 +102,9 @@ def _compare(out: str, scratch: str, sets: list[Any], only: str, rebuild: bool) 
         measured_case_config,
         measured_files,
         remeasure,
+        simulate_ensemble,
         table_path,
     )
-    from simcore.engine import simulate
 
     table = pd.read_parquet(table_path(out))
     errors_was, errors_now = [], []
@@ -98,14 +117,14 @@ def _compare(out: str, scratch: str, sets: list[Any], only: str, rebuild: bool) 
         try:
             for k in range(int(row.repeats)):
                 if rebuild:
-                    remeasure(case, out, k, scratch)
+                    remeasure(case, out, k, scratch, ensemble)
                 preset = None
                 if sets:
                     preset = dict(load_preset(measured_files(case, scratch, k)[1]))
                     for key, value in sets:
                         preset = override(preset, key, value)
                 config = measured_case_config(case, scratch, k, preset)
-                times.append(simulate(config).iteration_time_s)
+                times.append(simulate_ensemble(config, ensemble).iteration_time_s)
         except FileNotFoundError as exc:
             print(f"{row.point_id:44} skipped: {exc}")
             continue

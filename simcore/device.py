@@ -200,12 +200,35 @@ class Gpu:
         return end
 
 
-class JitteryGpu(Gpu):
-    """A :class:`Gpu` whose compute times vary: each op's duration is multiplied by a
-    log-normal factor with mean 1 and coefficient of variation ``cv``, drawn from its own
-    ``numpy.random.Generator``."""
+class LogNormalFactors:
+    """Log-normal factors with mean 1 and coefficient of variation ``cv``, drawn from
+    ``rng`` (a ``numpy.random.Generator``) in blocks: what a device with varying compute
+    times multiplies each op's duration by."""
 
     __slots__ = ("_factors", "_next", "_rng", "_sigma")
+
+    def __init__(self, rng: Any, cv: float) -> None:
+        self._rng = rng
+        self._sigma = math.sqrt(math.log1p(cv * cv))
+        self._factors: list[float] = []
+        self._next = 0
+
+    def __call__(self) -> float:
+        """The next factor."""
+        if self._next >= len(self._factors):
+            s = self._sigma
+            self._factors = self._rng.lognormal(-0.5 * s * s, s, 4096).tolist()
+            self._next = 0
+        factor = self._factors[self._next]
+        self._next += 1
+        return factor
+
+
+class JitteryGpu(Gpu):
+    """A :class:`Gpu` whose compute times vary: each op's duration is multiplied by the
+    next of its :class:`LogNormalFactors`."""
+
+    __slots__ = ("_factor",)
 
     def __init__(
         self,
@@ -214,23 +237,10 @@ class JitteryGpu(Gpu):
         device: int,
         name: str,
         compute_log: list[tuple[Any, ...]] | None,
-        rng: Any,
-        cv: float,
+        factor: LogNormalFactors,
     ) -> None:
         super().__init__(env, rank, device, name, compute_log)
-        self._rng = rng
-        self._sigma = math.sqrt(math.log1p(cv * cv))
-        self._factors: list[float] = []
-        self._next = 0
-
-    def _factor(self) -> float:
-        if self._next >= len(self._factors):
-            s = self._sigma
-            self._factors = self._rng.lognormal(-0.5 * s * s, s, 4096).tolist()
-            self._next = 0
-        factor = self._factors[self._next]
-        self._next += 1
-        return factor
+        self._factor = factor
 
     def _put(
         self, duration_s: float, kind: str, name: str, iteration: int, layer: int, microbatch: int

@@ -16,7 +16,7 @@ from simcore import metrics
 from simcore.clock import scheduled_events
 from simcore.collectives import Collectives
 from simcore.config import ConfigError, SimConfig
-from simcore.device import Gpu, JitteryGpu
+from simcore.device import Gpu, JitteryGpu, LogNormalFactors
 from simcore.host import CommCpu, CpuPool, CpuRank
 from simcore.network import make_network
 from simcore.records import COMM, RECV, SEND, LinkRecord, RunRecords, compute_span
@@ -73,30 +73,26 @@ def simulate(config: SimConfig, progress: Callable[[float], None] | None = None)
     gpu_log = compute_log if config.record_spans else None
     rng = None
     names = [topology.devices[d].name for d in topology.gpus]
+    n = topology.num_gpus
+    factors: list[LogNormalFactors | None] = [None] * n
     if config.compute_jitter > 0:
         import numpy as np  # only runs with randomness pay for the import
 
         rng = np.random.default_rng(config.seed)
-        gpus: list[Gpu] = [
-            JitteryGpu(env, r, d, names[r], gpu_log, g, config.compute_jitter)
-            for (r, d), g in zip(
-                enumerate(topology.gpus), rng.spawn(topology.num_gpus), strict=True
-            )
+        factors = [LogNormalFactors(g, config.compute_jitter) for g in rng.spawn(n)]
+    ranks = list(zip(enumerate(topology.gpus), factors, strict=True))
+    pool_of = None
+    gpus: list[Gpu]
+    if topology.host_spec is None:
+        gpus = [
+            Gpu(env, r, d, names[r], gpu_log)
+            if f is None
+            else JitteryGpu(env, r, d, names[r], gpu_log, f)
+            for (r, d), f in ranks
         ]
     else:
-        gpus = [Gpu(env, r, d, names[r], gpu_log) for r, d in enumerate(topology.gpus)]
-    pool_of = None
-    if topology.host_spec is not None:
-        if config.compute_jitter > 0:
-            raise ConfigError(
-                "compute_jitter",
-                config.compute_jitter,
-                "is for GPU clusters; CPU hosts share cores (set it to 0)",
-            )
         pool_of = cpu_pools(env, topology)
-        gpus = [
-            CpuRank(env, r, d, names[r], gpu_log, pool_of(d)) for r, d in enumerate(topology.gpus)
-        ]
+        gpus = [CpuRank(env, r, d, names[r], gpu_log, pool_of(d), f) for (r, d), f in ranks]
         net.cpu = CommCpu(topology.host_spec, pool_of, {g.device: g.stream for g in gpus})
     ctx = SimContext(env, config, options, trace, topology, net, coll, gpus, compute_log, rng)
     ctx.cpu_pool_of = pool_of

@@ -40,7 +40,7 @@ from typing import Any
 from simpy import Environment, Timeout
 
 from simcore.clock import EventQueue, FastEvent
-from simcore.device import Done, Gpu
+from simcore.device import Done, Gpu, LogNormalFactors
 from simcore.topology import GlooSpec, HostSpec
 
 __all__ = ["CommCpu", "CpuPool", "CpuRank", "CpuStream", "GlooSpec", "HostSpec"]
@@ -303,9 +303,11 @@ class CpuRank(Gpu):
     the current time while work is queued (``0`` otherwise is never read for a busy
     rank). An op's recorded span is its wall time on the shared cores, and the busy time
     counted for utilisation is that wall time too, as a profiler on the real rank sees it.
+    With ``factor`` (a :class:`~simcore.device.LogNormalFactors`) each op's CPU work is
+    multiplied by the next factor it draws (``compute_jitter``).
     """
 
-    __slots__ = ("_ev_at", "stream")
+    __slots__ = ("_ev_at", "_factor", "stream")
 
     def __init__(
         self,
@@ -315,10 +317,12 @@ class CpuRank(Gpu):
         name: str,
         compute_log: list[tuple[Any, ...]] | None,
         pool: CpuPool,
+        factor: LogNormalFactors | None = None,
     ) -> None:
         super().__init__(env, rank, device, name, compute_log)
         self.stream = CpuStream(pool, self._record)
         self._ev_at = EventQueue(env).at
+        self._factor = factor
 
     def _record(self, start: float, end: float, info: Any) -> None:
         if info is None:  # a message this thread wrote (CommCpu.join): not compute
@@ -343,6 +347,8 @@ class CpuRank(Gpu):
     ) -> Done:
         if duration_s < 0:
             raise ValueError(f"negative compute duration {duration_s!r} s ({kind} {name})")
+        if self._factor is not None:
+            duration_s *= self._factor()
         ev = Done()
         self.ops += 1
         self.busy_until = self.env.now
@@ -357,12 +363,17 @@ class CpuRank(Gpu):
         *head, last = list(ops)
         self.enqueue(head)
         d, kind, label, iteration, layer, microbatch = last
+        if self._factor is not None:
+            d *= self._factor()
         self.ops += 1
         self.stream.submit(d, (kind, label, iteration, layer, microbatch), self._fire(ev))
         return ev
 
     def enqueue(self, ops: list[tuple[float, str, str, int, int, int]]) -> float:
+        factor = self._factor
         for d, kind, label, iteration, layer, microbatch in ops:
+            if factor is not None:
+                d *= factor()
             self.ops += 1
             self.stream.submit(d, (kind, label, iteration, layer, microbatch))
         if ops:

@@ -665,3 +665,43 @@ def test_a_send_the_ranks_own_thread_writes_does_not_wait_to_wake_up():
     assert start == 0.0
     start, _arrived, _next = _isend(False, 2)
     assert start == pytest.approx(3e-3)
+
+
+# ---- compute jitter on CPU hosts -------------------------------------------------------
+@pytest.mark.parametrize("scheme, n", [("dp", 3), ("gpipe", 3), ("ps", 2)])
+def test_jitter_on_cpu_hosts_is_seeded_and_moves_no_bytes(scheme, n):
+    """``compute_jitter`` varies a CPU rank's ops as it does a GPU's: the same seed gives
+    the same run, another seed another time, the bytes stay as they are, and a rank's
+    compute (one rank per core, nothing else on the cores) is the trace's work times the
+    factors drawn, whose mean is 1: close to the deterministic run's."""
+    p = preset(cores=8)
+    base = run(p, n, scheme)
+    a = run(p, n, scheme, compute_jitter=0.2, seed=1)
+    b = run(p, n, scheme, compute_jitter=0.2, seed=1)
+    c = run(p, n, scheme, compute_jitter=0.2, seed=2)
+    assert a.iteration_time_s == b.iteration_time_s
+    assert a.iteration_time_s != c.iteration_time_s
+    assert a.comm_bytes_per_iteration == base.comm_bytes_per_iteration
+    mean = sum(run(p, n, scheme, compute_jitter=0.2, seed=s).iteration_time_s for s in range(8)) / 8
+    assert mean == pytest.approx(base.iteration_time_s, rel=0.1)
+
+
+def test_jitter_multiplies_each_ops_cpu_work_by_its_factor():
+    """One rank on its own core, compute only: the recorded spans are the trace's layer
+    times times the factors of :class:`simcore.device.LogNormalFactors` drawn from the
+    rank's seed, in order."""
+    import numpy as np
+
+    from simcore.device import LogNormalFactors
+
+    tr = trace(n_layers=3, param_bytes=4)
+    p = preset(cores=2)
+    r = run(p, 1, "dp", trace=tr, iterations=1, warmup_iterations=0, compute_jitter=0.3,
+            seed=5, record_spans=True)  # fmt: skip
+    (child,) = np.random.default_rng(5).spawn(1)
+    draw = LogNormalFactors(child, 0.3)
+    # spans: (device, "compute", kind, layer name, start_s, end_s, ...), in order
+    layers = [s for s in r.spans if s[1] == "compute" and s[3].startswith("l")]
+    expected = [0.01 * draw() for _ in range(3)] + [0.02 * draw() for _ in range(3)]
+    assert [s[2] for s in layers] == ["forward"] * 3 + ["backward"] * 3
+    assert [s[5] - s[4] for s in layers] == pytest.approx(expected, rel=1e-9)

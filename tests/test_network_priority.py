@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import simpy
 
-from simcore.device import Gpu, JitteryGpu
+from simcore.device import Gpu, JitteryGpu, LogNormalFactors
 from simcore.network import DEFAULT_CHUNK_BYTES, AnalyticNetwork, DetailedNetwork, make_network
 from tests.test_network import LAT, B, line, run_messages
 
@@ -135,7 +135,7 @@ def test_runs_of_ops_are_timed_and_logged_as_if_issued_one_by_one():
 
 
 def test_jittery_runs_draw_the_same_factors_in_the_same_order():
-    log1, _ = one_by_one(JitteryGpu, np.random.default_rng(7), 0.2)
-    log2, *_ = at_once(JitteryGpu, np.random.default_rng(7), 0.2)
+    log1, _ = one_by_one(JitteryGpu, LogNormalFactors(np.random.default_rng(7), 0.2))
+    log2, *_ = at_once(JitteryGpu, LogNormalFactors(np.random.default_rng(7), 0.2))
     assert log1 == log2
     assert log1[0][4] - log1[0][3] != pytest.approx(0.5)

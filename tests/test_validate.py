@@ -127,6 +127,8 @@ def test_user_models_pass_through_resolved(tmp_path: Path) -> None:
         (["--models", "nope"], "--models: 'nope'"),
         (["--quick", "--schemes", "dp"], "--quick"),
         (["--repeats", "0"], "--repeats"),
+        (["--sim-seeds", "0"], "--sim-seeds: 0"),
+        (["--sim-jitter", "1.5"], "--sim-jitter: 1.5"),
     ],
 )
 def test_cli_bad_input_is_one_line(capsys: Any, args: list[str], words: str) -> None:
@@ -236,6 +238,50 @@ def test_a_cases_preset_takes_the_runs_step_and_messenger_costs(tmp_path: Path) 
     )
 
 
+# ---- the simulations of a run --------------------------------------------------------
+
+
+def _cpu_config(**kw: Any) -> Any:
+    """gpipe on three hosts of the netns preset (two cores), a built-in CPU trace."""
+    from analysis.resolve import build_config
+    from simcore.spec import RunSpec
+
+    spec = RunSpec().replace(
+        scheme="gpipe", gpus=3, model="resnet18-cpu", topology="netns", iterations=2, **kw
+    )
+    return build_config(spec)
+
+
+def test_an_ensemble_is_the_mean_of_its_seeds_and_keeps_the_nearest_run() -> None:
+    config = _cpu_config()
+    sim = va.simulate_ensemble(config, va.Ensemble(seeds=4, jitter=0.1))
+    alone = [
+        simulate(config.__class__(**{**config.__dict__, "seed": s, "compute_jitter": 0.1}))
+        for s in range(4)
+    ]
+    assert sim.times_s == tuple(r.iteration_time_s for r in alone)
+    assert len(set(sim.times_s)) == 4  # each seed its own run
+    mean = sum(sim.times_s) / 4
+    assert sim.iteration_time_s == pytest.approx(mean)
+    nearest = min(sim.times_s, key=lambda t: abs(t - mean))
+    assert sim.result.iteration_time_s == nearest
+    # no jitter: the one deterministic simulation, whatever the seeds
+    one = va.simulate_ensemble(config, va.Ensemble(seeds=7, jitter=0.0))
+    assert one.times_s == (simulate(config).iteration_time_s,)
+    assert va.Ensemble(seeds=7, jitter=0.0).runs == 1
+
+
+@pytest.mark.parametrize(
+    "seeds, jitter, field",
+    [(0, 0.05, "sim_seeds"), (2.5, 0.05, "sim_seeds"), (3, -0.1, "sim_jitter"),
+     (3, 1.0, "sim_jitter"), (3, float("nan"), "sim_jitter")],
+)  # fmt: skip
+def test_a_bad_ensemble_names_the_setting(seeds: Any, jitter: float, field: str) -> None:
+    with pytest.raises(ConfigError) as ex:
+        va.Ensemble(seeds, jitter)
+    assert ex.value.field == field
+
+
 def test_case_row_errors_spread_and_bytes() -> None:
     case = va.Case("dp", "mlp_medium", 125e6, 2)
     sim = _result(0.105, [0.5, 0.5], SIM_LINKS, 40.0)
@@ -318,6 +364,10 @@ def test_report_from_synthetic_rows(tmp_path: Path) -> None:
     from simcore.chrome import to_chrome_trace
 
     rows = _synthetic_rows()
+    for r in rows:  # each real run simulated 5 times with jitter 0.05
+        sim = r["sim_iteration_time_s"]
+        r.update(sim_iteration_time_min_s=0.9 * sim, sim_iteration_time_max_s=1.2 * sim,
+                 sim_seeds=5, sim_jitter=0.05)  # fmt: skip
     rows.append(
         {"point_id": "p3-x", "status": "error", "scheme": "p3", "model": "mlp_medium",
          "bandwidth": "1Gbps", "ranks": 2, "error": "rank 1 (worker) was killed by SIGKILL"}
@@ -341,6 +391,8 @@ def test_report_from_synthetic_rows(tmp_path: Path) -> None:
     assert "| max abs(rel err) | 30.0% |" in text
     assert "| bytes per link exact | 3 of 3 |" in text
     assert "sim validate --quick" in text
+    assert "mean of each one's 5 simulations" in text and "variation 0.05" in text
+    assert "| 102.0 (91.8-122.4) |" in text  # dp: simulated, and its simulations' range
     assert "## Worst cases" in text and "gpipe mlp_medium 1Gbps x2" in text
     worst = text.split("## Worst cases")[1].split("##")[0]
     assert worst.index("gpipe") < worst.index("ps") < worst.index("dp")
@@ -365,7 +417,10 @@ def test_resume_skips_finished_cases_and_reuses_the_calibration(
     calibrated: list[float] = []
     stop = {"at": cases[2].case_id}
 
-    def fake_run_case(case: va.Case, out_dir: str, topo: str, repeats: int, runner: Any) -> dict:
+    def fake_run_case(
+        case: va.Case, out_dir: str, topo: str, repeats: int, runner: Any, ensemble: Any
+    ) -> dict:
+        assert ensemble == va.Ensemble()
         assert os.path.exists(topo)
         if case.case_id == stop["at"]:
             raise KeyboardInterrupt
@@ -430,7 +485,7 @@ def test_validate_end_to_end_on_an_emulated_cluster(
     args = [
         "validate", "--schemes", "dp,gpipe", "--models", "mlp_medium", "--bandwidths",
         "1Gbps", "--ranks", "2", "--repeats", "1", "--iterations", "2",
-        "--calibration", "netns", "--out", out, "--no-progress",
+        "--calibration", "netns", "--out", out, "--no-progress", "--sim-seeds", "3",
     ]  # fmt: skip
     code, stdout, err = run_main(capsys, *args, "--fail-above", "100")
     assert code == 0, err
@@ -451,8 +506,14 @@ def test_validate_end_to_end_on_an_emulated_cluster(
     assert (Path(out) / "traces" / "mlp_medium-dp-b24.json").exists()
     assert (Path(out) / "traces" / "mlp_medium-gpipe-2r-b6.json").exists()
     assert (Path(out) / "traces" / "mlp_medium-gpipe-2r-b6.layers.json").exists()
-    # both are simulated on each repeat's own measured compute (gpipe on its stages)
+    # both are simulated on each repeat's own measured compute (gpipe on its stages),
+    # three times with a little jitter
     by = df.set_index("scheme")
+    ensemble = va.Ensemble(seeds=3)
+    assert (df["sim_seeds"] == 3).all() and (df["sim_jitter"] == ensemble.jitter).all()
+    assert (df["sim_iteration_time_min_s"] <= df["sim_iteration_time_s"]).all()
+    assert (df["sim_iteration_time_s"] <= df["sim_iteration_time_max_s"]).all()
+    assert "mean of each one's 3 simulations" in (Path(out) / "report.md").read_text()
     for scheme in ("dp", "gpipe"):
         sims = json.loads(by.loc[scheme, "sim_iteration_times_s"])
         assert len(sims) == 1
@@ -463,12 +524,13 @@ def test_validate_end_to_end_on_an_emulated_cluster(
         # what was kept simulates the repeat again to the same time (gpipe on its cuts)
         case = va.case_from_row(by.loc[scheme].to_dict() | {"scheme": scheme})
         assert case.case_id == by.loc[scheme, "point_id"]
-        again = simulate(va.measured_case_config(case, out, 0)).iteration_time_s
+        config = va.measured_case_config(case, out, 0)
+        again = va.simulate_ensemble(config, ensemble).iteration_time_s
         assert again == pytest.approx(sims[0], abs=5.1e-5)  # the table keeps 0.1 ms
         # the run's records are kept, and read again they give the same simulation
         records = va.load_records(va.records_path(out, case, 0))
         assert records["job"]["scheme"] == scheme and len(records["ranks"]) == 2
-        rebuilt = va.remeasure(case, out, 0, str(tmp_path / "again")).iteration_time_s
+        rebuilt = va.remeasure(case, out, 0, str(tmp_path / "again"), ensemble).iteration_time_s
         assert rebuilt == pytest.approx(again, rel=1e-9)
     med = float(df["abs_rel_err"].median())
     # the same command with a gate below the error: resumes (nothing runs) and exits 1

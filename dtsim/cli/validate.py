@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from analysis.matrix_defaults import BATCH, ITERATIONS, REPEATS
+from analysis.matrix_defaults import BATCH, ITERATIONS, REPEATS, SIM_JITTER, SIM_SEEDS
 from dtsim.cli.errors import BadInput
 from dtsim.cli.output import table
 
@@ -102,6 +102,22 @@ from dtsim.cli.output import table
     help="Exit with status 1 when the median |simulated - measured| / measured iteration "
     "time exceeds this.",
 )
+@click.option(
+    "--sim-seeds",
+    type=int,
+    default=SIM_SEEDS,
+    show_default=True,
+    help="Simulations of each real run, one seed of compute jitter each; their mean is the "
+    "run's prediction.",
+)
+@click.option(
+    "--sim-jitter",
+    type=float,
+    default=SIM_JITTER,
+    show_default=True,
+    help="Coefficient of variation of each simulated op's CPU work in those simulations "
+    "(0: one deterministic simulation per run).",
+)
 @click.option("--dry-run", is_flag=True, help="List the cases and exit.")
 @click.option(
     "--progress/--no-progress",
@@ -122,6 +138,8 @@ def validate(
     out: str,
     calibration: str | None,
     fail_above: float,
+    sim_seeds: int,
+    sim_jitter: float,
     dry_run: bool,
     progress: bool | None,
 ) -> None:
@@ -131,7 +149,8 @@ def validate(
     it for real --repeats times (network namespaces, needs root) and compare iteration
     time, throughput, bytes per link (exactly), utilisation and bubble per rank. Every
     case is compared on each run's own measured compute (every run simulated again on
-    its layer times, medians compared; the profile's prediction is kept in the table).
+    its layer times, --sim-seeds times with a little compute jitter, their mean its
+    prediction; medians compared; the profile's prediction is kept in the table).
 
     Writes DIR/validation.parquet and .csv (one row per case), DIR/report.md with a
     scatter of simulated against measured time and per-case timelines, the Chrome
@@ -154,6 +173,7 @@ def validate(
         raise ConfigError("iterations", iterations, "need at least one measured iteration")
     if not fail_above > 0:
         raise ConfigError("fail_above", fail_above, "expected a positive fraction, e.g. 0.10")
+    ensemble = va.Ensemble(sim_seeds, sim_jitter)
     matrix: tuple[tuple[Any, ...], ...] = ()
     if quick:
         given = [
@@ -219,6 +239,7 @@ def validate(
         out,
         calibration,
         fail_above,
+        ensemble,
     )
     show = sys.stderr.isatty() if progress is None else progress
     bar = _Bar(len(cases), show)
@@ -230,6 +251,7 @@ def validate(
             topology_file=calibration,
             progress=bar,
             command=command,
+            ensemble=ensemble,
         )
     except KeyboardInterrupt:
         bar.close()
@@ -294,6 +316,7 @@ def _command_line(
     out: str,
     calibration: str | None,
     fail_above: float,
+    ensemble: Any,
 ) -> str:
     """The command that reproduces this validation, every choice spelled out (``matrix``:
     schemes, models, bandwidths and ranks; empty for ``--quick``)."""
@@ -320,6 +343,7 @@ def _command_line(
     if calibration:
         args += ["--calibration", calibration]
     args += ["--fail-above", f"{fail_above:g}"]
+    args += ["--sim-seeds", str(ensemble.seeds), "--sim-jitter", f"{ensemble.jitter:g}"]
     return shlex.join(args)
 
 
