@@ -533,7 +533,7 @@ class Ensemble:
     differ by 10% and more, as the real runs switch; one deterministic simulation reads
     as whichever mode it happened to land in. The mean over a few perturbed ones is the
     expected time, and their range shows whether the simulation itself has modes.
-    ``seeds=1, jitter=0`` is the single deterministic simulation.
+    ``jitter=0`` is the single deterministic simulation (whatever ``seeds``).
     """
 
     seeds: int = SIM_SEEDS
@@ -1308,7 +1308,8 @@ def _calibration_files(out_dir: str) -> list[str]:
 
 def scatter_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
     """Simulated against measured iteration time, one point per case (error bars: the
-    real runs' min to max), with y = x and the +-5 % and +-15 % bands."""
+    real runs' min to max, and the simulations' where the rows have them), with y = x
+    and the +-5 % and +-15 % bands."""
     from analysis.plots import _pyplot, _theme
 
     _theme()
@@ -1320,6 +1321,7 @@ def scatter_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
     span = xs + ys
     span += [1e3 * float(r["real_iteration_time_min_s"]) for r in ok]
     span += [1e3 * float(r["real_iteration_time_max_s"]) for r in ok]
+    span += [1e3 * v for r in ok for v in _sim_range_s(r) or ()]
     lo = min(span) * 0.8 if span else 1.0
     hi = max(span) * 1.2 if span else 10.0
     line = [lo, hi]
@@ -1348,10 +1350,16 @@ def scatter_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
                 [a - 1e3 * float(r["real_iteration_time_min_s"]) for a, r in zip(x, pts)],
                 [1e3 * float(r["real_iteration_time_max_s"]) - a for a, r in zip(x, pts)],
             ]
+            ranges = [_sim_range_s(r) or (b / 1e3, b / 1e3) for b, r in zip(y, pts)]
+            yerr = [
+                [b - 1e3 * rng[0] for b, rng in zip(y, ranges)],
+                [1e3 * rng[1] - b for b, rng in zip(y, ranges)],
+            ]
             ax.errorbar(
                 x,
                 y,
                 xerr=xerr,
+                yerr=yerr,
                 fmt=marker_of[m],
                 color=f"C{schemes.index(s) % 10}",
                 label=f"{s}, {m}",
@@ -1370,7 +1378,7 @@ def scatter_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
         axis.set_minor_formatter(plain)
     ax.tick_params(which="both", labelsize=8)
     ax.set_xlabel("measured iteration time (ms, median; bars: min to max)")
-    ax.set_ylabel("simulated iteration time (ms)")
+    ax.set_ylabel("simulated iteration time (ms; bars: min to max)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
     ax.set_title("sim validate: simulated against measured")
     return fig
@@ -1418,13 +1426,20 @@ def _pct(v: Any) -> str:
     return f"{100 * float(v):+.1f}%"
 
 
+def _sim_range_s(row: Mapping[str, Any]) -> tuple[float, float] | None:
+    """A row's fastest and slowest simulation, where it has them (rows of validations
+    from before the ensemble do not)."""
+    lo, hi = row.get("sim_iteration_time_min_s"), row.get("sim_iteration_time_max_s")
+    if lo is None or hi is None or math.isnan(float(lo)) or math.isnan(float(hi)):
+        return None
+    return float(lo), float(hi)
+
+
 def _sim_ms(row: Mapping[str, Any]) -> str:
     """A row's simulated time, with the range of its simulations where it has one."""
-    lo, hi = row.get("sim_iteration_time_min_s"), row.get("sim_iteration_time_max_s")
     text = _fmt_ms(row["sim_iteration_time_s"])
-    if lo is None or hi is None or math.isnan(float(lo)) or math.isnan(float(hi)):
-        return text
-    return f"{text} ({_fmt_ms(lo)}-{_fmt_ms(hi)})"
+    rng = _sim_range_s(row)
+    return text if rng is None else f"{text} ({_fmt_ms(rng[0])}-{_fmt_ms(rng[1])})"
 
 
 def _ensemble_note(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -21,6 +21,11 @@ The first 10 messages are warm-up. A few seconds per row.
 
     python bench/isend_then_compute.py                      # chain, netns, 1 Gbit/s
     python bench/isend_then_compute.py --pattern pair --bytes 98304,262144 --messages 400
+    python bench/isend_then_compute.py --pin 0,1,0,1        # rank i on core pin[i] (taskset)
+
+``--pin`` puts each rank's process (its gloo threads too) on the given core, which tells
+where a woken thread may run: with the last two ranks on different cores the receiver of
+the last hop can always take the idle core; on the same core it never can.
 """
 
 from __future__ import annotations
@@ -143,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", default="1Gbps", help="the netns links' rate (default 1Gbps)")
     ap.add_argument("--bytes", default="98304", help="message sizes, comma-separated")
     ap.add_argument("--messages", type=int, default=100, help="messages (chain: steps) per row")
+    ap.add_argument("--pin", default="", help="a core per rank, comma-separated (taskset -c)")
     ap.add_argument("--rank", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.rank:
@@ -153,13 +159,20 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--messages must be more than {WARMUP}, got {args.messages}")
     sizes = [int(b) for b in args.bytes.split(",")]
     world = RANKS[args.pattern]
+    pins = args.pin.split(",") if args.pin else []
+    if pins and (len(pins) != world or not all(p.isdigit() for p in pins)):
+        ap.error(f"--pin {args.pin!r}: expected {world} core numbers, comma-separated")
     me = [sys.executable, os.path.abspath(__file__), "--rank", args.pattern]
+
+    def pinned(i: int, argv: list[str]) -> list[str]:
+        return ["taskset", "-c", pins[i], *argv] if pins else argv
+
     port = 29800
 
     def row(nb: int, mode: str, command, env_of) -> None:
         procs = [
             subprocess.Popen(
-                command(i, [*me, str(i), str(nb), mode, str(args.messages)]),
+                command(i, pinned(i, [*me, str(i), str(nb), mode, str(args.messages)])),
                 env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", **env_of(i)},
             )
             for i in reversed(range(world))
