@@ -928,6 +928,8 @@ def run_case(
     # the repeat's own compute: compare run k with its simulations, the median of both
     result = measured[i].result
     sim = dict(sim, iteration_time_s=statistics.median(m.iteration_time_s for m in measured))
+    # the same samples in the predicted time (not the profile's prediction's throughput)
+    sim["throughput_samples_s"] = float(sim["global_batch_size"]) / sim["iteration_time_s"]
     sim["per_gpu_utilization"] = result.per_gpu_utilization
     sim["bubble_fraction"] = result.bubble_fraction
     row = case_row(case, sim, reals)

@@ -639,3 +639,35 @@ def test_the_links_cpu_is_what_spinners_lost_beyond_the_ranks_per_byte_and_end()
     assert link_cpu_s_per_byte(row) == pytest.approx(6e-9)
     assert link_cpu_s_per_byte({**row, "lost_cores": 0.2}) == 0.0  # noise, not a gain
     assert link_cpu_s_per_byte({**row, "bytes": 0}) == 0.0
+
+
+@pytest.mark.parametrize("failures, calls", [(0, 1), (1, 2), (2, 2)])
+def test_measurements_that_cannot_be_fitted_are_taken_once_more(
+    monkeypatch: pytest.MonkeyPatch, failures: int, calls: int
+) -> None:
+    """A busy machine can leave a benchmark without a trend to fit: ``calibrate``
+    measures again once, and gives up (the fit's error) when the second cannot be
+    fitted either."""
+    import realrun.calibrate as cal
+
+    measured: list[int] = []
+    fitted: list[int] = []
+
+    def fake_measure(*_args: Any) -> tuple:
+        measured.append(1)
+        return [], [], [], None
+
+    def fake_preset(**kw: Any) -> dict:
+        fitted.append(1)
+        if len(fitted) <= failures:
+            raise cal.CalibrationError("the measurements cannot be fitted: no trend")
+        return {"name": "fitted", "attempt": len(fitted)}
+
+    monkeypatch.setattr(cal, "_measure", fake_measure)
+    monkeypatch.setattr(cal, "_preset", fake_preset)
+    if failures == 2:
+        with pytest.raises(cal.CalibrationError, match="cannot be fitted"):
+            cal.calibrate(cluster="local")
+    else:
+        assert cal.calibrate(cluster="local") == {"name": "fitted", "attempt": calls}
+    assert len(measured) == len(fitted) == calls

@@ -499,6 +499,10 @@ def test_validate_end_to_end_on_an_emulated_cluster(
     assert df["bytes_exact"].all()
     assert (df["repeats"] == 1).all()
     assert (df["real_iteration_time_s"] > 0).all() and (df["sim_iteration_time_s"] > 0).all()
+    # both throughputs are the same samples over the compared times
+    real_samples = df["real_throughput_samples_s"] * df["real_iteration_time_s"]
+    sim_samples = df["sim_throughput_samples_s"] * df["sim_iteration_time_s"]
+    assert list(sim_samples.round(6)) == list(real_samples.round(6))
     for pid in df["point_id"]:
         for path in va.timeline_paths(out, pid):
             assert os.path.getsize(path) > 0, path
