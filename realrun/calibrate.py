@@ -902,8 +902,8 @@ def calibrate(
 
     Raises ``ValueError`` for a bad argument (naming it), ``NetnsUnavailable`` when netns
     cannot be used here, ``RankFailed`` when a benchmark process fails, and
-    :class:`CalibrationError` when the measurements cannot be fitted (twice: a first
-    measurement that cannot be is taken again, once)."""
+    :class:`CalibrationError` when the measurements cannot be fitted twice in a row (a
+    measurement that cannot be fitted is taken once more)."""
     _check_args(cluster, bandwidth_bytes_per_s, hosts, sizes_bytes, repeats, allreduce_ranks)
     if cluster == "netns":
         from realrun.netns import check_available
@@ -943,30 +943,30 @@ def calibrate(
 
     # A busy machine can leave a benchmark without the trend its fit needs (message times
     # that do not grow with the size): measure once more before giving up.
-    for attempt in (1, 2):
+    def measure_and_fit() -> dict[str, Any]:
         started = datetime.datetime.now(datetime.UTC)
         t0 = time.monotonic()
         sched_rows, results, qdiscs, link_row = _measure(
             cluster, bandwidth_bytes_per_s if shaped else None, world, job, tick
         )
-        try:
-            return _preset(
-                cluster=cluster,
-                rate=bandwidth_bytes_per_s,
-                hosts=world,
-                sizes=sizes,
-                repeats=repeats,
-                results=results,
-                qdiscs=qdiscs,
-                started=started,
-                wall_s=time.monotonic() - t0,
-                scheduler_rows=sched_rows,
-                link_row=link_row,
-            )
-        except CalibrationError:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+        return _preset(
+            cluster=cluster,
+            rate=bandwidth_bytes_per_s,
+            hosts=world,
+            sizes=sizes,
+            repeats=repeats,
+            results=results,
+            qdiscs=qdiscs,
+            started=started,
+            wall_s=time.monotonic() - t0,
+            scheduler_rows=sched_rows,
+            link_row=link_row,
+        )
+
+    try:
+        return measure_and_fit()
+    except CalibrationError:
+        return measure_and_fit()
 
 
 def _measure(
