@@ -67,6 +67,7 @@ __all__ = [
     "fit_shaped_link",
     "format_rate_text",
     "memory_total_text",
+    "pool_wakeup",
     "write_calibration",
 ]
 
@@ -132,7 +133,7 @@ calibrations of one hour)."""
 WAKEUP_PAUSE_S = 0.02
 """Idle time before each all-reduce of the busy-cores benchmark (the threads that carry it
 go to sleep, as they do while a training step computes)."""
-WAKEUP_GRID_S = tuple(i * 0.05e-3 for i in range(101))
+WAKEUP_GRID_S = tuple(round(i * 0.05e-3, 9) for i in range(101))
 """The wake-up waits (:attr:`simcore.topology.HostSpec.wakeup_s`) tried when fitting the
 busy-cores benchmark: 0 to 5 ms."""
 SEGMENT_BYTES = 64 * KiB
@@ -585,23 +586,68 @@ def fit_wakeup(
     what the measured ``rows`` (:func:`wakeup_rows`) show, each number of computing
     threads against idle cores for that size (least squares), and the largest
     difference left, in seconds."""
-    idle = {int(r["bytes"]): float(r["time_s"]) for r in rows if int(r["threads"]) == 0}
-    busy = [r for r in rows if int(r["threads"]) > 0 and int(r["bytes"]) in idle]
-    if not busy:
-        raise ValueError("the busy-cores benchmark has no rows with and without compute")
-    sim_idle = {n: simulate_busy_allreduce(preset, n, 0, 0.0) for n in idle}
+    return fit_wakeup_pooled([(preset, rows)])
+
+
+def fit_wakeup_pooled(
+    benchmarks: Sequence[tuple[Mapping[str, Any], Sequence[Mapping[str, float]]]],
+) -> tuple[float, float]:
+    """:func:`fit_wakeup` over several runs of the busy-cores benchmark at once, each
+    ``(preset, rows)`` simulated on its own links: the one wait whose slow-downs are
+    nearest to all of them (least squares over every row), and the largest difference
+    left. The wait is the host's, not the link's: runs of the benchmark by calibrations
+    at other link rates measure the same thing, and a busy machine's scheduling moves
+    between runs a minute apart (see :func:`pool_wakeup`)."""
+    sets = []
+    for preset, rows in benchmarks:
+        idle = {int(r["bytes"]): float(r["time_s"]) for r in rows if int(r["threads"]) == 0}
+        busy = [r for r in rows if int(r["threads"]) > 0 and int(r["bytes"]) in idle]
+        if not busy:
+            raise ValueError("the busy-cores benchmark has no rows with and without compute")
+        sim_idle = {n: simulate_busy_allreduce(preset, n, 0, 0.0) for n in idle}
+        sets.append((preset, idle, busy, sim_idle))
     best: tuple[float, float, float] | None = None
     for wake in WAKEUP_GRID_S:
         errs = []
-        for r in busy:
-            n, t = int(r["bytes"]), int(r["threads"])
-            sim = simulate_busy_allreduce(preset, n, t, wake) - sim_idle[n]
-            errs.append(sim - (float(r["time_s"]) - idle[n]))
+        for preset, idle, busy, sim_idle in sets:
+            for r in busy:
+                n, t = int(r["bytes"]), int(r["threads"])
+                sim = simulate_busy_allreduce(preset, n, t, wake) - sim_idle[n]
+                errs.append(sim - (float(r["time_s"]) - idle[n]))
         cost = float(sum(e * e for e in errs))
         if best is None or cost < best[0] - 1e-15:
             best = (cost, wake, max(abs(e) for e in errs))
     assert best is not None
     return best[1], best[2]
+
+
+def pool_wakeup(presets: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``presets`` (calibrated, as :func:`calibrate` returns them) with one wake-up wait
+    (``host.wakeup_s``) fitted to all of their busy-cores benchmarks
+    (:func:`fit_wakeup_pooled`, each on the unshaped links it ran on), their own fits
+    kept as ``measured.fits.wakeup_own_s``. Presets without the benchmark are returned
+    as they are, and so is a single one. Fitting again from the own fits' rows gives
+    the same result, so pooling twice changes nothing."""
+    out = [json.loads(json.dumps(p)) for p in presets]
+    have = [p for p in out if (p.get("measured") or {}).get("wakeup")]
+    if len(have) < 2:
+        return out
+    benchmarks = []
+    for p in have:
+        fits = p["measured"]["fits"]
+        links = unshaped_links(
+            p, float(fits["unshaped_latency_s"]), float(fits["unshaped_goodput_bytes_per_s"])
+        )
+        benchmarks.append((links, p["measured"]["wakeup"]))
+    wake, residual = fit_wakeup_pooled(benchmarks)
+    for p in have:
+        fits = p["measured"]["fits"]
+        fits.setdefault("wakeup_own_s", fits.get("wakeup_s", p["host"].get("wakeup_s")))
+        fits["wakeup_s"] = wake
+        fits["wakeup_residual_s_max"] = residual
+        fits["wakeup_pooled_over"] = len(have)
+        p["host"]["wakeup_s"] = wake
+    return out
 
 
 SHAPED_CPU_MIN_BYTES = 1 << 20

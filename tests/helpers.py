@@ -67,3 +67,40 @@ def netns_unavailable_reason() -> str | None:
     except NetnsUnavailable as err:
         return str(err)
     return None
+
+
+def busy_cores_calibration(wakeup_s: float, latency_s: float = 60e-6) -> dict:
+    """A calibrated preset (the ``netns`` preset with what :func:`realrun.calibrate.calibrate`
+    keeps of the busy-cores benchmark) whose rows the simulator made on the unshaped
+    links ``latency_s`` and the preset's bandwidth describe, with a wake-up wait of
+    ``wakeup_s``: fitting them gives that wait back."""
+    import os
+
+    import yaml
+
+    from realrun.calibrate import (
+        WAKEUP_SIZES_BYTES,
+        simulate_busy_allreduce,
+        unshaped_links,
+    )
+    from simcore.units import parse_rate
+
+    path = os.path.join(
+        os.path.dirname(__file__), "..", "simcore", "presets", "topologies", "netns.yaml"
+    )
+    with open(path, encoding="utf-8") as fh:
+        preset = yaml.safe_load(fh)
+    goodput = parse_rate(preset["network"]["bandwidth"])
+    links = unshaped_links(preset, latency_s, goodput)
+    rows = [
+        {"bytes": n, "threads": t, "time_s": simulate_busy_allreduce(links, n, t, wakeup_s)}
+        for n in WAKEUP_SIZES_BYTES
+        for t in (0, 2, 3, 4)
+    ]
+    fits = {
+        "unshaped_latency_s": latency_s,
+        "unshaped_goodput_bytes_per_s": goodput,
+        "wakeup_s": wakeup_s,
+    }
+    host = {**preset["host"], "wakeup_s": wakeup_s}
+    return {**preset, "host": host, "measured": {"wakeup": rows, "fits": fits}}

@@ -524,6 +524,32 @@ def test_the_wakeup_is_recovered_from_a_simulated_busy_cores_benchmark(wakeup_s:
         fit_wakeup(preset, [])
 
 
+def test_one_wakeup_is_fitted_over_several_calibrations() -> None:
+    """``pool_wakeup``: two calibrations whose busy-cores benchmarks show waits of 1 and
+    2 ms get the one wait nearest to both (1.5 ms: the simulated slow-down is linear in
+    the wait), their own fits kept; pooling again changes nothing, and a single
+    calibration or one without the benchmark is left as it is."""
+    from realrun.calibrate import fit_wakeup_pooled, pool_wakeup, unshaped_links
+    from tests.helpers import busy_cores_calibration
+
+    a, b = busy_cores_calibration(1e-3), busy_cores_calibration(2e-3, latency_s=80e-6)
+    pooled = pool_wakeup([a, b, {"name": "no benchmark"}])
+    for p, own in zip(pooled, (1e-3, 2e-3), strict=False):
+        fits = p["measured"]["fits"]
+        assert p["host"]["wakeup_s"] == fits["wakeup_s"] == pytest.approx(1.5e-3, abs=1e-12)
+        assert fits["wakeup_own_s"] == own and fits["wakeup_pooled_over"] == 2
+        assert fits["wakeup_residual_s_max"] > 1e-4  # neither run is met exactly
+    assert pooled[2] == {"name": "no benchmark"}
+    assert a["host"]["wakeup_s"] == 1e-3  # the inputs are not changed
+    assert pool_wakeup(pooled) == pooled
+    assert pool_wakeup([a]) == [a]
+    # each run is simulated on its own links: one run alone gives its own wait back
+    f = b["measured"]["fits"]
+    links = unshaped_links(b, f["unshaped_latency_s"], f["unshaped_goodput_bytes_per_s"])
+    wake, residual = fit_wakeup_pooled([(links, b["measured"]["wakeup"])])
+    assert wake == pytest.approx(2e-3, abs=1e-12) and residual < 1e-9
+
+
 def test_busy_cores_rows_are_medians_of_rank_0s_times() -> None:
     """``wakeup_rows``: per size and number of computing threads, the median of rank 0's
     all-reduce times, in order."""

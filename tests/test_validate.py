@@ -452,6 +452,48 @@ def test_resume_skips_finished_cases_and_reuses_the_calibration(
     assert (Path(out) / "report.md").exists()
 
 
+def test_every_bandwidth_is_calibrated_first_and_the_wakeup_pooled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both bandwidths are calibrated before the first case runs, and both calibration
+    files then hold the one wake-up wait fitted over both busy-cores benchmarks (their
+    own fits kept); a rerun calibrates and rewrites nothing."""
+    from analysis.resolve import load_preset
+    from tests.helpers import busy_cores_calibration
+
+    cases = va.build_matrix(["dp"], ["mlp_medium"], ["1Gbps", "200Mbps"], [2])
+    events: list[str] = []
+    own = {125e6: 1e-3, 25e6: 2e-3}
+
+    def fake_calibrate(rate: float) -> dict:
+        events.append(f"calibrate {rate:g}")
+        return busy_cores_calibration(own[rate])
+
+    def fake_run_case(
+        case: va.Case, out_dir: str, topo: str, repeats: int, runner: Any, ensemble: Any
+    ) -> dict:
+        events.append(f"run {case.bandwidth}")
+        assert load_preset(topo)["host"]["wakeup_s"] == pytest.approx(1.5e-3, abs=1e-12)
+        reals = [_result(0.1, [0.5, 0.5], REAL_LINKS, 4.0)] * repeats
+        return va.case_row(case, _result(0.1, [0.5, 0.5], SIM_LINKS, 4.0), reals)
+
+    monkeypatch.setattr(va, "run_case", fake_run_case)
+    out = str(tmp_path / "v")
+    va.run_validation(cases, out, repeats=1, calibrator=fake_calibrate)
+    assert events == ["calibrate 1.25e+08", "calibrate 2.5e+07", "run 1Gbps", "run 200Mbps"]
+    files = {rate: va.calibration_path(out, rate) for rate in own}
+    for rate, path in files.items():
+        fits = load_preset(path)["measured"]["fits"]
+        assert fits["wakeup_own_s"] == pytest.approx(own[rate])
+        assert fits["wakeup_s"] == pytest.approx(1.5e-3, abs=1e-12)
+    stamps = {p: os.stat(p).st_mtime_ns for p in files.values()}
+    assert va.pool_calibrations(out) == []  # pooled already
+    events.clear()
+    summary = va.run_validation(cases, out, repeats=1, calibrator=fake_calibrate)
+    assert events == [] and summary.skipped == 2
+    assert {p: os.stat(p).st_mtime_ns for p in files.values()} == stamps
+
+
 # ---- for real ------------------------------------------------------------------------
 
 _REASON = netns_unavailable_reason()
