@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -27,47 +25,6 @@ from realrun import linkcpu
 from simcore.units import parse_rate
 
 SPIN_S = 2.0
-
-
-def _exchange(emu: object, pairs: list[tuple[int, int]], cores: int) -> tuple[float, list]:
-    """One round with ``pairs`` exchanging: the spinners' loops per second beside it and
-    each rank's ``[messages, bytes, CPU s, wall s]``."""
-    start = time.monotonic()
-    stop = start + 1.0 + SPIN_S
-    procs = []
-    try:
-        for k, (a, b) in enumerate(pairs):
-            for r, h in enumerate((a, b)):
-                env = {**os.environ, "GLOO_SOCKET_IFNAME": emu.hosts[h].ifname}
-                argv = [
-                    sys.executable,
-                    "-c",
-                    linkcpu._RANK,
-                    str(r),
-                    str(linkcpu.MESSAGE_BYTES),
-                    emu.hosts[a].address,
-                    str(linkcpu.PORT + k),
-                    repr(start),
-                    repr(stop),
-                ]
-                procs.append(
-                    subprocess.Popen(
-                        emu.command(h, argv),
-                        env=env,
-                        text=True,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE,
-                    )
-                )
-        time.sleep(max(0.0, start + 1.0 - time.monotonic()))
-        busy = linkcpu._spin(cores, max(0.5, stop - time.monotonic() - 0.2))
-        outs = [[float(v) for v in p.communicate(timeout=60)[0].split()] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return busy, outs
 
 
 def main() -> None:
@@ -83,7 +40,7 @@ def main() -> None:
         idle = linkcpu._spin(cores, SPIN_S)
         for rnd in range(args.rounds):
             for pairs in ([(0, 1)], [(0, 1), (2, 3)]):
-                busy, outs = _exchange(emu, pairs, cores)
+                busy, outs = linkcpu._exchange(emu, cores, SPIN_S, pairs)
                 after = linkcpu._spin(cores, SPIN_S)
                 ref, idle = (idle + after) / 2, after
                 seconds = max(o[3] for o in outs)

@@ -25,7 +25,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["MESSAGE_BYTES", "ROUNDS", "link_cpu_s_per_byte", "measure"]
@@ -148,22 +148,26 @@ def measure(
     return row
 
 
-def _exchange(emu: Any, cores: int, duration_s: float) -> tuple[float, list[list[float]]]:
-    """One round: the two ranks exchange for ``duration_s`` (after a second's warm-up)
+def _exchange(
+    emu: Any, cores: int, duration_s: float, pairs: Sequence[tuple[int, int]] = ((0, 1),)
+) -> tuple[float, list[list[float]]]:
+    """One round: each pair of ``emu``'s hosts exchanges for ``duration_s`` (after a
+    second's warm-up; pair ``k`` meets at the first host's address on port ``PORT + k``)
     while ``cores`` spinners run; ``(spinners' loops per second, each rank's [messages,
-    bytes, CPU seconds, wall seconds])``."""
+    bytes, CPU seconds, wall seconds])``, the ranks in the pairs' order."""
     warm_s = 1.0
     start = time.monotonic()
     stop = start + warm_s + duration_s
     procs = []
     try:
-        for h in range(2):
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": emu.hosts[h].ifname}
-            argv = [sys.executable, "-c", _RANK, str(h), str(MESSAGE_BYTES),
-                    emu.hosts[0].address, str(PORT), repr(start), repr(stop)]  # fmt: skip
-            procs.append(subprocess.Popen(emu.command(h, argv), env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True))  # fmt: skip
+        for k, (a, b) in enumerate(pairs):
+            for rank, h in enumerate((a, b)):
+                env = {**os.environ, "GLOO_SOCKET_IFNAME": emu.hosts[h].ifname}
+                argv = [sys.executable, "-c", _RANK, str(rank), str(MESSAGE_BYTES),
+                        emu.hosts[a].address, str(PORT + k), repr(start), repr(stop)]  # fmt: skip
+                procs.append(subprocess.Popen(emu.command(h, argv), env=env,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                              text=True))  # fmt: skip
         time.sleep(max(0.0, start + warm_s - time.monotonic()))
         busy = _spin(cores, max(0.5, stop - time.monotonic() - 0.2))
         outs = []
