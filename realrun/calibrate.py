@@ -1366,6 +1366,11 @@ def _preset(
         preset["host"]["link_cpu_s_per_byte"] = link_cpu
         measured["link_cpu"] = dict(link_row)
         fits["link_cpu_s_per_byte"] = link_cpu
+        if "two_pairs" in link_row:  # the same with twice the links busy
+            two = linkcpu.link_cpu_s_per_byte(link_row["two_pairs"])
+            preset["host"]["link_cpu_two_pairs_s_per_byte"] = two
+            measured["link_cpu"]["two_pairs"] = dict(link_row["two_pairs"])
+            fits["link_cpu_two_pairs_s_per_byte"] = two
     # how long a woken thread waits for a core while the ranks compute on all of them:
     # the wait whose simulation of the busy-cores benchmark slows it down as measured
     wake_rows = wakeup_rows(results)
@@ -1436,6 +1441,17 @@ def _plain(value: Any, inner: bool = False) -> Any:
     return value
 
 
+def _two_pairs_text(fits: Mapping[str, Any], row: Mapping[str, Any]) -> str:
+    """The link CPU line's tail for two pairs busy at once (empty without them)."""
+    if "link_cpu_two_pairs_s_per_byte" not in fits:
+        return ""
+    two = row["two_pairs"]
+    return (
+        f"; two pairs at once {fits['link_cpu_two_pairs_s_per_byte'] * 1e9:.3g} ns "
+        f"({two['lost_cores']:.2f} cores lost, {two['ranks_cores']:.2f} the ranks')"
+    )
+
+
 def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The short human summary of a calibration, as (label, text) rows."""
     m = preset["measured"]
@@ -1501,7 +1517,8 @@ def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
                     f"{fits['link_cpu_s_per_byte'] * 1e9:.3g} ns per byte held to the rate, "
                     f"per side, taken from computing threads (link CPU benchmark: "
                     f"{m['link_cpu']['lost_cores']:.2f} cores lost, "
-                    f"{m['link_cpu']['ranks_cores']:.2f} of them the ranks')",
+                    f"{m['link_cpu']['ranks_cores']:.2f} of them the ranks')"
+                    + _two_pairs_text(fits, m["link_cpu"]),
                 )
             ]
             if "link_cpu_s_per_byte" in fits

@@ -9,14 +9,20 @@ ways at the link's rate took about one core from two computing processes, of whi
 ranks' own CPU time was a third (2026-11-24: 13.3 ns per byte beyond the ranks'; at
 1 Gbit/s 0.8 ns, the bucket then releases many frames per timer).
 
-:func:`measure` runs that benchmark on a two-host emulated cluster: ``cores`` spinning
-processes (plain Python, counting loops) alone, then beside two gloo ranks that exchange
-1 MiB messages both ways for ``duration_s``, then alone again; the spinners' lost
-throughput, in cores, less the ranks' own CPU clocks (the processes' share, which the
-preset's per-message and per-byte costs stand for), per byte carried, is the link's
-cost.
-:func:`link_cpu_s_per_byte` turns a row into :attr:`simcore.topology.HostSpec.link_cpu_s_per_byte`
-(per byte, at each end: half of it).
+The work does not grow in step with the bytes: at 200 Mbit/s two pairs of hosts
+exchanging at once carried 1.6 times the bytes of one pair for about 1.2 times the lost
+cores, at 1 Gbit/s (where four ranks and the spinners crowd two cores) the other way
+round (docs/validation.md, nineteenth session). So the benchmark measures both loads.
+
+:func:`measure` runs it on a four-host emulated cluster: ``cores`` spinning processes
+(plain Python, counting loops) alone, then beside one pair of gloo ranks that exchange
+1 MiB messages both ways for ``duration_s``, then alone, then beside two such pairs,
+then alone again; the spinners' lost throughput, in cores, less the ranks' own CPU
+clocks (the processes' share, which the preset's per-message and per-byte costs stand
+for), per byte carried, is the link's cost at that load.
+:func:`link_cpu_s_per_byte` turns a row into
+:attr:`simcore.topology.HostSpec.link_cpu_s_per_byte` (one pair) or
+``link_cpu_two_pairs_s_per_byte`` (two pairs), per byte at each end: half of it.
 """
 
 from __future__ import annotations
@@ -106,11 +112,15 @@ def measure(
     duration_s: float = 2.0,
     prefix: str = "dtlcpu",
     rounds: int = ROUNDS,
+    two_pairs: bool = True,
 ) -> dict[str, Any]:
     """The benchmark (module docs) on links shaped to ``rate_bytes_per_s``, ``rounds``
     times over (spinners alone before, between and after the exchanges), and the row of
     the round whose cost per byte (:func:`link_cpu_s_per_byte`) is the median: one
-    round's reading has moved by half between calibrations on this machine.
+    round's reading has moved by half between calibrations on this machine. With
+    ``two_pairs`` the cluster has four hosts and each round also runs two pairs
+    exchanging at once (after the one pair); the median of those rounds is the row's
+    ``two_pairs``, a row of the same keys.
 
     The row: ``spin_idle`` and ``spin_busy`` (loops per second of all spinners, alone
     around the round and beside its exchange), ``lost_cores``, ``ranks_cores`` (their
@@ -122,26 +132,40 @@ def measure(
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     share = min(cores, os.cpu_count() or cores)
-    rows = []
-    with terminate_as_interrupt(), EmulatedCluster(2, rate_bytes_per_s, prefix=prefix) as emu:
+    loads: list[tuple[tuple[int, int], ...]] = [((0, 1),)]
+    if two_pairs:
+        loads.append(((0, 1), (2, 3)))
+    rows: dict[int, list[dict[str, Any]]] = {len(p): [] for p in loads}
+    hosts = 2 * len(loads[-1])
+    with terminate_as_interrupt(), EmulatedCluster(hosts, rate_bytes_per_s, prefix=prefix) as emu:
         idle_before = _spin(cores, duration_s)
         for _ in range(rounds):
-            busy, outs = _exchange(emu, cores, duration_s)
-            idle_after = _spin(cores, duration_s)
-            idle = (idle_before + idle_after) / 2
-            seconds = max(o[3] for o in outs)
-            rows.append(
-                {
-                    "rate": rate_bytes_per_s,
-                    "spin_idle": idle,
-                    "spin_busy": busy,
-                    "lost_cores": max(0.0, (idle - busy) / idle * share),
-                    "ranks_cores": sum(o[2] for o in outs) / seconds,
-                    "bytes": sum(o[1] for o in outs),
-                    "seconds": seconds,
-                }
-            )
-            idle_before = idle_after
+            for pairs in loads:
+                busy, outs = _exchange(emu, cores, duration_s, pairs)
+                idle_after = _spin(cores, duration_s)
+                idle = (idle_before + idle_after) / 2
+                seconds = max(o[3] for o in outs)
+                rows[len(pairs)].append(
+                    {
+                        "rate": rate_bytes_per_s,
+                        "spin_idle": idle,
+                        "spin_busy": busy,
+                        "lost_cores": max(0.0, (idle - busy) / idle * share),
+                        "ranks_cores": sum(o[2] for o in outs) / seconds,
+                        "bytes": sum(o[1] for o in outs),
+                        "seconds": seconds,
+                    }
+                )
+                idle_before = idle_after
+    row = _median_row(rows[1])
+    if two_pairs:
+        row["two_pairs"] = _median_row(rows[2])
+    return row
+
+
+def _median_row(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The row of ``rows`` whose cost per byte is the median (the lower of the middle
+    two), with ``rounds``: every row's ``[lost_cores, ranks_cores, bytes, seconds]``."""
     ranked = sorted(rows, key=link_cpu_s_per_byte)
     row = dict(ranked[(len(ranked) - 1) // 2])
     row["rounds"] = [[r["lost_cores"], r["ranks_cores"], r["bytes"], r["seconds"]] for r in rows]

@@ -440,10 +440,11 @@ class CommCpu:
 
         return 3, start
 
-    def background(self, src: int, dst: int, nbytes: float) -> None:
-        """The network's packet work for ``nbytes`` that crossed it: runnable on both
-        ends' cores (:attr:`HostSpec.link_cpu_s_per_byte`), waited for by nobody."""
-        work = nbytes * self.spec.link_cpu_s_per_byte
+    def background(self, src: int, dst: int, nbytes: float, busy_directions: int = 0) -> None:
+        """The network's packet work for ``nbytes`` that crossed it while
+        ``busy_directions`` shaped link directions were busy: runnable on both ends'
+        cores (:meth:`HostSpec.link_cpu`), waited for by nobody."""
+        work = nbytes * self.spec.link_cpu(busy_directions)
         if work > 0:
             self.pool_of(src).run(work, _nothing)
             self.pool_of(dst).run(work, _nothing)

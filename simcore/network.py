@@ -232,6 +232,14 @@ class Network(ABC):
         """The CPU side of messages on CPU hosts (:class:`~simcore.host.CommCpu`), or
         ``None``: a message then costs no processor time."""
         self._senders: dict[int, _Sender] = {}
+        self._shaped = [st for st in self.state if st.burst_s > 0]
+
+    def busy_shaped(self) -> int:
+        """How many shaped link directions are busy now: their bucket is not full again
+        (what they sent would take, at the rate, until less than a bucket's time ago;
+        a link passing on a chunk at a time between hops counts throughout)."""
+        now = self.env.now
+        return sum(1 for st in self._shaped if st.tat > 0 and st.tat + st.burst_s > now)
 
     def hops(self, src: int, dst: int) -> tuple[LinkState, ...]:
         """The link directions from device ``src`` to ``dst`` (cached)."""
@@ -628,7 +636,7 @@ class DetailedNetwork(Network):
         if by_bucket <= 0 or self.cpu is None:
             return
         if all(h.burst_s <= 0 for h in msg.hops[:hop]):
-            self.cpu.background(msg.src, msg.dst, by_bucket)
+            self.cpu.background(msg.src, msg.dst, by_bucket, self.busy_shaped())
 
     def _arrive_fifo(self, ev: _ChunkArrival) -> None:
         msg = ev.msg
@@ -923,7 +931,8 @@ class AnalyticNetwork(Network):
         for st in msg.hops:
             st.recv_bytes += msg.nbytes
         if self.cpu is not None and any(st.burst_s > 0 for st in msg.hops):
-            self.cpu.background(msg.src, msg.dst, msg.nbytes)  # no bucket here: all held
+            busy = self.busy_shaped()  # no bucket here: all held
+            self.cpu.background(msg.src, msg.dst, msg.nbytes, busy)
         if msg.socket is not None:
             msg.socket.ack(msg.nbytes)
         self._complete(msg)

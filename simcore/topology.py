@@ -130,7 +130,13 @@ class HostSpec:
             packet work (tbf releasing what it held, the kernel's soft interrupts) takes
             from the cores, for every byte the first shaped link of a route holds to its
             rate; no thread waits for it, it only competes with the threads for the
-            cores (docs/cpu_hosts.md). 0: none.
+            cores (docs/cpu_hosts.md). 0: none. Measured with one pair of hosts
+            exchanging both ways: four link directions busy.
+        link_cpu_two_pairs_s_per_byte: the same with two pairs exchanging at once
+            (eight directions busy): the packet work does not grow in step with the
+            bytes (docs/cpu_hosts.md). With five to seven directions busy the cost lies
+            on the line between the two, with eight and more it is this one, with four
+            and fewer ``link_cpu_s_per_byte``; 0: ``link_cpu_s_per_byte`` at any load.
     """
 
     cores: int = 1
@@ -146,6 +152,18 @@ class HostSpec:
     wakeup_s: float = 0.0
     balance_s: float = 0.0
     link_cpu_s_per_byte: float = 0.0
+    link_cpu_two_pairs_s_per_byte: float = 0.0
+
+    def link_cpu(self, busy_directions: int) -> float:
+        """CPU seconds per byte and end of a shaped link's packet work while
+        ``busy_directions`` link directions of the cluster are busy (see
+        ``link_cpu_two_pairs_s_per_byte``)."""
+        one, two = self.link_cpu_s_per_byte, self.link_cpu_two_pairs_s_per_byte
+        if two <= 0 or busy_directions <= 4:
+            return one
+        if busy_directions >= 8:
+            return two
+        return one + (two - one) * (busy_directions - 4) / 4
 
     def message_cpu(self, nbytes: int, messages: int = 1) -> float:
         """CPU seconds one end spends on ``nbytes`` sent as ``messages`` messages."""
@@ -717,6 +735,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         "wakeup_s",
         "balance_s",
         "link_cpu_s_per_byte",
+        "link_cpu_two_pairs_s_per_byte",
     }
     unknown = sorted(set(d) - allowed)
     if unknown:
@@ -730,11 +749,13 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
     balance_s = float(d.get("balance_s", 0.0))
     if not balance_s >= 0 or math.isinf(balance_s):
         raise ValueError(f"host.balance_s must be seconds, 0 or more; got {balance_s!r}")
-    link_cpu = float(d.get("link_cpu_s_per_byte", 0.0))
-    if not link_cpu >= 0 or math.isinf(link_cpu):
-        raise ValueError(
-            f"host.link_cpu_s_per_byte must be seconds per byte, 0 or more; got {link_cpu!r}"
-        )
+    link_cpu = {}
+    for key in ("link_cpu_s_per_byte", "link_cpu_two_pairs_s_per_byte"):
+        link_cpu[key] = float(d.get(key, 0.0))
+        if not link_cpu[key] >= 0 or math.isinf(link_cpu[key]):
+            raise ValueError(
+                f"host.{key} must be seconds per byte, 0 or more; got {link_cpu[key]!r}"
+            )
     return HostSpec(
         cores=int(d.get("cores", 1)),
         shared=bool(d.get("shared", True)),
@@ -748,7 +769,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         isend_s=isend_s,
         wakeup_s=wakeup_s,
         balance_s=balance_s,
-        link_cpu_s_per_byte=link_cpu,
+        **link_cpu,
     )
 
 

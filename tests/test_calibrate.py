@@ -368,6 +368,13 @@ def test_netns_calibration_measures_goodput_below_the_tbf_rate(
     # ... of the round whose value is the median of all
     rounds = sorted((lost - ranks) / (b / s) / 2 for lost, ranks, b, s in link["rounds"])
     assert len(rounds) == linkcpu.ROUNDS and per_byte == pytest.approx(rounds[len(rounds) // 2])
+    # two pairs at once carried more than one pair can, and their cost per byte is the
+    # file's host.link_cpu_two_pairs_s_per_byte (the median round's too)
+    two = link["two_pairs"]
+    assert two["bytes"] / two["seconds"] > 1.2 * 2 * goodput and len(two["rounds"]) == len(rounds)
+    two_per_byte = preset["measured"]["fits"]["link_cpu_two_pairs_s_per_byte"]
+    assert two_per_byte == pytest.approx(linkcpu.link_cpu_s_per_byte(two))
+    assert topo.host_spec.link_cpu_two_pairs_s_per_byte == pytest.approx(two_per_byte)
 
 
 @pytest.mark.skipif(_REASON is not None, reason=f"network namespaces unavailable: {_REASON}")

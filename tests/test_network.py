@@ -290,9 +290,12 @@ class _Charges(CommCpu):
         super().__init__(HostSpec(cores=1, link_cpu_s_per_byte=1e-9), lambda _d: self.pool)
         self.held: list[tuple[int, int, float]] = []
 
-    def background(self, src: int, dst: int, nbytes: int) -> None:
+        self.busy: list[int] = []
+
+    def background(self, src: int, dst: int, nbytes: int, busy_directions: int = 0) -> None:
         self.held.append((src, dst, nbytes))
-        super().background(src, dst, nbytes)
+        self.busy.append(busy_directions)
+        super().background(src, dst, nbytes, busy_directions)
 
 
 def test_a_bucket_counts_the_bytes_it_held_to_the_rate():
@@ -331,3 +334,40 @@ def test_packet_work_is_charged_once_per_route_for_the_bytes_held(fair):
     assert charged == pytest.approx(n - 10_000 * 10 / 9)
     assert {(s, d) for s, d, _x in net.cpu.held} == {(b_topo.gpus[0], b_topo.gpus[1])}
     assert net.cpu.pool.busy_s == pytest.approx(2 * 1e-9 * charged)  # both ends, one machine
+
+
+@pytest.mark.parametrize("pairs", [1, 2])
+def test_packet_work_is_charged_with_the_links_busy_at_the_time(pairs):
+    """Four hosts on a switch, every link direction shaped, flows sharing links fairly
+    chunk by chunk (as the emulated cluster's preset has them): one pair exchanging both
+    ways keeps four directions busy, two pairs at once eight, and the charges as the
+    chunks go see that many, but for the first chunks (the cost per byte depends on it:
+    ``HostSpec.link_cpu``)."""
+    b = TopologyBuilder("tbf4")
+    b.device("s", "switch", -1)
+    for i in range(4):
+        b.device(f"h{i}", "gpu", i)
+        b.link(f"h{i}", "s", "ethernet", B, LAT, 1, 10_000, 10 * B)
+    topo = b.build([1, 2, 3, 4], link_sharing="fair")
+    env = simpy.Environment()
+    net = DetailedNetwork(env, topo, chunk_bytes=100_000)
+    net.cpu = _Charges(env)
+    g = topo.gpus
+    for a, z in [(0, 1), (2, 3)][:pairs]:
+        net.send(g[a], g[z], 1_000_000)
+        net.send(g[z], g[a], 1_000_000)
+    env.run()
+    assert max(net.cpu.busy) == 4 * pairs and min(net.cpu.busy) >= 1
+    at_load = sum(x for (_s, _d, x), n in zip(net.cpu.held, net.cpu.busy) if n == 4 * pairs)
+    assert at_load > 0.75 * sum(x for _s, _d, x in net.cpu.held)  # all but the start
+
+
+def test_the_cost_per_byte_follows_the_busy_link_directions():
+    """One pair's cost up to four busy directions, two pairs' from eight on, the line
+    between them in between; without a two-pair cost the one-pair cost throughout."""
+    spec = HostSpec(link_cpu_s_per_byte=6e-9, link_cpu_two_pairs_s_per_byte=4e-9)
+    costs = [spec.link_cpu(n) for n in range(11)]
+    assert costs[:5] == [6e-9] * 5 and costs[8:] == [4e-9] * 3
+    assert costs[6] == pytest.approx(5e-9)
+    assert all(a >= b for a, b in pairwise(costs))
+    assert {HostSpec(link_cpu_s_per_byte=6e-9).link_cpu(n) for n in range(11)} == {6e-9}
