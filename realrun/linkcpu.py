@@ -28,8 +28,11 @@ for), per byte carried, is the link's cost at that load.
 from __future__ import annotations
 
 import os
+import select
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -61,32 +64,46 @@ print(n / (time.monotonic() - t0))
 """
 
 _RANK = r"""
-import sys, time
+import os, sys, time
 import torch, torch.distributed as dist
 torch.set_num_threads(1)
 rank, nbytes, addr, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-start, stop = float(sys.argv[5]), float(sys.argv[6])
+go_path, stop_path, warm = sys.argv[5], sys.argv[6], int(sys.argv[7])
 dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://{addr}:{port}")
 peer = 1 - rank
 out, into = torch.zeros(nbytes // 4), torch.zeros(nbytes // 4)
+flags = torch.zeros(2)
 dist.barrier()
-n, go = 0, True
-while go:
+n, n0, c0, t0 = 0, None, 0.0, 0.0
+while True:
     r = dist.irecv(into, peer)
     s = dist.isend(out, peer)
     r.wait()
     s.wait()
-    if n == 0:
-        c0, t0 = time.process_time(), time.monotonic()
     n += 1
-    flag = torch.tensor([1 if time.monotonic() < stop else 0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    go = bool(flag.item())
+    if n == warm:
+        print("ready", flush=True)
+    flags[0], flags[1] = os.path.exists(go_path), os.path.exists(stop_path)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    if n0 is None and flags[0] > 0:
+        n0, c0, t0 = n, time.process_time(), time.monotonic()
+    if flags[1] > 0:
+        break
 cpu, wall = time.process_time() - c0, time.monotonic() - t0
 dist.barrier()
-print(n - 1, nbytes * (n - 1), cpu, wall, flush=True)
+if n0 is not None:
+    print(n - n0, nbytes * (n - n0), cpu, wall, flush=True)
 dist.destroy_process_group()
 """
+
+WARM_MESSAGES = 3
+"""Exchanges each rank makes before it reports ready; the spinners start (and the ranks'
+clocks with them) only once every rank has: starting a rank (importing torch, joining
+its group) takes a core for a second or more, four of them on two cores longer than
+that, and it must not count as the link's work."""
+
+READY_TIMEOUT_S = 120.0
+"""How long the ranks may take to report ready."""
 
 
 def _spin(cores: int, seconds: float) -> float:
@@ -175,42 +192,63 @@ def _median_row(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def _exchange(
     emu: Any, cores: int, duration_s: float, pairs: Sequence[tuple[int, int]] = ((0, 1),)
 ) -> tuple[float, list[list[float]]]:
-    """One round: each pair of ``emu``'s hosts exchanges for ``duration_s`` (after a
-    second's warm-up; pair ``k`` meets at the first host's address on port ``PORT + k``)
-    while ``cores`` spinners run; ``(spinners' loops per second, each rank's [messages,
-    bytes, CPU seconds, wall seconds])``, the ranks in the pairs' order."""
-    warm_s = 1.0
-    start = time.monotonic()
-    stop = start + warm_s + duration_s
+    """One round: each pair of ``emu``'s hosts exchanges (pair ``k`` meets at the first
+    host's address on port ``PORT + k``); once every rank has warmed up and reported
+    ready, ``cores`` spinners run for ``duration_s`` while the ranks count what they
+    carry, then the ranks stop. ``(spinners' loops per second, each rank's [messages,
+    bytes, CPU seconds, wall seconds] over the spinners' run)``, the ranks in the pairs'
+    order."""
+    work = tempfile.mkdtemp(prefix="dtsim-linkcpu-")
+    go, stop = os.path.join(work, "go"), os.path.join(work, "stop")
     procs = []
     try:
         for k, (a, b) in enumerate(pairs):
             for rank, h in enumerate((a, b)):
                 env = {**os.environ, "GLOO_SOCKET_IFNAME": emu.hosts[h].ifname}
                 argv = [sys.executable, "-c", _RANK, str(rank), str(MESSAGE_BYTES),
-                        emu.hosts[a].address, str(PORT + k), repr(start), repr(stop)]  # fmt: skip
+                        emu.hosts[a].address, str(PORT + k), go, stop,
+                        str(WARM_MESSAGES)]  # fmt: skip
                 procs.append(subprocess.Popen(emu.command(h, argv), env=env,
                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                               text=True))  # fmt: skip
-        time.sleep(max(0.0, start + warm_s - time.monotonic()))
-        busy = _spin(cores, max(0.5, stop - time.monotonic() - 0.2))
+        _wait_ready(procs)
+        open(go, "w").close()
+        busy = _spin(cores, duration_s)
+        open(stop, "w").close()
         outs = []
         for h, p in enumerate(procs):
-            out, err = p.communicate(timeout=duration_s + 60)
+            out, err = p.communicate(timeout=60)
             fields = out.split()
             if len(fields) != 4:  # (gloo may abort at exit once the numbers are out)
-                tail = err.strip().splitlines()[-1:] or [f"exit status {p.returncode}"]
-                raise RuntimeError(
-                    f"its rank {h} gave no result ({tail[0]}); a busy machine or a "
-                    "stale namespace can cause this: run the calibration again"
-                )
+                raise RuntimeError(f"its rank {h} gave no result ({_last_words(p, err)})")
             outs.append([float(v) for v in fields])
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        shutil.rmtree(work, ignore_errors=True)
     return busy, outs
+
+
+def _wait_ready(procs: Sequence[subprocess.Popen[str]]) -> None:
+    """Wait for every rank's ``ready`` line (:data:`READY_TIMEOUT_S` in all)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    for h, p in enumerate(procs):
+        left = deadline - time.monotonic()
+        assert p.stdout is not None
+        if left <= 0 or not select.select([p.stdout], [], [], left)[0]:
+            raise RuntimeError(f"its rank {h} was not ready after {READY_TIMEOUT_S:g} s")
+        if p.stdout.readline().strip() != "ready":
+            p.wait(timeout=30)
+            raise RuntimeError(f"its rank {h} stopped ({_last_words(p, p.stderr.read())})")
+
+
+def _last_words(p: subprocess.Popen[str], err: str | None) -> str:
+    """A rank's last line of errors, or its exit status; with a hint."""
+    tail = (err or "").strip().splitlines()[-1:] or [f"exit status {p.returncode}"]
+    hint = "a busy machine or a stale namespace can cause this: run the calibration again"
+    return f"{tail[0]}; {hint}"
 
 
 def link_cpu_s_per_byte(row: Mapping[str, Any]) -> float:
