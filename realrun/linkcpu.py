@@ -133,8 +133,7 @@ def measure(
 ) -> dict[str, Any]:
     """The benchmark (module docs) on links shaped to ``rate_bytes_per_s``, ``rounds``
     times over (spinners alone before, between and after the exchanges), and the row of
-    the round whose cost per byte (:func:`link_cpu_s_per_byte`) is the median: one
-    round's reading has moved by half between calibrations on this machine. With
+    the round whose cost per byte (:func:`link_cpu_s_per_byte`) is the median. With
     ``two_pairs`` the cluster has four hosts and each round also runs two pairs
     exchanging at once (after the one pair); the median of those rounds is the row's
     ``two_pairs``, a row of the same keys.

@@ -235,11 +235,17 @@ class Network(ABC):
         self._shaped = [st for st in self.state if st.burst_s > 0]
 
     def busy_shaped(self) -> int:
-        """How many shaped link directions are busy now: their bucket is not full again
-        (what they sent would take, at the rate, until less than a bucket's time ago;
-        a link passing on a chunk at a time between hops counts throughout)."""
+        """How many shaped link directions are busy now: what they sent is still on its
+        way or their bucket is not full again (what they sent would take, at the rate,
+        until less than a bucket's time ago), so a link passing on a chunk at a time
+        between hops counts throughout. The analytic model keeps no bucket: there,
+        what a direction has reserved counts."""
         now = self.env.now
-        return sum(1 for st in self._shaped if st.tat > 0 and st.tat + st.burst_s > now)
+        busy = 0
+        for st in self._shaped:
+            until = st.tat if st.tat > st.free_at else st.free_at
+            busy += until > 0 and until + st.latency + st.burst_s > now
+        return busy
 
     def hops(self, src: int, dst: int) -> tuple[LinkState, ...]:
         """The link directions from device ``src`` to ``dst`` (cached)."""

@@ -336,6 +336,22 @@ def test_packet_work_is_charged_once_per_route_for_the_bytes_held(fair):
     assert net.cpu.pool.busy_s == pytest.approx(2 * 1e-9 * charged)  # both ends, one machine
 
 
+def _four_shaped_hosts(link_sharing: str = "fifo"):
+    b = TopologyBuilder("tbf4")
+    b.device("s", "switch", -1)
+    for i in range(4):
+        b.device(f"h{i}", "gpu", i)
+        b.link(f"h{i}", "s", "ethernet", B, LAT, 1, 10_000, 10 * B)
+    return b.build([1, 2, 3, 4], link_sharing=link_sharing)
+
+
+def _exchange_pairs(net, topo, pairs: int) -> None:
+    g = topo.gpus
+    for a, z in [(0, 1), (2, 3)][:pairs]:
+        net.send(g[a], g[z], 1_000_000)
+        net.send(g[z], g[a], 1_000_000)
+
+
 @pytest.mark.parametrize("pairs", [1, 2])
 def test_packet_work_is_charged_with_the_links_busy_at_the_time(pairs):
     """Four hosts on a switch, every link direction shaped, flows sharing links fairly
@@ -343,23 +359,32 @@ def test_packet_work_is_charged_with_the_links_busy_at_the_time(pairs):
     ways keeps four directions busy, two pairs at once eight, and the charges as the
     chunks go see that many, but for the first chunks (the cost per byte depends on it:
     ``HostSpec.link_cpu``)."""
-    b = TopologyBuilder("tbf4")
-    b.device("s", "switch", -1)
-    for i in range(4):
-        b.device(f"h{i}", "gpu", i)
-        b.link(f"h{i}", "s", "ethernet", B, LAT, 1, 10_000, 10 * B)
-    topo = b.build([1, 2, 3, 4], link_sharing="fair")
+    topo = _four_shaped_hosts("fair")
     env = simpy.Environment()
     net = DetailedNetwork(env, topo, chunk_bytes=100_000)
     net.cpu = _Charges(env)
-    g = topo.gpus
-    for a, z in [(0, 1), (2, 3)][:pairs]:
-        net.send(g[a], g[z], 1_000_000)
-        net.send(g[z], g[a], 1_000_000)
+    _exchange_pairs(net, topo, pairs)
     env.run()
     assert max(net.cpu.busy) == 4 * pairs and min(net.cpu.busy) >= 1
     at_load = sum(x for (_s, _d, x), n in zip(net.cpu.held, net.cpu.busy) if n == 4 * pairs)
     assert at_load > 0.75 * sum(x for _s, _d, x in net.cpu.held)  # all but the start
+
+
+def test_the_analytic_model_sees_more_links_busy_with_more_pairs():
+    """Without buckets the analytic model counts what the directions have reserved:
+    each charge (at a message's arrival) of two pairs at once sees twice as many busy
+    directions as one pair's."""
+    seen = {}
+    for pairs in (1, 2):
+        topo = _four_shaped_hosts()
+        env = simpy.Environment()
+        net = AnalyticNetwork(env, topo)
+        net.cpu = _Charges(env)
+        _exchange_pairs(net, topo, pairs)
+        env.run()
+        seen[pairs] = set(net.cpu.busy)
+    assert len(seen[1]) == len(seen[2]) == 1
+    assert 2 * min(seen[1]) == min(seen[2]) > 0
 
 
 def test_the_cost_per_byte_follows_the_busy_link_directions():
