@@ -642,7 +642,8 @@ class DetailedNetwork(Network):
         if by_bucket <= 0 or self.cpu is None:
             return
         if all(h.burst_s <= 0 for h in msg.hops[:hop]):
-            self.cpu.background(msg.src, msg.dst, by_bucket, self.busy_shaped())
+            busy = self.busy_shaped() if self.cpu.spec.link_cpu_by_load else 0
+            self.cpu.background(msg.src, msg.dst, by_bucket, busy)
 
     def _arrive_fifo(self, ev: _ChunkArrival) -> None:
         msg = ev.msg
@@ -937,8 +938,8 @@ class AnalyticNetwork(Network):
         for st in msg.hops:
             st.recv_bytes += msg.nbytes
         if self.cpu is not None and any(st.burst_s > 0 for st in msg.hops):
-            busy = self.busy_shaped()  # no bucket here: all held
-            self.cpu.background(msg.src, msg.dst, msg.nbytes, busy)
+            busy = self.busy_shaped() if self.cpu.spec.link_cpu_by_load else 0
+            self.cpu.background(msg.src, msg.dst, msg.nbytes, busy)  # no bucket: all held
         if msg.socket is not None:
             msg.socket.ack(msg.nbytes)
         self._complete(msg)

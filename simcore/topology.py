@@ -154,6 +154,11 @@ class HostSpec:
     link_cpu_s_per_byte: float = 0.0
     link_cpu_two_pairs_s_per_byte: float = 0.0
 
+    @property
+    def link_cpu_by_load(self) -> bool:
+        """Whether :meth:`link_cpu` depends on the busy link directions at all."""
+        return 0 < self.link_cpu_two_pairs_s_per_byte != self.link_cpu_s_per_byte
+
     def link_cpu(self, busy_directions: int) -> float:
         """CPU seconds per byte and end of a shaped link's packet work while
         ``busy_directions`` link directions of the cluster are busy (see

@@ -287,7 +287,8 @@ class _Charges(CommCpu):
 
     def __init__(self, env: simpy.Environment) -> None:
         self.pool = CpuPool(env, 1)
-        super().__init__(HostSpec(cores=1, link_cpu_s_per_byte=1e-9), lambda _d: self.pool)
+        spec = HostSpec(cores=1, link_cpu_s_per_byte=1e-9, link_cpu_two_pairs_s_per_byte=5e-10)
+        super().__init__(spec, lambda _d: self.pool)
         self.held: list[tuple[int, int, float]] = []
 
         self.busy: list[int] = []
@@ -368,6 +369,10 @@ def test_packet_work_is_charged_with_the_links_busy_at_the_time(pairs):
     assert max(net.cpu.busy) == 4 * pairs and min(net.cpu.busy) >= 1
     at_load = sum(x for (_s, _d, x), n in zip(net.cpu.held, net.cpu.busy) if n == 4 * pairs)
     assert at_load > 0.75 * sum(x for _s, _d, x in net.cpu.held)  # all but the start
+    # each charge at its load's cost, at both ends (one machine here)
+    spec = net.cpu.spec
+    cost = sum(2 * x * spec.link_cpu(n) for (_s, _d, x), n in zip(net.cpu.held, net.cpu.busy))
+    assert net.cpu.pool.busy_s == pytest.approx(cost)
 
 
 def test_the_analytic_model_sees_more_links_busy_with_more_pairs():
@@ -396,3 +401,5 @@ def test_the_cost_per_byte_follows_the_busy_link_directions():
     assert costs[6] == pytest.approx(5e-9)
     assert all(a >= b for a, b in pairwise(costs))
     assert {HostSpec(link_cpu_s_per_byte=6e-9).link_cpu(n) for n in range(11)} == {6e-9}
+    # only then does the network count the busy directions for a charge
+    assert spec.link_cpu_by_load and not HostSpec(link_cpu_s_per_byte=6e-9).link_cpu_by_load
