@@ -309,7 +309,7 @@ def test_netns_calibration_measures_goodput_below_the_tbf_rate(
         "netns",
         rate,
         sizes_bytes=(4, 1024, 1 << 20, 4 << 20),
-        repeats=2,
+        repeats=3,  # a median of three outlasts one round the machine delayed; of two not
         allreduce_ranks=(),
     )
     assert not list_ours(prefix)  # both clusters are gone
