@@ -7,7 +7,9 @@ scheduler ticks, which stop on idle cores) barely see it; but it runs on the sam
 as the ranks. At 200 Mbit/s on this 2-core machine, two ranks exchanging 1 MiB messages
 both ways at the link's rate took 0.8-0.9 cores from two computing processes, of which
 the ranks' own CPU time was a third (2026-11-25: 6.0-7.0 ns per byte and end beyond the
-ranks'; at 1 Gbit/s 0.3 ns, the bucket then releases many frames per timer).
+ranks'; at 1 Gbit/s 0.3 ns, the bucket then releases many frames per timer, which
+is near what the benchmark can tell from its spinners' noise: a calibration on another
+day of the same week read 0 and 0.06 ns).
 
 The work does not grow in step with the bytes at 200 Mbit/s: two pairs of hosts
 exchanging at once carried 1.9 times the bytes of one pair for 1.5 times the cores
@@ -129,14 +131,13 @@ def measure(
     duration_s: float = 2.0,
     prefix: str = "dtlcpu",
     rounds: int = ROUNDS,
-    two_pairs: bool = True,
 ) -> dict[str, Any]:
     """The benchmark (module docs) on links shaped to ``rate_bytes_per_s``, ``rounds``
     times over (spinners alone before, between and after the exchanges), and the row of
-    the round whose cost per byte (:func:`link_cpu_s_per_byte`) is the median. With
-    ``two_pairs`` the cluster has four hosts and each round also runs two pairs
-    exchanging at once (after the one pair); the median of those rounds is the row's
-    ``two_pairs``, a row of the same keys.
+    the round whose cost per byte (:func:`link_cpu_s_per_byte`) is the median. The
+    cluster has four hosts, and each round runs one pair exchanging and then two pairs
+    at once; the median of the two-pair rounds is the row's ``two_pairs``, a row of the
+    same keys.
 
     The row: ``spin_idle`` and ``spin_busy`` (loops per second of all spinners, alone
     around the round and beside its exchange), ``lost_cores``, ``ranks_cores`` (their
@@ -148,12 +149,9 @@ def measure(
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     share = min(cores, os.cpu_count() or cores)
-    loads: list[tuple[tuple[int, int], ...]] = [((0, 1),)]
-    if two_pairs:
-        loads.append(((0, 1), (2, 3)))
+    loads: list[tuple[tuple[int, int], ...]] = [((0, 1),), ((0, 1), (2, 3))]
     rows: dict[int, list[dict[str, Any]]] = {len(p): [] for p in loads}
-    hosts = 2 * len(loads[-1])
-    with terminate_as_interrupt(), EmulatedCluster(hosts, rate_bytes_per_s, prefix=prefix) as emu:
+    with terminate_as_interrupt(), EmulatedCluster(4, rate_bytes_per_s, prefix=prefix) as emu:
         idle_before = _spin(cores, duration_s)
         for _ in range(rounds):
             for pairs in loads:
@@ -174,8 +172,7 @@ def measure(
                 )
                 idle_before = idle_after
     row = _median_row(rows[1])
-    if two_pairs:
-        row["two_pairs"] = _median_row(rows[2])
+    row["two_pairs"] = _median_row(rows[2])
     return row
 
 
