@@ -46,7 +46,7 @@ import os
 import re
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -1108,6 +1108,21 @@ def records_path(out_dir: str, case: Case, repeat: int) -> str:
     JSON under ``real/`` of ``out_dir``): every span each rank recorded, so the measured
     trace can be built again (``bench/resimulate.py --rebuild``)."""
     return os.path.join(out_dir, "real", f"{case.case_id}-r{repeat}.json.gz")
+
+
+def kept_repeats(out_dir: str, prefix: str = "") -> Iterator[tuple[Any, Case, int, str]]:
+    """``(row, case, repeat, records file)`` for every repeat of the cases of the
+    validation in ``out_dir`` that ran (status ``ok``) and whose id starts with
+    ``prefix``: what the scripts that read kept runs again walk (``bench/``)."""
+    import pandas as pd
+
+    table = pd.read_parquet(table_path(out_dir))
+    for _, row in table.iterrows():
+        if row.status != "ok" or not row.point_id.startswith(prefix):
+            continue
+        case = case_from_row(row)
+        for k in range(int(row.repeats)):
+            yield row, case, k, records_path(out_dir, case, k)
 
 
 def keep_records(records: Mapping[str, Any], path: str) -> None:

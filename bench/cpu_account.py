@@ -25,7 +25,6 @@ and in what (docs/validation.md, twentieth session)::
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import sys
 from collections import Counter
@@ -111,31 +110,23 @@ def main() -> int:
     ap.add_argument("out", help="a sim validate output folder")
     ap.add_argument("prefix", help="cases whose id starts with this (p3-mlp_medium-200Mbps)")
     args = ap.parse_args()
-    import pandas as pd
+    from analysis.validate import kept_repeats, load_records, measured_case_config
 
-    from analysis.validate import case_from_row, load_records, measured_case_config, table_path
-
-    table = pd.read_parquet(table_path(args.out))
-    for _, row in table.iterrows():
-        if row.status != "ok" or not row.point_id.startswith(args.prefix):
-            continue
-        case = case_from_row(row)
-        for k in range(int(row.repeats)):
-            (path,) = glob.glob(os.path.join(args.out, "real", f"{row.point_id}-r{k}.json.gz"))
-            real = real_account(load_records(path))
-            config = measured_case_config(case, args.out, k, None)
-            sim_s, charged = simulated_account(config)
-            print(
-                f"{row.point_id} r{k}: real {real['iteration_s'] * 1e3:.0f} ms an iteration, "
-                f"machine busy {real['busy']:.2f} core-s (user {real['user']:.2f}, system "
-                f"{real['system']:.2f}, softirq {real['softirq']:.2f}; idle "
-                f"{real['idle']:.2f}), processes {real['processes']:.2f}, beyond "
-                f"{real['beyond']:+.2f}"
-            )
-            kinds = ("message ends", "link work", "threads")
-            shares = ", ".join(f"{kind} {charged[kind]:.2f}" for kind in kinds)
-            pad = " " * len(row.point_id)
-            print(f"{pad}     simulated {sim_s * 1e3:.0f} ms, charged {shares} core-s")
+    for row, case, k, path in kept_repeats(args.out, args.prefix):
+        real = real_account(load_records(path))
+        config = measured_case_config(case, args.out, k, None)
+        sim_s, charged = simulated_account(config)
+        print(
+            f"{row.point_id} r{k}: real {real['iteration_s'] * 1e3:.0f} ms an iteration, "
+            f"machine busy {real['busy']:.2f} core-s (user {real['user']:.2f}, system "
+            f"{real['system']:.2f}, softirq {real['softirq']:.2f}; idle "
+            f"{real['idle']:.2f}), processes {real['processes']:.2f}, beyond "
+            f"{real['beyond']:+.2f}"
+        )
+        kinds = ("message ends", "link work", "threads")
+        shares = ", ".join(f"{kind} {charged[kind]:.2f}" for kind in kinds)
+        pad = " " * len(row.point_id)
+        print(f"{pad}     simulated {sim_s * 1e3:.0f} ms, charged {shares} core-s")
     return 0
 
 

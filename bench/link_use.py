@@ -26,7 +26,6 @@ low ``inbound``. docs/validation.md (twenty-first session) has what this found f
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import statistics
 import sys
@@ -109,35 +108,29 @@ def main() -> int:
     ap.add_argument("out", help="a sim validate output folder")
     ap.add_argument("prefix", help="cases whose id starts with this (p3-mlp_medium-200Mbps)")
     args = ap.parse_args()
-    import pandas as pd
-
     from analysis.resolve import load_preset
-    from analysis.validate import case_from_row, load_records, table_path
+    from analysis.validate import kept_repeats, load_records
 
-    table = pd.read_parquet(table_path(args.out))
-    for _, row in table.iterrows():
-        if row.status != "ok" or not row.point_id.startswith(args.prefix):
-            continue
-        case = case_from_row(row)
-        calibration = os.path.join(args.out, "calibration", f"{case.bandwidth}.yaml")
-        goodput = float(load_preset(calibration)["measured"]["fits"]["goodput_bytes_per_s"])
-        print(f"{row.point_id}: goodput {goodput / 1e6:.2f} MB/s ({case.bandwidth} calibration)")
-        for k in range(int(row.repeats)):
-            (path,) = glob.glob(os.path.join(args.out, "real", f"{row.point_id}-r{k}.json.gz"))
-            for h, u in link_use(load_records(path)).items():
-                o, i = u["out_bytes_per_s"], u["in_bytes_per_s"]
-                line = (
-                    f"  r{k} host {h}: out {o / 1e6:5.2f} MB/s ({o / goodput:4.0%}), in "
-                    f"{i / 1e6:5.2f} MB/s ({i / goodput:4.0%})"
+    for row, case, k, path in kept_repeats(args.out, args.prefix):
+        if k == 0:
+            calibration = os.path.join(args.out, "calibration", f"{case.bandwidth}.yaml")
+            fits = load_preset(calibration)["measured"]["fits"]
+            goodput = float(fits["goodput_bytes_per_s"])
+            print(f"{row.point_id}: goodput {goodput / 1e6:.2f} MB/s ({case.bandwidth})")
+        for h, u in link_use(load_records(path)).items():
+            o, i = u["out_bytes_per_s"], u["in_bytes_per_s"]
+            line = (
+                f"  r{k} host {h}: out {o / 1e6:5.2f} MB/s ({o / goodput:4.0%}), in "
+                f"{i / 1e6:5.2f} MB/s ({i / goodput:4.0%})"
+            )
+            if u["inbound"] == u["inbound"]:  # a messenger's spans (not NaN)
+                line += f"; inbound {u['inbound']:4.0%}, senders {u['senders']:4.0%}"
+            if u["arrival_s"] == u["arrival_s"]:
+                line += (
+                    f"; arrival {u['arrival_s'] * 1e3:5.1f} ms "
+                    f"({u['arrival_bytes_per_s'] / 1e6:.1f} MB/s)"
                 )
-                if u["inbound"] == u["inbound"]:  # a messenger's spans (not NaN)
-                    line += f"; inbound {u['inbound']:4.0%}, senders {u['senders']:4.0%}"
-                if u["arrival_s"] == u["arrival_s"]:
-                    line += (
-                        f"; arrival {u['arrival_s'] * 1e3:5.1f} ms "
-                        f"({u['arrival_bytes_per_s'] / 1e6:.1f} MB/s)"
-                    )
-                print(line)
+            print(line)
     return 0
 
 

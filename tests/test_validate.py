@@ -578,6 +578,11 @@ def test_validate_end_to_end_on_an_emulated_cluster(
         assert records["job"]["scheme"] == scheme and len(records["ranks"]) == 2
         rebuilt = va.remeasure(case, out, 0, str(tmp_path / "again"), ensemble).iteration_time_s
         assert rebuilt == pytest.approx(again, rel=1e-9)
+    # the bench scripts walk every kept repeat, or those of the cases a prefix names
+    walked = [(case.case_id, k, path) for _row, case, k, path in va.kept_repeats(out)]
+    assert [(pid, 0) for pid in df["point_id"]] == [(pid, k) for pid, k, _p in walked]
+    assert all(os.path.exists(path) for *_x, path in walked)
+    assert [c.scheme for _r, c, _k, _p in va.kept_repeats(out, "gpipe-")] == ["gpipe"]
     med = float(df["abs_rel_err"].median())
     # the same command with a gate below the error: resumes (nothing runs) and exits 1
     code, stdout, err = run_main(capsys, *args, "--fail-above", f"{med / 2}")
