@@ -8,8 +8,8 @@ as the ranks. At 200 Mbit/s on this 2-core machine, two ranks exchanging 1 MiB m
 both ways at the link's rate took 0.8-0.9 cores from two computing processes, of which
 the ranks' own CPU time was a third (2026-11-25: 6.0-7.0 ns per byte and end beyond the
 ranks'; at 1 Gbit/s 0.3 ns, the bucket then releases many frames per timer, which
-is near what the benchmark can tell from its spinners' noise: a calibration on another
-day of the same week read 0 and 0.06 ns).
+is near what the benchmark can tell from its spinners' noise: a calibration two hours
+later read 0 and 0.06 ns).
 
 The work does not grow in step with the bytes at 200 Mbit/s: two pairs of hosts
 exchanging at once carried 1.9 times the bytes of one pair for 1.5 times the cores
