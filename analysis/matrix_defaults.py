@@ -8,7 +8,17 @@ BATCH = 24
 """Samples per iteration and worker (a pipeline's mini-batch): divisible by 2, 3 and 4."""
 
 ITERATIONS = 4
-"""Measured iterations per real run (and per simulation), after the warm-up ones."""
+"""Measured iterations per real run (and per simulation), after the warm-up ones: at least
+this many (see :data:`MIN_MEASURED_S`)."""
+
+MIN_MEASURED_S = 1.0
+"""Seconds each real run measures at least: a case whose predicted iteration is short makes
+more measured iterations (up to :data:`MAX_ITERATIONS`). One iteration of a pipeline that
+takes 10-40 ms here varies by a quarter from the next (the shared cores' scheduling), so
+the mean of four of them was 20-37% apart between repeats."""
+
+MAX_ITERATIONS = 100
+"""The most measured iterations :data:`MIN_MEASURED_S` asks a run for."""
 
 WARMUP_ITERATIONS = 3
 """Iterations each run makes before it measures."""

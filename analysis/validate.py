@@ -53,6 +53,8 @@ from typing import Any
 from analysis.matrix_defaults import (
     BATCH,
     ITERATIONS,
+    MAX_ITERATIONS,
+    MIN_MEASURED_S,
     RANKS,
     REPEATS,
     SIM_JITTER,
@@ -124,11 +126,16 @@ class Case:
         bandwidth_bytes_per_s: the rate every emulated host link is shaped to.
         ranks: workers (a pipeline's stages; ``ps``/``p3`` add as many servers).
         batch_size: samples per worker per iteration (a pipeline: its mini-batch).
-        iterations: measured iterations.
+        iterations: measured iterations (at least; see ``min_measured_s``).
         warmup_iterations: iterations run first and left out.
         options: scheme options, as ``(key, value)`` pairs.
         input_shape: per-sample input shape of a user model whose callable returns only
             a module (``None`` otherwise).
+        min_measured_s: seconds a real run measures at least: :meth:`planned` asks for
+            more than ``iterations`` when the predicted iteration is short (0: exactly
+            ``iterations``).
+        run_iterations: the measured iterations :meth:`planned` settled on (0 before;
+            not part of the case's identity).
     """
 
     scheme: str
@@ -140,6 +147,23 @@ class Case:
     warmup_iterations: int = WARMUP_ITERATIONS
     options: tuple[tuple[str, Any], ...] = ()
     input_shape: tuple[int, ...] | None = None
+    min_measured_s: float = 0.0
+    run_iterations: int = field(default=0, compare=False)
+
+    @property
+    def measured_iterations(self) -> int:
+        """The iterations its runs and simulations measure: ``run_iterations`` once
+        planned, else ``iterations``."""
+        return self.run_iterations or self.iterations
+
+    def planned(self, predicted_s: float) -> Case:
+        """This case with its measured iterations settled for an iteration predicted to
+        take ``predicted_s``: enough to fill ``min_measured_s``, at least ``iterations``
+        and at most :data:`MAX_ITERATIONS` (or ``iterations`` if that is more)."""
+        n = self.iterations
+        if self.min_measured_s > 0 and predicted_s > 0:
+            n = max(n, min(MAX_ITERATIONS, math.ceil(self.min_measured_s / predicted_s)))
+        return replace(self, run_iterations=n)
 
     @property
     def bandwidth(self) -> str:
@@ -159,7 +183,7 @@ class Case:
     @property
     def case_id(self) -> str:
         """A readable, stable name: scheme, model, bandwidth, ranks, plus a hash of the
-        rest (batch, iterations, options)."""
+        rest (batch, iterations, options, seconds measured; not ``run_iterations``)."""
         key: list[Any] = [
             self.batch_size,
             self.iterations,
@@ -168,6 +192,8 @@ class Case:
         ]
         if self.input_shape is not None:
             key.append(list(self.input_shape))
+        if self.min_measured_s > 0:  # (tables from before it keep their ids)
+            key.append({"min_measured_s": self.min_measured_s})
         rest = json.dumps(key, default=str)
         digest = hashlib.sha256(rest.encode()).hexdigest()[:6]
         model = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.model.rsplit("/", 1)[-1])
@@ -250,6 +276,7 @@ def build_matrix(
     batch_size: int = BATCH,
     iterations: int = ITERATIONS,
     warmup_iterations: int = WARMUP_ITERATIONS,
+    min_measured_s: float = MIN_MEASURED_S,
 ) -> tuple[Case, ...]:
     """The cases of schemes x models x bandwidths, each with a rank count from ``ranks``.
 
@@ -284,6 +311,7 @@ def build_matrix(
         raise ConfigError(
             "iterations", iterations, "batch and iterations must be positive, warm-up >= 0"
         )
+    _check_min_measured(min_measured_s)
     per_scheme: dict[str, list[int]] = {}
     for s in schemes:
         ok = [r for r in ranks if allowed_ranks(s, r) is None]
@@ -312,6 +340,7 @@ def build_matrix(
                         warmup_iterations,
                         _options_for(s, r),
                         None if zoo_model(m) else input_shape,
+                        min_measured_s,
                     )
                     cases.append(case)
     split = math.lcm(*(c.microbatches for c in cases))
@@ -326,12 +355,35 @@ def build_matrix(
     return tuple(dict.fromkeys(cases))
 
 
-def quick_matrix(*, iterations: int = ITERATIONS, batch_size: int = BATCH) -> tuple[Case, ...]:
+def quick_matrix(
+    *,
+    iterations: int = ITERATIONS,
+    batch_size: int = BATCH,
+    min_measured_s: float = MIN_MEASURED_S,
+) -> tuple[Case, ...]:
     """The small matrix of ``--quick`` (:data:`QUICK`)."""
+    _check_min_measured(min_measured_s)
     return tuple(
-        Case(s, m, parse_rate(b), r, batch_size, iterations, WARMUP_ITERATIONS, _options_for(s, r))
+        Case(
+            s,
+            m,
+            parse_rate(b),
+            r,
+            batch_size,
+            iterations,
+            WARMUP_ITERATIONS,
+            _options_for(s, r),
+            min_measured_s=min_measured_s,
+        )
         for s, m, b, r in QUICK
     )
+
+
+def _check_min_measured(min_measured_s: float) -> None:
+    if not (min_measured_s >= 0 and math.isfinite(min_measured_s)):
+        raise ConfigError(
+            "min_measured_s", min_measured_s, "expected seconds >= 0 (0: exactly --iterations)"
+        )
 
 
 # ---- artefacts: calibration and traces -------------------------------------------------
@@ -545,7 +597,7 @@ def sim_config(
         "model": trace_file,
         "topology": topology_file,
         "batch_size": case.batch_size,
-        "iterations": case.iterations,
+        "iterations": case.measured_iterations,
         "warmup_iterations": case.warmup_iterations,
         "compute_scale": 1.0,
         "chunk_bytes": segment_bytes(load_preset(topology_file)),
@@ -648,7 +700,7 @@ def make_job(case: Case, config: Any, *, timeout_s: float = 60.0) -> Any:
         dedicated_servers=dedicated,
         pipeline=pipeline,
         batch_size=case.batch_size,
-        iterations=case.iterations,
+        iterations=case.measured_iterations,
         warmup_iterations=case.warmup_iterations,
         seed=0,
         optimizer=config.optimizer,
@@ -866,6 +918,8 @@ def case_row(
         "batch_size": case.batch_size,
         "microbatches": case.microbatches,
         "iterations": case.iterations,
+        "min_measured_s": case.min_measured_s,
+        "run_iterations": case.measured_iterations,
         "warmup_iterations": case.warmup_iterations,
         "options": json.dumps(dict(case.options), sort_keys=True),
         "repeats": len(reals),
@@ -923,14 +977,22 @@ def run_case(
     ensemble: Ensemble = Ensemble(),
 ) -> dict[str, Any]:
     """Simulate and run ``case``, write its two timelines, and return its row (each real
-    run simulated again as ``ensemble`` says)."""
+    run simulated again as ``ensemble`` says); its measured iterations are planned
+    (:meth:`Case.planned`) on the profile's prediction."""
     from realrun.metrics import spans, summarize
     from simcore.engine import simulate
     from traces.atomic import write_text
 
     trace_file, update = ensure_trace(out_dir, case, topology_file)
-    config = sim_config(case, trace_file, case_topology(out_dir, topology_file, trace_file, update))
+    topology = case_topology(out_dir, topology_file, trace_file, update)
+    config = sim_config(case, trace_file, topology)
     result = simulate(config)
+    # as many measured iterations as fill the case's seconds at the predicted time
+    planned = case.planned(result.iteration_time_s)
+    if planned.measured_iterations != case.measured_iterations:
+        config = sim_config(planned, trace_file, topology)
+        result = simulate(config)
+    case = planned
     sim = result.to_dict()
     job = make_job(case, config)
     records = runner(job, case.bandwidth_bytes_per_s, repeats)
@@ -950,7 +1012,7 @@ def run_case(
     # the first iteration (the warm-up's all-reduces split differently by a byte or two).
     # Gossip keeps whole-run totals, from which its shuffled labels are taken out.
     if case.scheme != "gossip" or result.simulated_iterations != (
-        case.iterations + case.warmup_iterations
+        case.measured_iterations + case.warmup_iterations
     ):
         sim["measured_bytes_by_link"] = measured_links_sim(result)
         for real, rec in zip(reals, records, strict=True):
@@ -1077,7 +1139,14 @@ def stages_path(measured_trace: str) -> str:
 
 def case_from_row(row: Mapping[str, Any]) -> Case:
     """The case of a table row (the scheme options in their stored order; a user
-    model's ``--input-shape`` is not in the table, so such a case gets another id)."""
+    model's ``--input-shape`` is not in the table, so such a case gets another id),
+    with the iterations its runs measured (tables from before 2026-11-25 have neither
+    ``min_measured_s`` nor ``run_iterations``: exactly ``iterations``)."""
+
+    def number(key: str) -> float:
+        value = row.get(key)
+        return 0.0 if value is None or value != value else float(value)  # absent or NaN
+
     return Case(
         str(row["scheme"]),
         str(row["model"]),
@@ -1087,6 +1156,8 @@ def case_from_row(row: Mapping[str, Any]) -> Case:
         int(row["iterations"]),
         int(row["warmup_iterations"]),
         tuple(json.loads(row["options"]).items()),
+        min_measured_s=number("min_measured_s"),
+        run_iterations=int(number("run_iterations")),
     )
 
 
@@ -1475,6 +1546,12 @@ def timeline_figure(real_trace: Mapping[str, Any], sim_trace: Mapping[str, Any],
     return fig
 
 
+def _iterations(row: Mapping[str, Any]) -> str:
+    """A row's measured iterations per run (tables before 2026-11-25: ``iterations``)."""
+    run = row.get("run_iterations")
+    return str(int(run if run is not None and run == run else row["iterations"]))
+
+
 def _fmt_ms(v: Any) -> str:
     return f"{1e3 * float(v):.1f}"
 
@@ -1576,8 +1653,9 @@ def write_report(
         ),
         "",
         "Relative error is (simulated - measured) / measured, measured being the median of "
-        "the repeated real runs; spread is (max - min) / median over those runs. "
-        + _ensemble_note(ok),
+        "the repeated real runs; spread is (max - min) / median over those runs, each "
+        "run's time the mean of its measured iterations (the column iterations: enough "
+        "for the run to measure its case's seconds at the predicted time). " + _ensemble_note(ok),
         "",
     ]
     if ok:
@@ -1611,6 +1689,7 @@ def write_report(
                     "model",
                     "bandwidth",
                     "ranks",
+                    "iterations",
                     "measured ms (min-max)",
                     "simulated ms (min-max)",
                     "error",
@@ -1626,6 +1705,7 @@ def write_report(
                         r["model"],
                         r["bandwidth"],
                         str(r["ranks"]),
+                        _iterations(r),
                         f"{_fmt_ms(r['real_iteration_time_s'])} "
                         f"({_fmt_ms(r['real_iteration_time_min_s'])}-"
                         f"{_fmt_ms(r['real_iteration_time_max_s'])})",

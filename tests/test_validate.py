@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,40 @@ def test_every_rank_takes_the_cross_product() -> None:
     ]
 
 
+def test_a_case_plans_enough_iterations_to_fill_its_seconds() -> None:
+    case = va.Case("gpipe", "mlp_medium", 125e6, 2, iterations=4, min_measured_s=1.0)
+    assert case.measured_iterations == 4  # before planning: as asked
+    assert case.planned(0.02).measured_iterations == 50  # 50 x 20 ms = 1 s
+    assert case.planned(0.03).measured_iterations == 34  # rounded up: 1.02 s
+    assert case.planned(0.5).measured_iterations == 4  # 2 s in four already
+    assert case.planned(1e-4).measured_iterations == va.MAX_ITERATIONS
+    many = replace(case, iterations=va.MAX_ITERATIONS + 20)
+    assert many.planned(1e-4).measured_iterations == va.MAX_ITERATIONS + 20
+    exact = replace(case, min_measured_s=0.0)
+    assert exact.planned(0.001).measured_iterations == 4
+    # the plan is not part of the case's identity, the seconds are
+    assert case.planned(0.02).case_id == case.case_id and case.planned(0.02) == case
+    assert exact.case_id != case.case_id
+    # ids of tables written before the seconds existed (2026-11-24 runs) are kept
+    assert va.Case("dp", "mlp_medium", 25e6, 2).case_id == "dp-mlp_medium-200Mbps-2r-b95b22"
+    assert all(c.min_measured_s == va.MIN_MEASURED_S > 0 for c in va.build_matrix())
+    assert all(c.min_measured_s == va.MIN_MEASURED_S for c in va.quick_matrix())
+
+
+def test_a_row_gives_back_its_case_with_the_planned_iterations() -> None:
+    case = va.Case("dp", "mlp_medium", 125e6, 2, min_measured_s=1.0).planned(0.05)
+    sim = _result(0.05, [0.5, 0.5], SIM_LINKS, 4.0)
+    row = va.case_row(case, sim, [_result(0.05, [0.5, 0.5], REAL_LINKS, 4.0)])
+    assert (row["iterations"], row["run_iterations"], row["min_measured_s"]) == (4, 20, 1.0)
+    again = va.case_from_row(row)
+    assert again.case_id == case.case_id and again.measured_iterations == 20
+    # a row of a table from before: exactly its iterations, and its old id
+    old = {k: v for k, v in row.items() if k not in ("run_iterations", "min_measured_s")}
+    assert va.case_from_row(old).measured_iterations == 4
+    assert va.case_from_row(old).case_id == replace(case, min_measured_s=0.0).case_id
+    assert va.case_from_row(dict(old, run_iterations=float("nan"))).measured_iterations == 4
+
+
 def test_bandwidth_labels() -> None:
     assert va.bandwidth_label(125e6) == "1Gbps"
     assert va.bandwidth_label(25e6) == "200Mbps"
@@ -87,6 +122,8 @@ def test_bandwidth_labels() -> None:
         ({"schemes": ["gossip"], "ranks": [3]}, "ranks", "power of two"),
         ({"models": ["resnet9000"]}, "models", "zoo model"),
         ({"batch_size": 10}, "batch_size", "multiple of 12"),
+        ({"min_measured_s": -1.0}, "min_measured_s", "seconds >= 0"),
+        ({"min_measured_s": float("nan")}, "min_measured_s", "seconds >= 0"),
     ],
 )
 def test_bad_matrix_names_the_setting(kwargs: dict, field: str, words: str) -> None:
@@ -129,6 +166,8 @@ def test_user_models_pass_through_resolved(tmp_path: Path) -> None:
         (["--repeats", "0"], "--repeats"),
         (["--sim-seeds", "0"], "--sim-seeds: 0"),
         (["--sim-jitter", "1.5"], "--sim-jitter: 1.5"),
+        (["--min-measured-s", "-2"], "--min-measured-s: -2.0"),
+        (["--quick", "--min-measured-s", "-2"], "--min-measured-s: -2.0"),
     ],
 )
 def test_cli_bad_input_is_one_line(capsys: Any, args: list[str], words: str) -> None:
@@ -527,7 +566,8 @@ def test_validate_end_to_end_on_an_emulated_cluster(
     args = [
         "validate", "--schemes", "dp,gpipe", "--models", "mlp_medium", "--bandwidths",
         "1Gbps", "--ranks", "2", "--repeats", "1", "--iterations", "2",
-        "--calibration", "netns", "--out", out, "--no-progress", "--sim-seeds", "3",
+        "--min-measured-s", "0.3", "--calibration", "netns", "--out", out, "--no-progress",
+        "--sim-seeds", "3",
     ]  # fmt: skip
     code, stdout, err = run_main(capsys, *args, "--fail-above", "100")
     assert code == 0, err
@@ -576,6 +616,13 @@ def test_validate_end_to_end_on_an_emulated_cluster(
         # the run's records are kept, and read again they give the same simulation
         records = va.load_records(va.records_path(out, case, 0))
         assert records["job"]["scheme"] == scheme and len(records["ranks"]) == 2
+        # the run measured the iterations planned to fill 0.3 s at the predicted time
+        # (at least --iterations), and its simulations as many
+        planned = int(by.loc[scheme, "run_iterations"])
+        assert records["job"]["iterations"] == case.measured_iterations == planned >= 2
+        assert config.iterations == planned
+        predicted = case.planned(float(by.loc[scheme, "sim_profiled_iteration_time_s"]))
+        assert abs(predicted.measured_iterations - planned) <= max(1, planned // 10)
         rebuilt = va.remeasure(case, out, 0, str(tmp_path / "again"), ensemble).iteration_time_s
         assert rebuilt == pytest.approx(again, rel=1e-9)
     # the bench scripts walk every kept repeat, or those of the cases a prefix names
@@ -583,6 +630,8 @@ def test_validate_end_to_end_on_an_emulated_cluster(
     assert [(pid, 0) for pid in df["point_id"]] == [(pid, k) for pid, k, _p in walked]
     assert all(os.path.exists(path) for *_x, path in walked)
     assert [c.scheme for _r, c, _k, _p in va.kept_repeats(out, "gpipe-")] == ["gpipe"]
+    # gpipe's iteration of four micro-batches is short: more than two measured
+    assert int(by.loc["gpipe", "run_iterations"]) > 2
     med = float(df["abs_rel_err"].median())
     # the same command with a gate below the error: resumes (nothing runs) and exits 1
     code, stdout, err = run_main(capsys, *args, "--fail-above", f"{med / 2}")

@@ -10,7 +10,15 @@ from typing import Any
 
 import click
 
-from analysis.matrix_defaults import BATCH, ITERATIONS, REPEATS, SIM_JITTER, SIM_SEEDS
+from analysis.matrix_defaults import (
+    BATCH,
+    ITERATIONS,
+    MAX_ITERATIONS,
+    MIN_MEASURED_S,
+    REPEATS,
+    SIM_JITTER,
+    SIM_SEEDS,
+)
 from dtsim.cli.errors import BadInput
 from dtsim.cli.output import table
 
@@ -70,7 +78,16 @@ from dtsim.cli.output import table
     type=int,
     default=ITERATIONS,
     show_default=True,
-    help="Measured iterations per run (after the warm-up iterations).",
+    help="Measured iterations per run (after the warm-up iterations), at least; see "
+    "--min-measured-s.",
+)
+@click.option(
+    "--min-measured-s",
+    type=float,
+    default=MIN_MEASURED_S,
+    show_default=True,
+    help="Seconds each run measures at least: a case predicted to iterate faster makes "
+    f"more measured iterations (up to {MAX_ITERATIONS}); 0: exactly --iterations.",
 )
 @click.option(
     "--batch-size",
@@ -134,6 +151,7 @@ def validate(
     every_rank: bool,
     repeats: int,
     iterations: int,
+    min_measured_s: float,
     batch_size: int,
     out: str,
     calibration: str | None,
@@ -192,7 +210,9 @@ def validate(
                 f"--quick: it has its own matrix and takes no {given[0]}; "
                 "drop --quick to choose the matrix"
             )
-        cases = va.quick_matrix(iterations=iterations, batch_size=batch_size)
+        cases = va.quick_matrix(
+            iterations=iterations, batch_size=batch_size, min_measured_s=min_measured_s
+        )
     else:
         rank_list = []
         for text in va.parse_list("ranks", ranks or ",".join(map(str, va.RANKS))):
@@ -215,6 +235,7 @@ def validate(
             input_shape=shape,
             batch_size=batch_size,
             iterations=iterations,
+            min_measured_s=min_measured_s,
         )
     if dry_run:
         click.echo(f"{len(cases)} case{'s' if len(cases) != 1 else ''}:")
@@ -235,6 +256,7 @@ def validate(
         input_shape,
         repeats,
         iterations,
+        min_measured_s,
         batch_size,
         out,
         calibration,
@@ -312,6 +334,7 @@ def _command_line(
     input_shape: str | None,
     repeats: int,
     iterations: int,
+    min_measured_s: float,
     batch_size: int,
     out: str,
     calibration: str | None,
@@ -335,6 +358,8 @@ def _command_line(
         str(repeats),
         "--iterations",
         str(iterations),
+        "--min-measured-s",
+        f"{min_measured_s:g}",
         "--batch-size",
         str(batch_size),
         "--out",
