@@ -550,8 +550,9 @@ def case_topology(
     """The calibrated preset with the optimizer step's cost measured with the trace (its
     memory bandwidth and fixed overhead, :func:`realrun.metrics.update_cost`) and, where
     ``update`` has them, SpecTrain's fixed cost of a weight prediction
-    (``predict_overhead_s``), the messaging CPU per message (``p2p_message_cpu_s``) and
-    the sending thread's hold per ``isend`` (``isend_s``) measured in the same run; next
+    (``predict_overhead_s``), the messaging CPU per message (``p2p_message_cpu_s``),
+    the sending thread's hold per ``isend`` (``isend_s``) and a pipeline's transport
+    threads' CPU per message end (``posted_cpu_s``) measured in the same run; next
     to the trace; the calibration itself is left as measured."""
     from analysis.resolve import load_preset
 
@@ -563,7 +564,7 @@ def case_topology(
     }
     if "predict_overhead_s" in update:
         preset["gpu"]["predict_overhead"] = f"{update['predict_overhead_s'] * 1e6:.6g}us"
-    for key in ("p2p_message_cpu_s", "isend_s"):
+    for key in ("p2p_message_cpu_s", "isend_s", "posted_cpu_s"):
         if key in update:
             preset["host"] = {**dict(preset.get("host") or {}), key: float(update[key])}
     stem = os.path.basename(topology_file).removesuffix(".yaml")
@@ -1068,6 +1069,7 @@ def simulate_measured(
     from realrun.metrics import (
         isend_overhead_s,
         messenger_cpu_s_per_message,
+        posted_cpu_s_per_end,
         predict_overhead_s,
         server_step_overhead_s,
         trace_from_run,
@@ -1116,6 +1118,11 @@ def simulate_measured(
     )
     if isend is not None:
         update["isend_s"] = isend
+    posted = posted_cpu_s_per_end(
+        records, float(host.get("message_cpu_s", 0.0)), float(host.get("copy_cpu_s_per_byte", 0.0))
+    )
+    if posted is not None:
+        update["posted_cpu_s"] = posted
     topology = case_topology(out_dir, calibration, path, update)
     if not job.pipeline:
         return simulate_ensemble(sim_config(case, path, topology), ensemble)

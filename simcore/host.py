@@ -423,7 +423,8 @@ class CommCpu:
         on_thread: bool = False,
     ) -> tuple[int, Callable[[Callable[[], None]], None]]:
         """Queue the CPU work of one message (each end ``extra_s`` more; with
-        ``on_thread`` the sending end's on ``src``'s rank thread); returns how many
+        ``on_thread`` the sending end's on ``src``'s rank thread, and each end's
+        ``HostSpec.posted_cpu_s`` beside it, waited for by nobody); returns how many
         completions (the wire's included) its delivery waits for, and a function that
         starts the tasks with the callback to call on each completion."""
         spec = self.spec
@@ -434,6 +435,9 @@ class CommCpu:
         def start(on_one: Callable[[], None]) -> None:
             if thread is not None:  # the runtime's own code around the write too
                 thread.submit(send_s + spec.isend_s, None, lambda _end: on_one())
+                if spec.posted_cpu_s > 0:  # the transport's threads at both ends
+                    self.pool_of(src).run(spec.posted_cpu_s, _nothing)
+                    self.pool_of(dst).run(spec.posted_cpu_s, _nothing)
             else:
                 self.pool_of(src).run(send_s, on_one)
             self.pool_of(dst).run(recv_s, on_one)

@@ -113,6 +113,12 @@ class HostSpec:
             an ``isend`` whose bytes that thread writes itself (pipelines' and gossip's
             messages, ``on_thread`` in :meth:`simcore.network.DetailedNetwork.send`).
             ``sim validate`` measures it in each run (the main threads' send spans).
+        posted_cpu_s: CPU seconds each end of a message that a rank's own thread hands
+            to the transport (the pipelines' and gossip's ``isend``) costs the
+            transport's threads beyond ``message_cpu``: runnable on the end's cores,
+            waited for by nobody (what gloo's threads spend reading and writing the
+            sockets besides the calibrated copies). ``sim validate`` measures it in each
+            pipeline run (its processes' CPU outside their main threads); 0: none.
         wakeup_s: how long a thread a message wakes waits for a core when every core of
             its machine computes, per computing thread per core: a time-slicing
             scheduler lets the running threads go on to the end of their slices first,
@@ -149,6 +155,7 @@ class HostSpec:
     p2p_message_cpu_s: float = 0.0
     p2p_copy_cpu_s_per_byte: float = 0.0
     isend_s: float = 0.0
+    posted_cpu_s: float = 0.0
     wakeup_s: float = 0.0
     balance_s: float = 0.0
     link_cpu_s_per_byte: float = 0.0
@@ -737,6 +744,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         "p2p_message_cpu_s",
         "p2p_copy_cpu_s_per_byte",
         "isend_s",
+        "posted_cpu_s",
         "wakeup_s",
         "balance_s",
         "link_cpu_s_per_byte",
@@ -751,6 +759,9 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
     isend_s = float(d.get("isend_s", 0.0))
     if not isend_s >= 0 or math.isinf(isend_s):
         raise ValueError(f"host.isend_s must be seconds, 0 or more; got {isend_s!r}")
+    posted_cpu_s = float(d.get("posted_cpu_s", 0.0))
+    if not posted_cpu_s >= 0 or math.isinf(posted_cpu_s):
+        raise ValueError(f"host.posted_cpu_s must be seconds, 0 or more; got {posted_cpu_s!r}")
     balance_s = float(d.get("balance_s", 0.0))
     if not balance_s >= 0 or math.isinf(balance_s):
         raise ValueError(f"host.balance_s must be seconds, 0 or more; got {balance_s!r}")
@@ -772,6 +783,7 @@ def _host_spec(d: Mapping[str, Any]) -> HostSpec:
         p2p_message_cpu_s=float(d.get("p2p_message_cpu_s", 0.0)),
         p2p_copy_cpu_s_per_byte=float(d.get("p2p_copy_cpu_s_per_byte", 0.0)),
         isend_s=isend_s,
+        posted_cpu_s=posted_cpu_s,
         wakeup_s=wakeup_s,
         balance_s=balance_s,
         **link_cpu,

@@ -385,6 +385,7 @@ def test_cpu_devices_are_not_called_gpus():
         ({"host": {"cores": 2, "speed": 3}}, "unknown key 'speed'"),
         ({"host": {"cores": 2, "wakeup_s": -1e-3}}, "host.wakeup_s"),
         ({"host": {"cores": 2, "isend_s": -1e-3}}, "host.isend_s"),
+        ({"host": {"cores": 2, "posted_cpu_s": -1e-3}}, "host.posted_cpu_s"),
         ({"host": {"cores": 2, "balance_s": -1e-3}}, "host.balance_s"),
         ({"host": {"cores": 2, "link_cpu_s_per_byte": -1e-9}}, "host.link_cpu_s_per_byte"),
         ({"gpu": {"kind": "tpu"}}, "gpu.kind 'tpu'"),
@@ -665,6 +666,48 @@ def test_a_send_the_ranks_own_thread_writes_does_not_wait_to_wake_up():
     assert start == 0.0
     start, _arrived, _next = _isend(False, 2)
     assert start == pytest.approx(3e-3)
+
+
+def test_the_transport_threads_cpu_of_a_posted_send_takes_cores_and_holds_no_one():
+    """``host.posted_cpu_s`` (a pipeline's gloo threads beyond the calibrated copies) is
+    work on both ends' cores that nobody waits for: with a core for every thread the
+    message leaves, arrives and the rank's next compute ends when they did without it,
+    and the cores did exactly twice that much more work (the two ends share a machine
+    here); a message a communication
+    thread writes (not posted) costs none of it. On a machine whose cores are full it
+    slows a pipeline down, never speeds it up."""
+    from simcore.engine import cpu_pools
+    from simcore.network import DetailedNetwork
+
+    def one(on_thread: bool, posted_s: float) -> tuple[float, float, float, float]:
+        p = preset(cores=4, message_cpu_s=2e-6, copy_cpu_s_per_byte=1e-9,
+                   posted_cpu_s=posted_s)  # fmt: skip
+        p["network"] = {
+            k: v for k, v in p["network"].items() if k not in ("burst", "peak_bandwidth")
+        }
+        topo = build_topology(TopologySpec(p, 2))
+        env = Environment()
+        net = DetailedNetwork(env, topo, chunk_bytes=64 << 10)
+        pool_of = cpu_pools(env, topo)
+        g = topo.gpus
+        rank0 = CpuStream(pool_of(g[0]))
+        net.cpu = CommCpu(topo.host_spec, pool_of, {g[0]: rank0})
+        got: dict[str, float] = {}
+        msg = net.send(g[0], g[1], MB, lambda m: got.setdefault("arrived", env.now), p2p=False,
+                       on_thread=on_thread)  # fmt: skip
+        rank0.submit(1e-3, ("forward", "next", 0, 0, -1), lambda end: got.setdefault("next", end))
+        env.run(until=0.5)
+        busy = sum(pool.busy_s for pool in {id(pool_of(d)): pool_of(d) for d in g[:2]}.values())
+        return msg.start_s, got["arrived"], got["next"], busy
+
+    *times, busy = one(True, 0.0)
+    *times_posted, busy_posted = one(True, 4e-4)
+    assert times_posted == times
+    assert busy_posted - busy == pytest.approx(2 * 4e-4)
+    assert one(False, 4e-4) == one(False, 0.0)
+    base = preset(cores=1)
+    slow = dict(base, host={**base["host"], "posted_cpu_s": 2e-3})
+    assert run(slow, 2, "pipedream").iteration_time_s > run(base, 2, "pipedream").iteration_time_s
 
 
 # ---- compute jitter on CPU hosts -------------------------------------------------------

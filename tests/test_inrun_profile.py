@@ -11,6 +11,7 @@ import pytest
 from realrun.metrics import (
     UpdateCost,
     isend_overhead_s,
+    posted_cpu_s_per_end,
     predict_overhead_s,
     server_step_overhead_s,
     trace_from_run,
@@ -88,6 +89,36 @@ def test_a_pipelines_sends_are_the_threads_hold_not_the_next_layers():
     assert [x.forward_s for x in trace_from_run(dp, base()).layers] == pytest.approx([0.1, 0.2])
     assert isend_overhead_s(dp, base(), 0.01, 1e-5) is None
     assert isend_overhead_s(records(spans[:1]), base(), 0.01, 1e-5) is None  # no sends
+
+
+def test_a_pipelines_transport_threads_cpu_is_its_processes_beyond_main_threads():
+    """``posted_cpu_s_per_end``: over the measured iterations (1 and 2 after one of
+    warm-up), the workers' process clocks less their main threads' (0.5 + 0.3 s), less
+    what the simulator charges each received message (0.01 s + 1e-5 s a byte), over
+    every message end (two sends, three receives): (0.8 - 3 x 0.02) / 5."""
+
+    def msg(stream, it, nbytes=1000):
+        return ["r0", stream, stream, "act mb0.0", 1.0 * it, 1.0 * it + 0.1, it, -1, 0, nbytes, 7]
+
+    def rank(proc, main, spans):
+        return {"role": "worker", "spans": spans,
+                "cpu_at_end": {"0": 1.0, "2": 1.0 + proc},
+                "main_cpu_at_end": {"0": 0.5, "2": 0.5 + main}}  # fmt: skip
+
+    run = records([])
+    run["job"]["iterations"] = 2
+    sent = [msg("send", 0), msg("send", 1), msg("send", 2), msg("send", 3)]  # 0, 3: outside
+    got = [msg("recv", 1), msg("recv", 1), msg("recv", 2), msg("recv", 3)]
+    run["ranks"] = [rank(1.5, 1.0, sent), rank(2.0, 1.7, got)]
+    expected = (0.8 - 3 * (0.01 + 1e-5 * 1000)) / 5
+    assert posted_cpu_s_per_end(run, 0.01, 1e-5) == pytest.approx(expected)
+    assert posted_cpu_s_per_end(run, 1.0, 0.0) == 0.0  # never negative
+    dp = dict(run, job=dict(run["job"], scheme="dp"))
+    assert posted_cpu_s_per_end(dp, 0.01, 1e-5) is None  # not a pipeline
+    old = dict(run, ranks=[dict(r, main_cpu_at_end={}) for r in run["ranks"]])
+    assert posted_cpu_s_per_end(old, 0.01, 1e-5) is None  # recorded before the clocks
+    quiet = dict(run, ranks=[dict(r, spans=[]) for r in run["ranks"]])
+    assert posted_cpu_s_per_end(quiet, 0.01, 1e-5) is None  # no messages
 
 
 def test_a_rank_that_waited_for_a_core_is_charged_its_cpu_time():
