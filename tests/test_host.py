@@ -611,18 +611,18 @@ def test_link_cpu_makes_a_link_bound_exchange_cost_cpu_but_not_time():
 
 # ---- sends a rank's own thread writes (isend) ---------------------------------------------
 def _isend(
-    on_thread: bool, busy: int, isend_s: float = 0.0, cores: int = 2
-) -> tuple[float, float, float]:
+    on_thread: bool, busy: int, isend_s: float = 0.0, cores: int = 2, posted_cpu_s: float = 0.0
+) -> tuple[float, float, float, float]:
     """Two CPU hosts on ``cores`` shared cores (2 us per message and 1 ns per byte each end, a 3 ms
     wake-up): ``busy`` threads compute throughout, then rank 0 sends 1 MB to rank 1
     (``on_thread``: from its own thread, as a pipeline's ``isend``) and queues 1 ms of
-    compute on its thread right after. Returns when the message left, when it arrived
-    and when that compute ended."""
+    compute on its thread right after. Returns when the message left, when it arrived,
+    when that compute ended, and the core-seconds of work the machines did."""
     from simcore.engine import cpu_pools
     from simcore.network import DetailedNetwork
 
     p = preset(cores=cores, message_cpu_s=2e-6, copy_cpu_s_per_byte=1e-9, wakeup_s=3e-3,
-               isend_s=isend_s)  # fmt: skip
+               isend_s=isend_s, posted_cpu_s=posted_cpu_s)  # fmt: skip
     p["network"] = {k: v for k, v in p["network"].items() if k not in ("burst", "peak_bandwidth")}
     topo = build_topology(TopologySpec(p, 2))
     env = Environment()
@@ -638,7 +638,8 @@ def _isend(
                    on_thread=on_thread)  # fmt: skip
     rank0.submit(1e-3, ("forward", "next", 0, 0, -1), lambda end: got.setdefault("next", end))
     env.run(until=0.5)
-    return msg.start_s, got["arrived"], got["next"]
+    busy = sum(pool.busy_s for pool in {id(pool_of(d)): pool_of(d) for d in g[:2]}.values())
+    return msg.start_s, got["arrived"], got["next"], busy
 
 
 @pytest.mark.parametrize("isend_s", [0.0, 2e-4])
@@ -650,10 +651,10 @@ def test_a_send_the_ranks_own_thread_writes_holds_it_for_the_messages_cpu(isend_
     instead, the next compute runs alongside. The message arrives no earlier either way
     (its delivery waits for the sending end's CPU both ways)."""
     hold = 2e-6 + MB * 1e-9 + isend_s
-    start, arrived, after = _isend(True, 0, isend_s, cores=3)
+    start, arrived, after, _busy = _isend(True, 0, isend_s, cores=3)
     assert start == 0.0 and after == pytest.approx(hold + 1e-3)
     assert arrived >= hold
-    start, arrived_pool, after = _isend(False, 0, isend_s, cores=3)
+    start, arrived_pool, after, _busy = _isend(False, 0, isend_s, cores=3)
     assert start == 0.0 and after == pytest.approx(1e-3)
     assert arrived_pool == pytest.approx(arrived) or arrived_pool < arrived
 
@@ -662,9 +663,9 @@ def test_a_send_the_ranks_own_thread_writes_does_not_wait_to_wake_up():
     """With compute on both cores a message handed to a communication thread leaves only
     after the wake-up wait (``wakeup_s`` x 2 computing threads / 2 cores = 3 ms, rank 0's
     thread included once it computes); the running rank's own thread writes at once."""
-    start, _arrived, _next = _isend(True, 2)
+    start, *_rest = _isend(True, 2)
     assert start == 0.0
-    start, _arrived, _next = _isend(False, 2)
+    start, *_rest = _isend(False, 2)
     assert start == pytest.approx(3e-3)
 
 
@@ -673,38 +674,13 @@ def test_the_transport_threads_cpu_of_a_posted_send_takes_cores_and_holds_no_one
     work on both ends' cores that nobody waits for: with a core for every thread the
     message leaves, arrives and the rank's next compute ends when they did without it,
     and the cores did exactly twice that much more work (the two ends share a machine
-    here); a message a communication
-    thread writes (not posted) costs none of it. On a machine whose cores are full it
-    slows a pipeline down, never speeds it up."""
-    from simcore.engine import cpu_pools
-    from simcore.network import DetailedNetwork
-
-    def one(on_thread: bool, posted_s: float) -> tuple[float, float, float, float]:
-        p = preset(cores=4, message_cpu_s=2e-6, copy_cpu_s_per_byte=1e-9,
-                   posted_cpu_s=posted_s)  # fmt: skip
-        p["network"] = {
-            k: v for k, v in p["network"].items() if k not in ("burst", "peak_bandwidth")
-        }
-        topo = build_topology(TopologySpec(p, 2))
-        env = Environment()
-        net = DetailedNetwork(env, topo, chunk_bytes=64 << 10)
-        pool_of = cpu_pools(env, topo)
-        g = topo.gpus
-        rank0 = CpuStream(pool_of(g[0]))
-        net.cpu = CommCpu(topo.host_spec, pool_of, {g[0]: rank0})
-        got: dict[str, float] = {}
-        msg = net.send(g[0], g[1], MB, lambda m: got.setdefault("arrived", env.now), p2p=False,
-                       on_thread=on_thread)  # fmt: skip
-        rank0.submit(1e-3, ("forward", "next", 0, 0, -1), lambda end: got.setdefault("next", end))
-        env.run(until=0.5)
-        busy = sum(pool.busy_s for pool in {id(pool_of(d)): pool_of(d) for d in g[:2]}.values())
-        return msg.start_s, got["arrived"], got["next"], busy
-
-    *times, busy = one(True, 0.0)
-    *times_posted, busy_posted = one(True, 4e-4)
+    here); a message a communication thread writes (not posted) costs none of it. On a
+    machine whose cores are full it slows a pipeline down, never speeds it up."""
+    *times, busy = _isend(True, 0, cores=4)
+    *times_posted, busy_posted = _isend(True, 0, cores=4, posted_cpu_s=4e-4)
     assert times_posted == times
     assert busy_posted - busy == pytest.approx(2 * 4e-4)
-    assert one(False, 4e-4) == one(False, 0.0)
+    assert _isend(False, 0, cores=4, posted_cpu_s=4e-4) == _isend(False, 0, cores=4)
     base = preset(cores=1)
     slow = dict(base, host={**base["host"], "posted_cpu_s": 2e-3})
     assert run(slow, 2, "pipedream").iteration_time_s > run(base, 2, "pipedream").iteration_time_s
