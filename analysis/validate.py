@@ -1555,8 +1555,7 @@ def timeline_figure(real_trace: Mapping[str, Any], sim_trace: Mapping[str, Any],
 
 def _iterations(row: Mapping[str, Any]) -> str:
     """A row's measured iterations per run (tables before 2026-11-25: ``iterations``)."""
-    run = row.get("run_iterations")
-    return str(int(run if run is not None and run == run else row["iterations"]))
+    return str(case_from_row(row).measured_iterations)
 
 
 def _fmt_ms(v: Any) -> str:
