@@ -32,3 +32,7 @@ run's simulated iteration time)."""
 
 SIM_JITTER = 0.05
 """Coefficient of variation of each simulated op's CPU work in those simulations."""
+
+FAIL_ABOVE = 0.10
+"""The median |relative error| of iteration time above which ``sim validate`` exits 1 (and
+the test suite's ``--quick`` run fails)."""

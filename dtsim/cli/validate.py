@@ -12,6 +12,7 @@ import click
 
 from analysis.matrix_defaults import (
     BATCH,
+    FAIL_ABOVE,
     ITERATIONS,
     MAX_ITERATIONS,
     MIN_MEASURED_S,
@@ -114,7 +115,7 @@ from dtsim.cli.output import table
 @click.option(
     "--fail-above",
     type=float,
-    default=0.10,
+    default=FAIL_ABOVE,
     show_default=True,
     help="Exit with status 1 when the median |simulated - measured| / measured iteration "
     "time exceeds this.",
