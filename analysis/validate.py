@@ -1507,7 +1507,12 @@ def scatter_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
     ax.set_ylim(lo, hi)
     from matplotlib.ticker import FuncFormatter
 
-    plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+    def label(v: float, _pos: int) -> str:
+        # minor ticks labelled at 2x, 3x and 5x a power of ten only: 6-9 crowd together
+        leading = round(v / 10 ** math.floor(math.log10(v))) if v > 0 else 0
+        return f"{v:g}" if leading in (1, 2, 3, 5) else ""
+
+    plain = FuncFormatter(label)
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_formatter(plain)
         axis.set_minor_formatter(plain)
