@@ -443,16 +443,31 @@ def sharing_delays_s(rate_bytes_per_s: float) -> list[float]:
 def sharing_rows(results: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
     """Per delay of the two-flow benchmark (rank 0's and rank 1's ``sharing`` results):
     the median delay the second flow really started after the first, and the median
-    times, from the first flow's start, until each flow's last byte arrived."""
+    times, from the first flow's start, until each flow's last byte arrived.
+
+    Only the rounds that measured two flows sharing an empty link count: a round whose
+    first flow started before the previous round's last byte arrived (a stalled
+    receiver let the rounds overlap), or whose second flow started only after the first
+    flow's message was through (its thread waited that long for a core), measured
+    something else. A delay none of whose rounds count has no row."""
     sent = next((r["sharing"] for r in results if "first_start_s" in r.get("sharing", {})), None)
     got = next((r["sharing"] for r in results if "first_done_s" in r.get("sharing", {})), None)
     if sent is None or got is None:
         return []
+
+    def counts(k: int) -> bool:
+        link_empty = k == 0 or sent["first_start_s"][k] >= max(
+            got["first_done_s"][k - 1], got["second_done_s"][k - 1]
+        )
+        return link_empty and sent["second_start_s"][k] < got["first_done_s"][k]
+
     rows = []
     skip = int(sent["warmup"])
     plan = sent["delays_s"]
     for d in sorted(set(plan[skip:])):
-        ks = [k for k in range(skip, len(plan)) if plan[k] == d]
+        ks = [k for k in range(skip, len(plan)) if plan[k] == d and counts(k)]
+        if not ks:
+            continue
         a0 = [sent["first_start_s"][k] for k in ks]
         rows.append(
             {
@@ -1864,7 +1879,9 @@ def _two_flows(
 
     ser = max(delays_s) / max(SHARING_DELAYS)  # the first flow's time alone
     period = 2.5 * ser + 0.03
-    plan = [max(delays_s)] * SHARING_WARMUP + [d for d in delays_s for _ in range(repeats)]
+    # the delays take turns, so a stall of the machine spoils rounds of every delay, not
+    # every repeat of one
+    plan = [max(delays_s)] * SHARING_WARMUP + [d for _ in range(repeats) for d in delays_s]
     port = torch.zeros(1, dtype=torch.int64)
     listener = None
     if rank == 0:  # point to point: the other ranks are waiting at a barrier meanwhile

@@ -598,6 +598,34 @@ def test_two_flow_rows_are_medians_after_the_warm_up() -> None:
     assert sharing_rows([{}, {}]) == []
 
 
+def test_two_flow_rows_leave_out_rounds_that_did_not_share_an_empty_link() -> None:
+    """A round that started before the previous round's bytes were through, or whose
+    second flow started after the first flow's message had arrived, measured no two
+    flows sharing an empty link: ``sharing_rows`` leaves it out of the medians, and a
+    delay with no such round out of the rows."""
+    from realrun.calibrate import sharing_rows
+
+    plan = [0.01, 0.002, 0.01, 0.002, 0.01, 0.002, 0.01]
+    first_start = [10.0 * k for k in range(len(plan))]
+    firsts = [0.05, 0.020, 0.030, 0.022, 0.018, 0.024, 0.026]
+    second_done = [t + 0.034 for t in first_start]
+    second_start = [t + d + 1e-4 for t, d in zip(first_start, plan)]
+    second_done[2] = first_start[3] + 0.001  # round 3 starts on round 2's last bytes
+    second_start[4] = first_start[4] + 0.019  # round 4's second flow after its first's
+    sent = {"delays_s": plan, "warmup": 1, "first_start_s": first_start,
+            "second_start_s": second_start}  # fmt: skip
+    got = {"delays_s": plan, "warmup": 1,
+           "first_done_s": [t + f for t, f in zip(first_start, firsts)],
+           "second_done_s": second_done}  # fmt: skip
+    rows = sharing_rows([{"sharing": sent}, {"sharing": got}])
+    # delay 0.002: rounds 1 and 5 (round 3 overlapped), delay 0.01: rounds 2 and 6
+    assert rows[0]["first_s"] == pytest.approx((0.020 + 0.024) / 2)
+    assert rows[1]["first_s"] == pytest.approx((0.030 + 0.026) / 2)
+    # no round of a delay counts: no row for it
+    sent["second_start_s"] = [t + 1.0 for t in first_start]
+    assert sharing_rows([{"sharing": sent}, {"sharing": got}]) == []
+
+
 @pytest.mark.parametrize("rate", [25e6, 125e6])
 def test_the_chunk_keeps_a_calibrated_links_one_way_times(rate: float) -> None:
     """The simulated network's chunk for a calibrated link (``segment_bytes``: 64 KiB
