@@ -34,5 +34,9 @@ SIM_JITTER = 0.05
 """Coefficient of variation of each simulated op's CPU work in those simulations."""
 
 FAIL_ABOVE = 0.10
-"""The median |relative error| of iteration time above which ``sim validate`` exits 1 (and
-the test suite's ``--quick`` run fails)."""
+"""The median |relative error| of the predicted iteration time above which ``sim validate``
+exits 1."""
+
+FAIL_ABOVE_MAX = 0.25
+"""The largest |relative error| of a predicted iteration time above which ``sim validate``
+exits 1."""

@@ -208,17 +208,34 @@ def trace_origin_warnings(
     return out
 
 
+def preset_at_rate(
+    preset: dict[str, Any], bandwidth_bytes_per_s: float | None
+) -> tuple[dict[str, Any], float | None]:
+    """``(preset, bandwidth)`` for a run asked at ``bandwidth_bytes_per_s``: a calibrated
+    preset (``sim calibrate``'s) is moved to that link rate
+    (:func:`realrun.calibrated.at_rate`: the goodput is the measured share of the rate, the
+    host costs stay as measured) and needs no override; any other preset keeps the rate as
+    an override of its network's bandwidth (``None``: the preset's own)."""
+    if bandwidth_bytes_per_s is None:
+        return preset, None
+    from realrun.calibrated import at_rate, is_calibrated
+
+    if is_calibrated(preset):
+        return at_rate(preset, bandwidth_bytes_per_s), None
+    return preset, bandwidth_bytes_per_s
+
+
 def build_config(spec: RunSpec, *, record_spans: bool = True) -> SimConfig:
     """The :class:`SimConfig` for ``spec``; ``ConfigError`` (or a trace error) names any
     bad value and what is allowed."""
     scheme = get_scheme(spec.scheme)
     options = options_from_mapping(scheme.Options, spec.scheme_options, prefix="scheme.")
     trace = resolve_trace(spec.model)
-    preset = load_preset(spec.topology)
+    preset, bandwidth = preset_at_rate(load_preset(spec.topology), spec.bandwidth)
     topo = TopologySpec(
         preset=preset,
         gpus=spec.gpus,
-        bandwidth_bytes_per_s=spec.bandwidth,
+        bandwidth_bytes_per_s=bandwidth,
         nic_per_gpu=spec.nic_per_gpu,
     )
     scale = spec.compute_scale

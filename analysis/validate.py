@@ -3,36 +3,36 @@
 A validation is a *matrix* of :class:`Case`\\ s (scheme x model x link bandwidth x ranks,
 plus batch size and iterations). For each case the harness
 
-1. **calibrates** the emulated cluster once per bandwidth (:func:`realrun.calibrate.calibrate`),
-   all of them before the first case, fits the host's wake-up wait over all of them
-   (:func:`pool_calibrations`) and keeps the fitted topology presets as
-   ``calibration/<bandwidth>.yaml`` in the output folder;
-2. **profiles** the model on this machine once per batch size, as the simulator needs it
-   (a pipeline's trace is profiled at its micro-batch: the simulator scales a trace's
-   times linearly with the batch and divides them among the micro-batches, so a trace of
-   the micro-batch gives each micro-batch pass its measured time), kept as
-   ``traces/<model>-b<batch>.json``;
-3. **simulates** the case in-process on the calibrated preset with that trace (the
-   prediction from the profile, kept in the row);
+1. **calibrates** the emulated cluster (:func:`prepare_calibrations`): once per bandwidth,
+   all of them before the first case, the host's wake-up wait fitted over all of them
+   (:func:`pool_calibrations`); or once at one rate (``calibrate_at``) that every case's
+   rate is predicted from (:func:`realrun.calibrated.at_rate`: the what-if across link
+   rates); or a given calibration file of any age. Kept as ``calibration/<bandwidth>.yaml``;
+2. **profiles** the model on this machine (:func:`ensure_trace`; a pipeline's trace is
+   profiled at its micro-batch), kept as ``traces/...json``;
+3. **predicts** the case (:func:`predict_case`) from the profile and the calibration
+   alone: the **prediction**, the number the validation is judged by. With
+   ``sim validate --predict-only`` every case's prediction is written first, with the
+   commit, the time and the inputs' hashes (:func:`register_predictions`), and a later
+   run of the same folder scores them as written;
 4. **runs it for real** ``repeats`` times on an emulated cluster (network namespaces,
    links shaped to the bandwidth) with the very stages the simulation used (a pipeline's
    plan is made from the same configuration);
-5. **simulates each run again on the compute it measured** (:func:`simulate_measured`:
-   every scheme's runtime records its layers' spans, so a run is also a profile of
-   itself, taken under its own contention at the same minute; this machine's compute
-   drifts faster than a case takes), a few times each with a little compute jitter
-   (:class:`Ensemble`: the mean is the run's prediction, as one deterministic simulation
-   of shared cores can land in either of two modes), and compares the median of those
-   predictions with the median of the runs;
+5. **replays** each run (:func:`simulate_measured`): simulates it again on what that run
+   measured (its layers' spans, its messaging threads' CPU, its send holds), a few
+   times each with a little compute jitter (:class:`Ensemble`). The replay is a
+   diagnostic, not a prediction: where the prediction misses and the replay does not,
+   the inputs (profile, calibration) were wrong, not the model of the system;
 6. appends one row (:func:`case_row`) to the store: measured iteration time (median, min,
-   max and spread over the repeats), the simulated one and the relative error, throughput,
-   bytes per link on both sides and whether they are equal, utilisation and bubble per
-   rank, and ``why`` a case misses.
+   max and spread over the repeats), the predicted one and its error, the replay's and
+   its error, throughput, bytes per link on both sides and whether they are equal,
+   utilisation and bubble per rank, the calibration's age and rate, and ``why`` the
+   replay misses.
 
 Rows live in a :class:`analysis.store.SweepStore` (journal plus table), so an interrupted
 validation loses no finished case and a rerun skips them. :func:`write_report` turns the
-rows into ``validation.parquet``/``.csv``, ``report.md``, a scatter of simulated against
-measured time and per-case side-by-side timelines.
+rows into ``validation.parquet``/``.csv``, ``report.md``, a scatter of predicted (and
+replayed) against measured time and per-case side-by-side timelines.
 
 No click here; ``sim validate`` (:mod:`dtsim.cli.validate`) is the command line.
 """
@@ -576,6 +576,274 @@ def case_topology(
     return path
 
 
+# ---- the prediction ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the simulator says of a case before any of its real runs: from the model's
+    profile (:func:`ensure_trace`) and the cluster's calibration only.
+
+    Attributes:
+        case: the case, its measured iterations planned on this prediction.
+        iteration_time_s: the predicted iteration time.
+        config: the simulated configuration (a pipeline's real run takes its plan).
+        result: the simulation's :class:`~simcore.records.RunResult`.
+        trace_file: the profile the simulation read.
+        topology_file: the case's preset (the calibration plus the profile's step cost).
+        update: the optimizer step's cost measured with the profile.
+    """
+
+    case: Case
+    iteration_time_s: float
+    config: Any
+    result: Any
+    trace_file: str
+    topology_file: str
+    update: Mapping[str, float]
+
+
+def predict_case(case: Case, out_dir: str, calibration: str) -> Prediction:
+    """Predict ``case`` on ``calibration`` (a preset file; one measured at another link
+    rate is moved to the case's, :func:`analysis.resolve.preset_at_rate`) with its model's
+    profile, taken now where ``out_dir`` does not hold it yet; the measured iterations
+    are planned (:meth:`Case.planned`) to fill the case's seconds at the predicted time."""
+    from simcore.engine import simulate
+
+    trace_file, update = ensure_trace(out_dir, case, calibration)
+    topology = case_topology(out_dir, calibration, trace_file, update)
+    config = sim_config(case, trace_file, topology)
+    result = simulate(config)
+    planned = case.planned(result.iteration_time_s)
+    if planned.measured_iterations != case.measured_iterations:
+        config = sim_config(planned, trace_file, topology)
+        result = simulate(config)
+    return Prediction(
+        planned, result.iteration_time_s, config, result, trace_file, topology, update
+    )
+
+
+def prediction_columns(predicted_s: float, measured_s: float) -> dict[str, float]:
+    """A row's prediction columns: the predicted time and its relative error against the
+    measured median (the replay's are ``sim_iteration_time_s`` and ``rel_err``)."""
+    rel = (predicted_s - measured_s) / measured_s if measured_s > 0 else math.inf
+    return {
+        "predicted_iteration_time_s": float(predicted_s),
+        "prediction_rel_err": rel,
+        "abs_prediction_rel_err": abs(rel),
+    }
+
+
+def sha256_file(path: str) -> str:
+    """The SHA-256 of a file's bytes (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def calibration_columns(calibration: str, case_rate_bytes_per_s: float) -> dict[str, Any]:
+    """Where a case's calibration came from: its file, when it was measured, its age now
+    (hours) and the link rate it was measured at (``moved`` when that is not the case's:
+    the what-if :func:`realrun.calibrated.at_rate` makes)."""
+    import datetime
+
+    from analysis.resolve import load_preset, parse_when
+    from realrun.calibrated import calibrated_rate
+
+    preset = load_preset(calibration)
+    measured = preset.get("measured") if isinstance(preset.get("measured"), Mapping) else {}
+    when = parse_when((measured or {}).get("date"))
+    age_h = (
+        (datetime.datetime.now(datetime.UTC) - when).total_seconds() / 3600 if when else math.nan
+    )
+    rate = calibrated_rate(preset)
+    return {
+        "calibration": os.path.abspath(calibration) if os.path.exists(calibration) else calibration,
+        "calibration_date": when.isoformat(timespec="minutes") if when else "",
+        "calibration_age_h": age_h,
+        "calibration_rate": bandwidth_label(rate) if rate else "",
+        "calibration_moved": bool(rate) and not math.isclose(rate, case_rate_bytes_per_s),
+    }
+
+
+PREDICTIONS = "predictions.json"
+"""The registered predictions' file in a validation's output folder."""
+
+
+def predictions_path(out_dir: str) -> str:
+    """Where :func:`register_predictions` writes (and the scoring reads) the predictions."""
+    return os.path.join(out_dir, PREDICTIONS)
+
+
+def source_commit() -> tuple[str | None, bool]:
+    """``(commit, dirty)`` of the git checkout dtsim runs from; ``(None, False)`` when it
+    is not one (an installed package) or git is missing."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(
+            ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0:
+            return None, False
+        status = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None, False
+    return head.stdout.strip(), bool(status.stdout.strip())
+
+
+def load_predictions(out_dir: str) -> dict[str, Any] | None:
+    """The registered predictions of ``out_dir`` (``None`` when it has none);
+    ``ConfigError`` naming the file when it cannot be read."""
+    path = predictions_path(out_dir)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            "out", path, f"the registered predictions cannot be read ({exc})"
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("cases"), dict):
+        raise ConfigError("out", path, "is not a predictions file (no 'cases' mapping)")
+    return data
+
+
+def check_registered(prediction: Prediction, entry: Mapping[str, Any], out_dir: str) -> None:
+    """``ConfigError`` unless ``prediction`` was made from the very files the registered
+    ``entry`` was (profile, case preset and calibration, by SHA-256) and plans the same
+    iterations: a registered prediction is scored as written, never remade on other
+    inputs."""
+    for key, path in (
+        ("trace", prediction.trace_file),
+        ("topology", prediction.topology_file),
+    ):
+        if sha256_file(path) != entry.get(f"{key}_sha256"):
+            raise ConfigError(
+                "out",
+                path,
+                f"changed since the predictions were registered ({entry.get('registered_at')}); "
+                "score them in the folder they were registered in, as it was",
+            )
+    if prediction.case.measured_iterations != int(entry["run_iterations"]):
+        raise ConfigError(
+            "iterations",
+            prediction.case.measured_iterations,
+            f"the registered prediction measures {entry['run_iterations']} iterations; "
+            "score it with the options it was registered with",
+        )
+
+
+def register_predictions(
+    cases: Sequence[Case],
+    out_dir: str,
+    calibrations: Mapping[float, str],
+    *,
+    command: str = "",
+    progress: Callable[[Case, str], None] | None = None,
+) -> dict[str, Any]:
+    """Predict every case before any real run of it and write the predictions, with the
+    commit, the time and the SHA-256 of every input, to ``out_dir/predictions.json``
+    (:func:`predictions_path`) once: a later validation of the same folder scores them
+    as written. ``calibrations``: each link rate's preset file. ``ConfigError`` when the
+    folder already holds registered predictions (they are never rewritten)."""
+    import datetime
+
+    path = predictions_path(out_dir)
+    if os.path.exists(path):
+        raise ConfigError(
+            "out",
+            out_dir,
+            f"already holds registered predictions ({path}); they are never "
+            "rewritten: give another --out",
+        )
+    commit, dirty = source_commit()
+    entries: dict[str, Any] = {}
+    for case in cases:
+        if progress:
+            progress(case, "start")
+        cal = calibrations[case.bandwidth_bytes_per_s]
+        p = predict_case(case, out_dir, cal)
+        sim = p.result.to_dict()
+        entries[case.case_id] = {
+            "case": case.describe(),
+            "iteration_time_s": p.iteration_time_s,
+            "throughput_samples_s": float(sim["throughput_samples_s"]),
+            "comm_bytes_per_iteration": float(sim["comm_bytes_per_iteration"]),
+            "run_iterations": p.case.measured_iterations,
+            "trace": os.path.relpath(p.trace_file, out_dir),
+            "trace_sha256": sha256_file(p.trace_file),
+            "topology": os.path.relpath(p.topology_file, out_dir),
+            "topology_sha256": sha256_file(p.topology_file),
+            "calibration_sha256": sha256_file(cal),
+            **calibration_columns(cal, case.bandwidth_bytes_per_s),
+        }
+        if progress:
+            progress(case, "done")
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    for entry in entries.values():
+        entry["registered_at"] = now
+    data = {
+        "registered_at": now,
+        "commit": commit,
+        "dirty": dirty,
+        "command": command,
+        "cases": entries,
+    }
+    os.makedirs(out_dir, exist_ok=True)
+    write_text(path, json.dumps(data, indent=1, sort_keys=True))
+    return data
+
+
+def prepare_calibrations(
+    cases: Sequence[Case],
+    out_dir: str,
+    *,
+    topology_file: str | None = None,
+    calibrate_at: float | None = None,
+    calibrator: Calibrator = default_calibrator,
+    progress: Callable[[Case, str], None] | None = None,
+) -> dict[float, str]:
+    """The preset file each case's link rate is simulated on: ``topology_file`` for every
+    rate where given (a calibrated one is moved to each case's rate when simulated);
+    else one calibration at ``calibrate_at`` for every rate (the what-if across link
+    rates); else one calibration per rate, all taken before the first case so that the
+    host's wake-up wait is fitted over all of them (:func:`pool_calibrations`). Kept in
+    ``out_dir/calibration/`` and reused."""
+    rates = list(dict.fromkeys(c.bandwidth_bytes_per_s for c in cases))
+    if topology_file is not None:
+        return dict.fromkeys(rates, topology_file)
+    if calibrate_at is not None:
+        if not (calibrate_at > 0 and math.isfinite(calibrate_at)):
+            raise ConfigError("calibrate_at", calibrate_at, "expected a positive link rate")
+        if not os.path.exists(calibration_path(out_dir, calibrate_at)) and progress and cases:
+            progress(replace(cases[0], bandwidth_bytes_per_s=calibrate_at), "calibrate")
+        return dict.fromkeys(rates, ensure_calibration(out_dir, calibrate_at, calibrator))
+    fresh = False
+    calibrations: dict[float, str] = {}
+    for case in cases:
+        rate = case.bandwidth_bytes_per_s
+        if rate in calibrations:
+            continue
+        if not os.path.exists(calibration_path(out_dir, rate)):
+            if progress:
+                progress(case, "calibrate")
+            fresh = True
+        calibrations[rate] = ensure_calibration(out_dir, rate, calibrator)
+    if fresh:
+        pool_calibrations(out_dir)
+    return calibrations
+
+
 # ---- one case ---------------------------------------------------------------------------
 
 
@@ -602,6 +870,9 @@ def sim_config(
         "warmup_iterations": case.warmup_iterations,
         "compute_scale": 1.0,
         "chunk_bytes": segment_bytes(load_preset(topology_file)),
+        # a calibration measured at another rate is moved to the case's
+        # (analysis.resolve.preset_at_rate); at its own rate nothing changes
+        "bandwidth": case.bandwidth_bytes_per_s,
     }
     settings.update({f"scheme.{k}": v for k, v in case.options})
     return build_config(RunSpec().replace(**settings), record_spans=record_spans)
@@ -976,24 +1247,27 @@ def run_case(
     repeats: int,
     runner: RealRunner,
     ensemble: Ensemble = Ensemble(),
+    registered: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Simulate and run ``case``, write its two timelines, and return its row (each real
-    run simulated again as ``ensemble`` says); its measured iterations are planned
-    (:meth:`Case.planned`) on the profile's prediction."""
+    """Predict and run ``case``, write its two timelines, and return its row (each real
+    run also simulated again on its own measurements as ``ensemble`` says: the replay);
+    its measured iterations are planned (:meth:`Case.planned`) on the prediction.
+    ``registered``: the case's entry of the registered predictions
+    (:func:`register_predictions`), scored as written: its inputs must be the files it
+    was made from."""
     from realrun.metrics import spans, summarize
-    from simcore.engine import simulate
     from traces.atomic import write_text
 
-    trace_file, update = ensure_trace(out_dir, case, topology_file)
-    topology = case_topology(out_dir, topology_file, trace_file, update)
-    config = sim_config(case, trace_file, topology)
-    result = simulate(config)
-    # as many measured iterations as fill the case's seconds at the predicted time
-    planned = case.planned(result.iteration_time_s)
-    if planned.measured_iterations != case.measured_iterations:
-        config = sim_config(planned, trace_file, topology)
-        result = simulate(config)
-    case = planned
+    prediction = predict_case(case, out_dir, topology_file)
+    if registered is not None:
+        check_registered(prediction, registered, out_dir)
+    case, config, result, trace_file = (
+        prediction.case,
+        prediction.config,
+        prediction.result,
+        prediction.trace_file,
+    )
+    update = prediction.update
     sim = result.to_dict()
     job = make_job(case, config)
     records = runner(job, case.bandwidth_bytes_per_s, repeats)
@@ -1028,7 +1302,14 @@ def run_case(
     sim["per_gpu_utilization"] = result.per_gpu_utilization
     sim["bubble_fraction"] = result.bubble_fraction
     row = case_row(case, sim, reals)
-    row["sim_profiled_iteration_time_s"] = profiled_s
+    scored_s = float(registered["iteration_time_s"]) if registered else profiled_s
+    row.update(prediction_columns(scored_s, row["real_iteration_time_s"]))
+    row["prediction_source"] = (
+        f"registered {registered['registered_at']}" if registered else "simulated at the run"
+    )
+    row["prediction_now_s"] = profiled_s  # today's simulation of the same inputs
+    row["sim_profiled_iteration_time_s"] = scored_s
+    row.update(calibration_columns(topology_file, case.bandwidth_bytes_per_s))
     row["sim_iteration_times_s"] = _compact([m.iteration_time_s for m in measured])
     every = [t for m in measured for t in m.times_s]
     row["sim_iteration_time_min_s"] = min(every)
@@ -1280,7 +1561,11 @@ class ValidationSummary:
         computed: cases run now.
         failed: cases that raised (their rows hold the error).
         rows: the matrix's rows, in matrix order (finished ones).
-        median_abs_rel_err: median |simulated - measured| / measured of iteration time.
+        prediction_median_abs_rel_err: median |predicted - measured| / measured of
+            iteration time, the prediction made before the runs (the headline).
+        prediction_max_abs_rel_err: the largest of them.
+        median_abs_rel_err: the same of the replay (each run simulated again on what it
+            measured): a diagnostic, not a prediction.
         max_abs_rel_err: the largest of them.
         bytes_exact: cases whose bytes per link equal the simulator's.
         out_dir: where the outputs are.
@@ -1291,6 +1576,8 @@ class ValidationSummary:
     computed: int
     failed: int
     rows: tuple[Mapping[str, Any], ...]
+    prediction_median_abs_rel_err: float
+    prediction_max_abs_rel_err: float
     median_abs_rel_err: float
     max_abs_rel_err: float
     bytes_exact: int
@@ -1314,6 +1601,26 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float, int]:
     return statistics.median(errs), max(errs), sum(bool(r["bytes_exact"]) for r in ok)
 
 
+def summarise_prediction(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
+    """``(median, max)`` of |prediction error| over the ``ok`` rows that have one
+    (``nan`` when none has)."""
+    errs = [
+        abs(float(r["prediction_rel_err"]))
+        for r in rows
+        if r.get("status") == "ok" and _number(r.get("prediction_rel_err"))
+    ]
+    if not errs:
+        return math.nan, math.nan
+    return statistics.median(errs), max(errs)
+
+
+def _number(v: Any) -> bool:
+    try:
+        return not math.isnan(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
 def run_validation(
     cases: Sequence[Case],
     out_dir: str,
@@ -1325,11 +1632,16 @@ def run_validation(
     progress: Callable[[Case, str], None] | None = None,
     command: str = "",
     ensemble: Ensemble = Ensemble(),
+    calibrate_at: float | None = None,
 ) -> ValidationSummary:
     """Run every case of ``cases`` that ``out_dir`` does not hold yet (see module docs),
     appending each row as it finishes, then write the table and the report.
 
-    ``topology_file``: use this preset for every bandwidth instead of calibrating.
+    ``topology_file``: use this preset for every bandwidth instead of calibrating (a
+    calibrated one is moved to each case's link rate); ``calibrate_at``: calibrate once at
+    this rate and move it to every case's (see :func:`prepare_calibrations`).
+    Cases ``out_dir`` holds registered predictions of (:func:`register_predictions`) are
+    scored against them as written; the others are predicted when they run.
     ``runner``: how a job runs for real (default :func:`netns_runner`).
     ``ensemble``: how each real run is simulated again (:class:`Ensemble`).
     ``progress(case, state)``: called with ``"start"``, ``"calibrate"`` (before a new
@@ -1348,24 +1660,23 @@ def run_validation(
     runner = runner or netns_runner()
     skipped = computed = failed = 0
     errors: list[str] = []
-    calibrations: dict[float, str] = {}
+    registered = (load_predictions(out_dir) or {}).get("cases", {})
     with SweepStore(table_path(out_dir)) as store:
         store.first = ("point_id", "status", "scheme", "model", "bandwidth", "ranks")
         todo = [c for c in cases if (store.rows.get(c.case_id) or {}).get("status") != "ok"]
-        # every bandwidth calibrated before the first case, so that the host's
-        # properties can be fitted over all the calibrations (pool_calibrations)
-        fresh = False
+        # a registered case is scored on the calibration it was predicted with
+        calibrations = prepare_calibrations(
+            [c for c in todo if c.case_id not in registered],
+            out_dir,
+            topology_file=topology_file,
+            calibrate_at=calibrate_at,
+            calibrator=calibrator,
+            progress=progress,
+        )
         for case in todo:
-            rate = case.bandwidth_bytes_per_s
-            if rate in calibrations:
-                continue
-            if topology_file is None and not os.path.exists(calibration_path(out_dir, rate)):
-                if progress:
-                    progress(case, "calibrate")
-                fresh = True
-            calibrations[rate] = topology_file or ensure_calibration(out_dir, rate, calibrator)
-        if fresh:
-            pool_calibrations(out_dir)
+            entry = registered.get(case.case_id)
+            if entry is not None:
+                calibrations.setdefault(case.bandwidth_bytes_per_s, entry["calibration"])
         try:
             for case in cases:
                 done = store.rows.get(case.case_id)
@@ -1376,9 +1687,10 @@ def run_validation(
                     continue
                 if progress:
                     progress(case, "start")
-                rate = case.bandwidth_bytes_per_s
+                entry = registered.get(case.case_id)
+                cal = entry["calibration"] if entry else calibrations[case.bandwidth_bytes_per_s]
                 try:
-                    row = run_case(case, out_dir, calibrations[rate], repeats, runner, ensemble)
+                    row = run_case(case, out_dir, cal, repeats, runner, ensemble, registered=entry)
                 except (RankFailed, SimulationError, ConfigError, ValueError) as exc:
                     message = " ".join(str(exc).split())
                     row = {
@@ -1403,13 +1715,17 @@ def run_validation(
         rows = tuple(store.rows[c.case_id] for c in cases if c.case_id in store.rows)
         all_rows = list(store.rows.values())
     write_report(all_rows, out_dir, command=command, calibrations=_calibration_files(out_dir))
-    med, worst, exact = summarise([r for r in rows if r["point_id"] in ids])
+    mine = [r for r in rows if r["point_id"] in ids]
+    med, worst, exact = summarise(mine)
+    p_med, p_worst = summarise_prediction(mine)
     return ValidationSummary(
         cases=len(cases),
         skipped=skipped,
         computed=computed,
         failed=failed,
         rows=rows,
+        prediction_median_abs_rel_err=p_med,
+        prediction_max_abs_rel_err=p_worst,
         median_abs_rel_err=med,
         max_abs_rel_err=worst,
         bytes_exact=exact,
@@ -1442,8 +1758,8 @@ def _calibration_files(out_dir: str) -> list[str]:
 
 
 def scatter_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
-    """Simulated against measured iteration time, one point per case (error bars: the
-    real runs' min to max, and the simulations' where the rows have them), with y = x
+    """Predicted against measured iteration time, one point per case (error bars: the
+    real runs' min to max), each case's replay beside it as a small cross, with y = x
     and the +-5 % and +-15 % bands."""
     from analysis.plots import _pyplot, _theme
 
@@ -1453,6 +1769,7 @@ def scatter_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
     fig, ax = plt.subplots(figsize=(6.5, 6))
     xs = [1e3 * float(r["real_iteration_time_s"]) for r in ok]
     ys = [1e3 * float(r["sim_iteration_time_s"]) for r in ok]
+    ys += [1e3 * predicted_s(r) for r in ok if not math.isnan(predicted_s(r))]
     span = xs + ys
     span += [1e3 * float(r["real_iteration_time_min_s"]) for r in ok]
     span += [1e3 * float(r["real_iteration_time_max_s"]) for r in ok]
@@ -1480,27 +1797,24 @@ def scatter_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
             if not pts:
                 continue
             x = [1e3 * float(r["real_iteration_time_s"]) for r in pts]
-            y = [1e3 * float(r["sim_iteration_time_s"]) for r in pts]
+            y = [1e3 * predicted_s(r) for r in pts]
             xerr = [
                 [a - 1e3 * float(r["real_iteration_time_min_s"]) for a, r in zip(x, pts)],
                 [1e3 * float(r["real_iteration_time_max_s"]) - a for a, r in zip(x, pts)],
             ]
-            ranges = [_sim_range_s(r) or (b / 1e3, b / 1e3) for b, r in zip(y, pts)]
-            yerr = [
-                [b - 1e3 * rng[0] for b, rng in zip(y, ranges)],
-                [1e3 * rng[1] - b for b, rng in zip(y, ranges)],
-            ]
+            color = f"C{schemes.index(s) % 10}"
             ax.errorbar(
                 x,
                 y,
                 xerr=xerr,
-                yerr=yerr,
                 fmt=marker_of[m],
-                color=f"C{schemes.index(s) % 10}",
+                color=color,
                 label=f"{s}, {m}",
                 markersize=5,
                 capsize=2,
             )
+            replay = [1e3 * float(r["sim_iteration_time_s"]) for r in pts]
+            ax.scatter(x, replay, marker="x", color=color, s=14, alpha=0.6, linewidths=1)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
@@ -1518,9 +1832,10 @@ def scatter_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
         axis.set_minor_formatter(plain)
     ax.tick_params(which="both", labelsize=8)
     ax.set_xlabel("measured iteration time (ms, median; bars: min to max)")
-    ax.set_ylabel("simulated iteration time (ms; bars: min to max)")
+    ax.set_ylabel("predicted iteration time (ms; x: the replay)")
+    ax.scatter([], [], marker="x", color="grey", label="replay (diagnostic)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
-    ax.set_title("sim validate: simulated against measured")
+    ax.set_title("sim validate: predicted against measured")
     return fig
 
 
@@ -1633,11 +1948,16 @@ def write_report(
     ok = [r for r in rows if r.get("status") == "ok"]
     bad = [r for r in rows if r.get("status") != "ok"]
     med, mx, exact = summarise(rows)
-    hits5 = sum(abs(float(r["rel_err"])) <= HIT for r in ok)
-    hits15 = sum(abs(float(r["rel_err"])) <= 0.15 for r in ok)
-    lines = ["# Validation: simulated against measured", ""]
+    p_med, p_mx = summarise_prediction(rows)
+    predicted = [r for r in ok if _number(r.get("prediction_rel_err"))]
+
+    def within(key: str, band: float, among: Sequence[Mapping[str, Any]]) -> int:
+        return sum(abs(float(r[key])) <= band for r in among)
+
+    lines = ["# Validation: predicted against measured", ""]
     if command:
         lines += ["Produced by:", "", "```sh", command, "```", ""]
+    sources = sorted({str(r.get("prediction_source") or "") for r in predicted} - {""})
     lines += [
         "## Summary",
         "",
@@ -1648,11 +1968,23 @@ def write_report(
                 ["cases run", str(len(ok))],
                 ["cases failed", str(len(bad))],
                 [
-                    "median abs(rel err) of iteration time",
-                    "n/a" if math.isnan(med) else f"{100 * med:.1f}%",
+                    "**prediction**: median / max abs(rel err) of iteration time",
+                    f"**{_pct_or_na(p_med)} / {_pct_or_na(p_mx)}**",
                 ],
-                ["max abs(rel err)", "n/a" if math.isnan(mx) else f"{100 * mx:.1f}%"],
-                ["within 5% / 15%", f"{hits5} / {hits15} of {len(ok)}"],
+                [
+                    "prediction within 5% / 15%",
+                    f"{within('prediction_rel_err', HIT, predicted)} / "
+                    f"{within('prediction_rel_err', 0.15, predicted)} of {len(predicted)}",
+                ],
+                ["predictions", "; ".join(sources) or "n/a"],
+                [
+                    "replay (diagnostic): median / max abs(rel err)",
+                    f"{_pct_or_na(med)} / {_pct_or_na(mx)}",
+                ],
+                [
+                    "replay within 5% / 15%",
+                    f"{within('rel_err', HIT, ok)} / {within('rel_err', 0.15, ok)} of {len(ok)}",
+                ],
                 ["bytes per link exact", f"{exact} of {len(ok)}"],
                 [
                     "median spread of the real runs",
@@ -1663,26 +1995,41 @@ def write_report(
             ],
         ),
         "",
-        "Relative error is (simulated - measured) / measured, measured being the median of "
-        "the repeated real runs; spread is (max - min) / median over those runs, each "
-        "run's time the mean of its measured iterations (the column iterations: enough "
-        "for the run to measure its case's seconds at the predicted time). " + _ensemble_note(ok),
+        "The **prediction** is the simulation made before a case's real runs, from the "
+        "model's profile and the cluster's calibration only (registered in "
+        f"`{PREDICTIONS}` before the runs where it says so). The **replay** simulates "
+        "each real run again on what that run measured (its layer times, its messaging "
+        "threads' CPU, its send holds): it separates a wrong input from a wrong model "
+        "and is not a prediction. Relative error is (simulated - measured) / measured, "
+        "measured being the median of the repeated real runs; spread is (max - min) / "
+        "median over those runs, each run's time the mean of its measured iterations "
+        "(the column iterations: enough for the run to measure its case's seconds at "
+        "the predicted time). " + _ensemble_note(ok),
         "",
     ]
     if ok:
         fig = scatter_figure(ok)
         save_figure(fig, os.path.join(out_dir, "scatter.png"))
         lines += ["![simulated against measured](scatter.png)", ""]
-        lines += ["## Worst cases", ""]
-        worst_rows = sorted(ok, key=lambda r: -abs(float(r["rel_err"])))[:worst]
+        lines += ["## Worst predictions", ""]
+        worst_rows = sorted(ok, key=lambda r: -abs(prediction_err(r)))[:worst]
         lines += [
             md_table(
-                ["case", "measured ms", "simulated ms", "error", "spread", "why"],
+                [
+                    "case",
+                    "measured ms",
+                    "predicted ms",
+                    "prediction error",
+                    "replay error",
+                    "spread",
+                    "why (replay)",
+                ],
                 [
                     [
                         f"{r['scheme']} {r['model']} {r['bandwidth']} x{r['ranks']}",
                         _fmt_ms(r["real_iteration_time_s"]),
-                        _fmt_ms(r["sim_iteration_time_s"]),
+                        _fmt_ms(predicted_s(r)),
+                        _pct(prediction_err(r)),
                         _pct(r["rel_err"]),
                         f"{100 * float(r['real_spread']):.1f}%",
                         r.get("why") or "hit",
@@ -1702,8 +2049,10 @@ def write_report(
                     "ranks",
                     "iterations",
                     "measured ms (min-max)",
-                    "simulated ms (min-max)",
-                    "error",
+                    "predicted ms",
+                    "prediction error",
+                    "replay ms (min-max)",
+                    "replay error",
                     "spread",
                     "samples/s real / sim",
                     "bytes exact",
@@ -1720,6 +2069,8 @@ def write_report(
                         f"{_fmt_ms(r['real_iteration_time_s'])} "
                         f"({_fmt_ms(r['real_iteration_time_min_s'])}-"
                         f"{_fmt_ms(r['real_iteration_time_max_s'])})",
+                        _fmt_ms(predicted_s(r)),
+                        _pct(prediction_err(r)),
                         _sim_ms(r),
                         _pct(r["rel_err"]),
                         f"{100 * float(r['real_spread']):.1f}%",
@@ -1752,10 +2103,17 @@ def write_report(
             ),
             "",
         ]
-    if calibrations:
+    used = {str(r["calibration"]) for r in ok if r.get("calibration")}
+    given = [p for p in calibrations if os.path.abspath(p) not in used]
+    every = [*sorted(used), *given]
+    if every:
         lines += ["## Calibration", ""]
-        for path in calibrations:
-            lines += [f"`{os.path.relpath(path, out_dir)}`:", "", _calibration_summary(path), ""]
+        for path in every:
+            lines += [f"`{os.path.relpath(path, out_dir)}`:", ""]
+            at = [r for r in ok if r.get("calibration") == path]
+            if at:
+                lines += [_calibration_use(at), ""]
+            lines += [_calibration_summary(path), ""]
     shown = []
     for r in ok:
         real_p, sim_p, png = timeline_paths(out_dir, r["point_id"])
@@ -1785,6 +2143,37 @@ def write_report(
     path = os.path.join(out_dir, "report.md")
     write_text(path, "\n".join(lines))
     return path
+
+
+def predicted_s(row: Mapping[str, Any]) -> float:
+    """A row's prediction (rows from before the prediction columns: the profile's)."""
+    v = row.get("predicted_iteration_time_s")
+    return float(v) if _number(v) else float(row.get("sim_profiled_iteration_time_s", math.nan))
+
+
+def prediction_err(row: Mapping[str, Any]) -> float:
+    v = row.get("prediction_rel_err")
+    if _number(v):
+        return float(v)
+    measured = float(row["real_iteration_time_s"])
+    return (predicted_s(row) - measured) / measured
+
+
+def _calibration_use(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One sentence: when the calibration was measured, its age at the cases' runs, and
+    which cases used it at another link rate than it was measured at."""
+    first = rows[0]
+    ages = [float(r["calibration_age_h"]) for r in rows if _number(r.get("calibration_age_h"))]
+    when = first.get("calibration_date") or "an unrecorded time"
+    text = f"measured {when}"
+    if first.get("calibration_rate"):
+        text += f" at {first['calibration_rate']}"
+    if ages:
+        text += f"; {min(ages):.1f}-{max(ages):.1f} h old when its cases ran"
+    moved = sorted({str(r["bandwidth"]) for r in rows if _truthy(r.get("calibration_moved"))})
+    if moved:
+        text += f"; moved to {', '.join(moved)} for the cases at those rates (the what-if)"
+    return text + "."
 
 
 def _truthy(v: Any) -> bool:
@@ -1818,6 +2207,10 @@ def _calibration_summary(path: str) -> str:
     return head + (md_table(["setting", "value"], rows) if rows else "(empty)")
 
 
+def _pct_or_na(v: float) -> str:
+    return "n/a" if math.isnan(v) else f"{100 * v:.1f}%"
+
+
 def format_summary(summary: ValidationSummary) -> str:
     """The command's closing lines: the numbers that decide the gate."""
     med = summary.median_abs_rel_err
@@ -1826,11 +2219,10 @@ def format_summary(summary: ValidationSummary) -> str:
     lines = [
         f"{summary.cases} cases: {summary.computed} run now, {summary.skipped} already done, "
         f"{summary.failed} failed",
-        "median |rel err| "
-        + ("n/a" if math.isnan(med) else f"{100 * med:.1f}%")
-        + ", max "
-        + ("n/a" if math.isnan(mx) else f"{100 * mx:.1f}%")
-        + f"; bytes exact in {summary.bytes_exact} of {len(ok)}",
+        f"prediction: median {_pct_or_na(summary.prediction_median_abs_rel_err)}, max "
+        f"{_pct_or_na(summary.prediction_max_abs_rel_err)} | replay: median "
+        f"{_pct_or_na(med)}, max {_pct_or_na(mx)}; bytes exact in {summary.bytes_exact} "
+        f"of {len(ok)}",
         f"report: {os.path.join(summary.out_dir, 'report.md')}",
     ]
     return "\n".join(lines)

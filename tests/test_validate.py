@@ -390,13 +390,16 @@ def test_why_names_sends_that_held_a_rank_and_only_those() -> None:
 
 def _synthetic_rows() -> list[dict[str, Any]]:
     rows = []
-    for i, (scheme, err) in enumerate([("dp", 0.02), ("ps", -0.08), ("gpipe", 0.30)]):
+    # (scheme, replay error, prediction error)
+    errors = [("dp", 0.02, -0.12), ("ps", -0.08, 0.04), ("gpipe", 0.30, 0.06)]
+    for i, (scheme, err, pred_err) in enumerate(errors):
         case = va.Case(scheme, "mlp_medium", 125e6, 2 + i % 2)
         real_t = 0.1 * (i + 1)
         reals = [_result(real_t * f, [0.6, 0.5], REAL_LINKS, 4.0) for f in (0.99, 1.0, 1.01)]
-        rows.append(
-            va.case_row(case, _result(real_t * (1 + err), [0.6, 0.5], SIM_LINKS, 4.0), reals)
-        )
+        row = va.case_row(case, _result(real_t * (1 + err), [0.6, 0.5], SIM_LINKS, 4.0), reals)
+        row.update(va.prediction_columns(real_t * (1 + pred_err), real_t))
+        row["prediction_source"] = "simulated at the run"
+        rows.append(row)
     return rows
 
 
@@ -427,15 +430,21 @@ def test_report_from_synthetic_rows(tmp_path: Path) -> None:
     text = Path(path).read_text()
     med, mx, exact = va.summarise(rows)
     assert med == pytest.approx(0.08) and mx == pytest.approx(0.30) and exact == 3
-    assert "| median abs(rel err) of iteration time | 8.0% |" in text
-    assert "| max abs(rel err) | 30.0% |" in text
+    assert va.summarise_prediction(rows) == (pytest.approx(0.06), pytest.approx(0.12))
+    # the prediction is the headline; the replay a labelled diagnostic
+    assert (
+        "| **prediction**: median / max abs(rel err) of iteration time | **6.0% / 12.0%** |" in text
+    )
+    assert "| replay (diagnostic): median / max abs(rel err) | 8.0% / 30.0% |" in text
+    assert "| prediction within 5% / 15% | 1 / 3 of 3 |" in text
     assert "| bytes per link exact | 3 of 3 |" in text
     assert "sim validate --quick" in text
     assert "mean of each one's 5 simulations" in text and "variation 0.05" in text
-    assert "| 102.0 (91.8-122.4) |" in text  # dp: simulated, and its simulations' range
-    assert "## Worst cases" in text and "gpipe mlp_medium 1Gbps x2" in text
-    worst = text.split("## Worst cases")[1].split("##")[0]
-    assert worst.index("gpipe") < worst.index("ps") < worst.index("dp")
+    assert "| 102.0 (91.8-122.4) |" in text  # dp: replay, and its simulations' range
+    assert "| 88.0 | -12.0% |" in text  # dp: predicted, and its error
+    assert "## Worst predictions" in text and "gpipe mlp_medium 1Gbps x2" in text
+    worst = text.split("## Worst predictions")[1].split("##")[0]
+    assert worst.index("| dp ") < worst.index("| gpipe ") < worst.index("| ps ")
     assert "differs most" in worst
     assert "rank 1 (worker) was killed" in text  # the failed case
     assert "network.bandwidth | 950Mbps" in text  # the calibration summary
@@ -458,7 +467,13 @@ def test_resume_skips_finished_cases_and_reuses_the_calibration(
     stop = {"at": cases[2].case_id}
 
     def fake_run_case(
-        case: va.Case, out_dir: str, topo: str, repeats: int, runner: Any, ensemble: Any
+        case: va.Case,
+        out_dir: str,
+        topo: str,
+        repeats: int,
+        runner: Any,
+        ensemble: Any,
+        registered: Any = None,
     ) -> dict:
         assert ensemble == va.Ensemble()
         assert os.path.exists(topo)
@@ -510,7 +525,13 @@ def test_every_bandwidth_is_calibrated_first_and_the_wakeup_pooled(
         return busy_cores_calibration(own[rate])
 
     def fake_run_case(
-        case: va.Case, out_dir: str, topo: str, repeats: int, runner: Any, ensemble: Any
+        case: va.Case,
+        out_dir: str,
+        topo: str,
+        repeats: int,
+        runner: Any,
+        ensemble: Any,
+        registered: Any = None,
     ) -> dict:
         events.append(f"run {case.bandwidth}")
         assert load_preset(topo)["host"]["wakeup_s"] == pytest.approx(1.5e-3, abs=1e-12)
@@ -570,7 +591,7 @@ def test_validate_end_to_end_on_an_emulated_cluster(
         "--min-measured-s", "0.3", "--calibration", "netns", "--out", out, "--no-progress",
         "--sim-seeds", "3",
     ]  # fmt: skip
-    code, stdout, err = run_main(capsys, *args, "--fail-above", "100")
+    code, stdout, err = run_main(capsys, *args, "--fail-above", "100", "--fail-above-max", "100")
     assert code == 0, err
     assert "dp mlp_medium 1Gbps x2" in stdout and "gpipe mlp_medium 1Gbps x2" in stdout
     for name in ("validation.parquet", "validation.csv", "report.md", "scatter.png"):
@@ -582,6 +603,14 @@ def test_validate_end_to_end_on_an_emulated_cluster(
     assert df["bytes_exact"].all()
     assert (df["repeats"] == 1).all()
     assert (df["real_iteration_time_s"] > 0).all() and (df["sim_iteration_time_s"] > 0).all()
+    # the prediction, made before the runs, and where its calibration came from
+    assert (df["predicted_iteration_time_s"] == df["sim_profiled_iteration_time_s"]).all()
+    assert (df["predicted_iteration_time_s"] == df["prediction_now_s"]).all()
+    assert (df["prediction_source"] == "simulated at the run").all()
+    predicted_err = df["predicted_iteration_time_s"] / df["real_iteration_time_s"] - 1
+    assert list(df["prediction_rel_err"].round(9)) == list(predicted_err.round(9))
+    assert (df["calibration"] == "netns").all() and not df["calibration_moved"].any()
+    assert "prediction: median" in stdout and "| replay: median" in stdout
     # both throughputs are the same samples over the compared times
     real_samples = df["real_throughput_samples_s"] * df["real_iteration_time_s"]
     sim_samples = df["sim_throughput_samples_s"] * df["sim_iteration_time_s"]
@@ -633,8 +662,9 @@ def test_validate_end_to_end_on_an_emulated_cluster(
     assert [c.scheme for _r, c, _k, _p in va.kept_repeats(out, "gpipe-")] == ["gpipe"]
     # gpipe's iteration of four micro-batches is short: more than two measured
     assert int(by.loc["gpipe", "run_iterations"]) > 2
-    med = float(df["abs_rel_err"].median())
-    # the same command with a gate below the error: resumes (nothing runs) and exits 1
+    med = float(df["abs_prediction_rel_err"].median())
+    # the same command with a gate below the prediction's error: resumes (nothing runs)
+    # and exits 1
     code, stdout, err = run_main(capsys, *args, "--fail-above", f"{med / 2}")
     assert code == 1
     assert "0 run now, 2 already done" in stdout
@@ -644,13 +674,18 @@ def test_validate_end_to_end_on_an_emulated_cluster(
 @pytest.mark.real
 @needs_netns
 def test_validate_quick_fidelity(tmp_path: Path, prefix: str) -> None:
-    """``sim validate --quick`` end to end on a fresh calibration: every case runs, bytes
-    agree to the byte on every link, and the median error of iteration time is within
-    ``--fail-above``'s default (:data:`analysis.matrix_defaults.FAIL_ABOVE`, 10 %), so
-    fidelity cannot rot without CI failing where ``sim validate --quick`` would exit 1."""
+    """``sim validate --quick`` end to end on a fresh calibration: every case runs and is
+    predicted, bytes agree to the byte on every link, and the replay's median error of
+    iteration time is within 10 % (:data:`analysis.matrix_defaults.FAIL_ABOVE`).
+
+    The gate is on the replay, not yet on the prediction that ``sim validate`` itself
+    gates: the predictions of these cases missed by 6-11 % (docs/prediction.md), so a
+    gate on them at 10 % would fail CI by chance; it moves to the prediction once the
+    predictions meet it."""
     summary = va.run_validation(va.quick_matrix(), str(tmp_path / "v"), repeats=3)
     assert summary.failed == 0, summary.errors
     assert summary.bytes_exact == summary.cases
+    assert summary.prediction_median_abs_rel_err >= 0, va.format_summary(summary)
     assert summary.median_abs_rel_err <= FAIL_ABOVE, va.format_summary(summary)
 
 
@@ -673,3 +708,148 @@ def test_gossip_labels_are_left_out_link_by_link() -> None:
         [adjusted],
     )
     assert row["bytes_exact"] is True and row["bytes_adjusted"]
+
+
+# ---- registered predictions ----------------------------------------------------------
+
+CALIBRATED = os.path.join(os.path.dirname(__file__), "data", "calibrated-1Gbps.yaml")
+
+
+def _fake_predict(predicted_s: float = 0.2) -> Any:
+    """A stand-in for :func:`analysis.validate.predict_case` (no profiling run): writes a
+    profile and a case preset into the output folder and predicts ``predicted_s``."""
+    from types import SimpleNamespace
+
+    def predict(case: va.Case, out_dir: str, calibration: str) -> va.Prediction:
+        folder = Path(out_dir) / "traces"
+        folder.mkdir(parents=True, exist_ok=True)
+        trace = folder / f"{case.model}.json"
+        topo = folder / f"{case.model}-{Path(calibration).stem}.yaml"
+        if not trace.exists():
+            trace.write_text('{"profile": 1}')
+            topo.write_text("name: case\n")
+        sim = {"throughput_samples_s": 48 / predicted_s, "comm_bytes_per_iteration": 4.0}
+        result = SimpleNamespace(to_dict=lambda: sim, iteration_time_s=predicted_s)
+        planned = case.planned(predicted_s)
+        return va.Prediction(planned, predicted_s, None, result, str(trace), str(topo), {})
+
+    return predict
+
+
+def test_predictions_are_registered_once_with_their_inputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(va, "predict_case", _fake_predict(0.2))
+    cases = va.build_matrix(["dp"], ["mlp_medium"], ["1Gbps", "200Mbps"], [2], min_measured_s=1.0)
+    out = str(tmp_path / "v")
+    cals = va.prepare_calibrations(cases, out, topology_file=CALIBRATED)
+    assert set(cals.values()) == {CALIBRATED}
+    data = va.register_predictions(cases, out, cals, command="sim validate ...")
+    on_disk = json.loads(Path(va.predictions_path(out)).read_text())
+    assert on_disk == data
+    assert data["commit"] is None or len(data["commit"]) == 40
+    by_rate = {e["case"]: e for e in data["cases"].values()}
+    fast, slow = by_rate["dp mlp_medium 1Gbps x2"], by_rate["dp mlp_medium 200Mbps x2"]
+    for entry in (fast, slow):
+        assert entry["iteration_time_s"] == 0.2
+        assert entry["run_iterations"] == 5  # 1 s at 0.2 s an iteration
+        assert entry["trace_sha256"] == va.sha256_file(os.path.join(out, entry["trace"]))
+        assert entry["calibration_sha256"] == va.sha256_file(CALIBRATED)
+        assert entry["calibration_rate"] == "1Gbps"
+        assert entry["registered_at"] == data["registered_at"]
+    assert (fast["calibration_moved"], slow["calibration_moved"]) == (False, True)
+    with pytest.raises(ConfigError, match="never rewritten"):
+        va.register_predictions(cases, out, cals)
+    assert json.loads(Path(va.predictions_path(out)).read_text()) == data
+
+
+def test_a_registered_prediction_is_scored_only_on_its_own_inputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(va, "predict_case", _fake_predict(0.2))
+    (case,) = va.build_matrix(["dp"], ["mlp_medium"], ["1Gbps"], [2], min_measured_s=1.0)
+    out = str(tmp_path / "v")
+    data = va.register_predictions([case], out, {case.bandwidth_bytes_per_s: CALIBRATED})
+    entry = data["cases"][case.case_id]
+    prediction = va.predict_case(case, out, CALIBRATED)
+    va.check_registered(prediction, entry, out)  # the same files: fine
+    with pytest.raises(ConfigError, match="iterations"):
+        va.check_registered(replace(prediction, case=case.planned(0.01)), entry, out)
+    Path(prediction.trace_file).write_text('{"profile": 2}')
+    with pytest.raises(ConfigError, match="changed since the predictions were registered"):
+        va.check_registered(prediction, entry, out)
+
+
+def test_run_validation_hands_each_case_its_registered_prediction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Registered cases run on the calibration they were predicted with (nothing is
+    calibrated for them) and their rows carry the registered time; the summary leads
+    with the prediction's error."""
+    monkeypatch.setattr(va, "predict_case", _fake_predict(0.2))
+    cases = va.build_matrix(["dp", "ps"], ["mlp_medium"], ["1Gbps"], [2])
+    out = str(tmp_path / "v")
+    va.register_predictions(cases[:1], out, {125e6: CALIBRATED})
+    seen: dict[str, Any] = {}
+
+    def fake_run_case(case, out_dir, topo, repeats, runner, ensemble, registered=None):
+        seen[case.scheme] = (topo, registered)
+        reals = [_result(0.25, [0.5, 0.5], REAL_LINKS, 4.0)] * repeats
+        row = va.case_row(case, _result(0.24, [0.5, 0.5], SIM_LINKS, 4.0), reals)
+        predicted = registered["iteration_time_s"] if registered else 0.25
+        row.update(va.prediction_columns(predicted, row["real_iteration_time_s"]))
+        return row
+
+    def fake_calibrate(rate: float) -> dict:
+        with open(CALIBRATED, encoding="utf-8") as fh:
+            import yaml
+
+            return yaml.safe_load(fh)
+
+    monkeypatch.setattr(va, "run_case", fake_run_case)
+    summary = va.run_validation(cases, out, repeats=1, calibrator=fake_calibrate)
+    assert seen["dp"][0] == CALIBRATED and seen["dp"][1]["iteration_time_s"] == 0.2
+    assert seen["ps"][1] is None and seen["ps"][0] == va.calibration_path(out, 125e6)
+    assert summary.prediction_median_abs_rel_err == pytest.approx(0.1)  # 20% and 0% off
+    assert summary.prediction_max_abs_rel_err == pytest.approx(0.2)
+    assert summary.median_abs_rel_err == pytest.approx(0.04)
+    text = va.format_summary(summary)
+    assert "prediction: median 10.0%, max 20.0% | replay: median 4.0%, max 4.0%" in text
+
+
+def test_one_calibration_serves_every_rate_with_calibrate_at(tmp_path: Path) -> None:
+    rates: list[float] = []
+
+    def fake_calibrate(rate: float) -> dict:
+        rates.append(rate)
+        with open(CALIBRATED, encoding="utf-8") as fh:
+            import yaml
+
+            return yaml.safe_load(fh)
+
+    cases = va.build_matrix(["dp"], ["mlp_medium"], ["200Mbps", "500Mbps", "1Gbps"], [2])
+    out = str(tmp_path / "v")
+    cals = va.prepare_calibrations(cases, out, calibrate_at=125e6, calibrator=fake_calibrate)
+    assert rates == [125e6]
+    assert set(cals.values()) == {va.calibration_path(out, 125e6)}
+    cols = va.calibration_columns(cals[25e6], 25e6)
+    assert cols["calibration_rate"] == "1Gbps" and cols["calibration_moved"] is True
+    assert cols["calibration_age_h"] > 0
+
+
+def test_cli_predict_only_registers_and_refuses_to_rewrite(
+    capsys: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(va, "predict_case", _fake_predict(0.2))
+    out = str(tmp_path / "v")
+    args = ["validate", "--predict-only", "--calibration", CALIBRATED, "--schemes", "dp"]
+    args += ["--models", "mlp_medium", "--bandwidths", "200Mbps,1Gbps", "--ranks", "2"]
+    args += ["--out", out]
+    code, text, err = run_main(capsys, *args)
+    assert code == 0, err
+    assert "dp mlp_medium 200Mbps x2" in text and "moved from 1Gbps" in text
+    assert "2 predictions registered at" in text
+    assert "--predict-only" not in text.split("score them:")[1]
+    assert os.path.exists(va.predictions_path(out))
+    code, _, err = run_main(capsys, *args)
+    assert code == 2 and "never rewritten" in err and "Traceback" not in err

@@ -11,7 +11,8 @@ Schema (version 1)::
                "machine": str},
       "layers": [{"name": str, "forward_s": number >= 0, "backward_s": number >= 0,
                   "param_bytes": int >= 0, "activation_bytes": int >= 0,
-                  "op": str, "flops": number | null, "kind": "layer" | "input"}, ...],
+                  "op": str, "flops": number | null, "kind": "layer" | "input",
+                  "forward_fixed_s": number >= 0, "backward_fixed_s": number >= 0}, ...],
       "edges": [[src_name, dst_name], ...]
     }
 
@@ -19,7 +20,9 @@ Schema (version 1)::
 order where the graph allows). Only ``meta.model``, ``meta.device``, ``meta.batch_size``
 and each layer's ``name``, ``forward_s`` and ``backward_s`` are required; the fields saying
 where a trace was measured (``cpu``, ``cpu_cores``, ``gpu``, ``machine``; ``date`` an ISO
-date or date-time) are written only when known, so older files load unchanged.
+date or date-time) are written only when known, so older files load unchanged. So are a
+layer's ``forward_fixed_s`` and ``backward_fixed_s`` (the part of its times that does not
+grow with the batch, :attr:`traces.model.Layer.forward_fixed_s`; at most the time itself).
 """
 
 from __future__ import annotations
@@ -68,6 +71,11 @@ def to_dict(trace: Trace) -> dict[str, Any]:
                 "param_bytes": layer.param_bytes,
                 "activation_bytes": layer.activation_bytes,
                 "flops": layer.flops,
+                **{
+                    k: getattr(layer, k)
+                    for k in ("forward_fixed_s", "backward_fixed_s")
+                    if getattr(layer, k)
+                },
             }
             for layer in trace.layers
         ],
@@ -155,16 +163,24 @@ def from_dict(data: Any, source: str = "<dict>") -> Trace:
         flops = ld.get("flops")
         if flops is not None:
             flops = v.number(ld, where, "flops")
+        times = {k: v.number(ld, where, k) for k in ("forward_s", "backward_s")}
+        fixed = {}
+        for k in ("forward_fixed_s", "backward_fixed_s"):
+            if k in ld:
+                fixed[k] = v.number(ld, where, k)
+                total = times[k.replace("_fixed", "")]
+                if fixed[k] > total:
+                    v.fail(f"{where}.{k}", f"{fixed[k]} is more than the whole time, {total}")
         layers.append(
             Layer(
                 name=name,
                 op=v.string(ld, where, "op", default=""),
                 kind=kind,
-                forward_s=v.number(ld, where, "forward_s"),
-                backward_s=v.number(ld, where, "backward_s"),
                 param_bytes=v.integer(ld, where, "param_bytes", default=0),
                 activation_bytes=v.integer(ld, where, "activation_bytes", default=0),
                 flops=flops,
+                **times,
+                **fixed,
             )
         )
     edges_l = data.get("edges", [])

@@ -39,6 +39,11 @@ class Layer:
         activation_bytes: bytes of the layer's output activation for the whole batch.
         flops: forward floating-point operations for the whole batch, if known.
         kind: ``"layer"`` or ``"input"`` (see :data:`LAYER_KINDS`).
+        forward_fixed_s: the part of ``forward_s`` that does not grow with the batch
+            (the call's own cost: dispatch, launches, allocation), seconds; the rest is
+            in proportion to the batch (:meth:`Trace.rescale_batch`). 0 when unknown:
+            then all of it scales.
+        backward_fixed_s: the same of ``backward_s``.
     """
 
     name: str
@@ -49,6 +54,19 @@ class Layer:
     op: str = ""
     flops: float | None = None
     kind: str = "layer"
+    forward_fixed_s: float = 0.0
+    backward_fixed_s: float = 0.0
+
+    def forward_share_s(self, share: float) -> float:
+        """Forward seconds of ``share`` of the batch (a micro-batch: ``1/m``): the fixed
+        part whole, the rest in proportion."""
+        fixed = min(self.forward_fixed_s, self.forward_s)
+        return fixed + (self.forward_s - fixed) * share
+
+    def backward_share_s(self, share: float) -> float:
+        """Backward seconds of ``share`` of the batch (see :meth:`forward_share_s`)."""
+        fixed = min(self.backward_fixed_s, self.backward_s)
+        return fixed + (self.backward_s - fixed) * share
 
     @property
     def compute_s(self) -> float:
@@ -224,8 +242,10 @@ class Trace:
 
     # ---- rescaling -------------------------------------------------------------------
     def rescale_batch(self, batch_size: int) -> Trace:
-        """The same model at another batch size: times, activations and FLOPs scale by
-        ``batch_size / meta.batch_size``; parameters do not."""
+        """The same model at another batch size: activations, FLOPs and each time's
+        per-sample part scale by ``batch_size / meta.batch_size``; a time's fixed part
+        (:attr:`Layer.forward_fixed_s`, :attr:`Layer.backward_fixed_s`) and the
+        parameters do not."""
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if batch_size == self.meta.batch_size:
@@ -234,8 +254,8 @@ class Trace:
         layers = tuple(
             replace(
                 layer,
-                forward_s=layer.forward_s * f,
-                backward_s=layer.backward_s * f,
+                forward_s=layer.forward_share_s(f),
+                backward_s=layer.backward_share_s(f),
                 activation_bytes=round(layer.activation_bytes * f),
                 flops=None if layer.flops is None else layer.flops * f,
             )
@@ -255,6 +275,8 @@ class Trace:
                 layer,
                 forward_s=layer.forward_s / throughput_ratio,
                 backward_s=layer.backward_s / throughput_ratio,
+                forward_fixed_s=layer.forward_fixed_s / throughput_ratio,
+                backward_fixed_s=layer.backward_fixed_s / throughput_ratio,
             )
             for layer in self.layers
         )

@@ -31,6 +31,16 @@ from traces.atomic import check_writable
     help="Samples in the profiled batch.",
 )
 @click.option(
+    "--fit-batch",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="N",
+    help="Also profile at N samples (fewer than --batch-size, e.g. a quarter) and fit each "
+    "layer's times as a fixed part plus a part per sample, so other batch sizes and "
+    "pipeline micro-batches are predicted from this one trace instead of scaled in "
+    "proportion. [default: 0, no fit]",
+)
+@click.option(
     "--device",
     type=click.Choice(DEVICES),
     default="cpu",
@@ -109,6 +119,7 @@ def profile(
     model_name: str,
     input_shape: str | None,
     batch_size: int,
+    fit_batch: int,
     device: str,
     dtype: str,
     out: str | None,
@@ -129,6 +140,10 @@ def profile(
     bytes and FLOPs. With --analytic nothing runs: the graph is built on the meta device and
     times come from FLOPs at --efficiency of --device-flops.
 
+    With --fit-batch N each layer's times are also measured at N samples and split into
+    a part that does not grow with the batch and a part per sample, so that 'sim run' at
+    another batch size, or a pipeline's micro-batches, pays each call's fixed cost.
+
     \b
     Examples:
       sim profile --model resnet18 --batch-size 8 --out resnet18.json
@@ -147,6 +162,14 @@ def profile(
         raise BadInput("--analytic needs --device-flops RATE (e.g. 15.7e12 for a V100)")
     if not analytic and (device_flops or memory_bandwidth):
         raise BadInput("--device-flops and --memory-bandwidth only apply with --analytic")
+    fit_batch = fit_batch or 0
+    if fit_batch and analytic:
+        raise BadInput("--fit-batch: an analytic trace has no fixed parts to fit; drop it")
+    if fit_batch >= batch_size:
+        raise BadInput(
+            f"--fit-batch: {fit_batch} must be smaller than --batch-size {batch_size} "
+            "(or 0 for no fit)"
+        )
     flops_rate = parse_flop_rate(device_flops) if device_flops else 0.0
     mem_rate = parse_rate(memory_bandwidth) if memory_bandwidth else 0.0
     resolved = _resolve(model_name, input_shape)
@@ -175,6 +198,13 @@ def profile(
             progress=progress,
         )
         trace = profile_model(model_name, config, shape)
+        if fit_batch:
+            from dataclasses import replace
+
+            from traces.batchfit import fit_batch_model
+
+            small = profile_model(model_name, replace(config, batch_size=fit_batch), shape)
+            trace = fit_batch_model([small, trace])
     except ProfileError as exc:
         raise BadInput(str(exc)) from None
     except (MemoryError, RuntimeError) as exc:

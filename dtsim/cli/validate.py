@@ -13,6 +13,7 @@ import click
 from analysis.matrix_defaults import (
     BATCH,
     FAIL_ABOVE,
+    FAIL_ABOVE_MAX,
     ITERATIONS,
     MAX_ITERATIONS,
     MIN_MEASURED_S,
@@ -113,12 +114,34 @@ from dtsim.cli.output import table
     "emulated cluster once per bandwidth.",
 )
 @click.option(
+    "--calibrate-at",
+    default=None,
+    metavar="RATE",
+    help="Calibrate the emulated cluster once, at this link rate, and predict every "
+    "bandwidth from it (the goodput share and host costs carry; the what-if across link "
+    "rates). [default: calibrate at each bandwidth]",
+)
+@click.option(
+    "--predict-only",
+    is_flag=True,
+    help="Calibrate, profile and predict every case, write the predictions with the commit, "
+    "the time and the inputs' hashes to DIR/predictions.json, and stop before any real run "
+    "of a case; a later 'sim validate' with the same --out scores them as written.",
+)
+@click.option(
     "--fail-above",
     type=float,
     default=FAIL_ABOVE,
     show_default=True,
-    help="Exit with status 1 when the median |simulated - measured| / measured iteration "
+    help="Exit with status 1 when the median |predicted - measured| / measured iteration "
     "time exceeds this.",
+)
+@click.option(
+    "--fail-above-max",
+    type=float,
+    default=FAIL_ABOVE_MAX,
+    show_default=True,
+    help="Exit with status 1 when the largest |predicted - measured| / measured exceeds this.",
 )
 @click.option(
     "--sim-seeds",
@@ -156,7 +179,10 @@ def validate(
     batch_size: int,
     out: str,
     calibration: str | None,
+    calibrate_at: str | None,
+    predict_only: bool,
     fail_above: float,
+    fail_above_max: float,
     sim_seeds: int,
     sim_jitter: float,
     dry_run: bool,
@@ -190,8 +216,21 @@ def validate(
         raise ConfigError("repeats", repeats, "need at least one real run per case")
     if iterations < 1:
         raise ConfigError("iterations", iterations, "need at least one measured iteration")
-    if not fail_above > 0:
-        raise ConfigError("fail_above", fail_above, "expected a positive fraction, e.g. 0.10")
+    for name, value in (("fail_above", fail_above), ("fail_above_max", fail_above_max)):
+        if not value > 0:
+            raise ConfigError(name, value, "expected a positive fraction, e.g. 0.10")
+    rate_at = None
+    if calibrate_at is not None:
+        if calibration is not None:
+            raise BadInput("--calibrate-at: give it or --calibration, not both")
+        from simcore.units import UnitError, parse_rate
+
+        try:
+            rate_at = parse_rate(calibrate_at)
+        except (UnitError, ValueError) as exc:
+            raise ConfigError("calibrate_at", calibrate_at, str(exc)) from None
+        if not rate_at > 0:
+            raise ConfigError("calibrate_at", calibrate_at, "expected a positive rate, e.g. 1Gbps")
     ensemble = va.Ensemble(sim_seeds, sim_jitter)
     matrix: tuple[tuple[Any, ...], ...] = ()
     if quick:
@@ -248,9 +287,10 @@ def validate(
         from analysis.resolve import load_preset
 
         load_preset(calibration)
-    from realrun.netns import check_available
+    if not (predict_only and calibration is not None):  # calibrations and real runs
+        from realrun.netns import check_available
 
-    check_available()
+        check_available()
     command = _command_line(
         matrix,
         every_rank,
@@ -261,17 +301,23 @@ def validate(
         batch_size,
         out,
         calibration,
+        calibrate_at,
         fail_above,
+        fail_above_max,
         ensemble,
     )
     show = sys.stderr.isatty() if progress is None else progress
     bar = _Bar(len(cases), show)
+    if predict_only:
+        _predict_only(va, cases, out, calibration, rate_at, bar, command)
+        return
     try:
         summary = va.run_validation(
             cases,
             out,
             repeats=repeats,
             topology_file=calibration,
+            calibrate_at=rate_at,
             progress=bar,
             command=command,
             ensemble=ensemble,
@@ -288,19 +334,72 @@ def validate(
     click.echo(va.format_summary(summary))
     for line in summary.errors[:10]:
         click.echo(f"  failed: {line}")
-    med = summary.median_abs_rel_err
+    med = summary.prediction_median_abs_rel_err
+    worst = summary.prediction_max_abs_rel_err
     if math.isnan(med):
         _fail("no case finished, so there is no error to judge; see the failures above")
     if med > fail_above:
         _fail(
-            f"median |rel err| of iteration time is {100 * med:.1f}%, above --fail-above "
-            f"{100 * fail_above:g}%; see {os.path.join(out, 'report.md')}"
+            f"median |prediction error| of iteration time is {100 * med:.1f}%, above "
+            f"--fail-above {100 * fail_above:g}%; see {os.path.join(out, 'report.md')}"
+        )
+    if worst > fail_above_max:
+        _fail(
+            f"largest |prediction error| of iteration time is {100 * worst:.1f}%, above "
+            f"--fail-above-max {100 * fail_above_max:g}%; see {os.path.join(out, 'report.md')}"
         )
     if summary.failed:
         _fail(
             f"{summary.failed} of {summary.cases} cases failed; their errors are in the "
             f"'error' column of {va.table_path(out)}"
         )
+
+
+def _predict_only(
+    va: Any,
+    cases: Any,
+    out: str,
+    calibration: str | None,
+    rate_at: float | None,
+    bar: Any,
+    command: str,
+) -> None:
+    """``--predict-only``: calibrate, profile and register every case's prediction."""
+    from traces.errors import unreadable
+
+    path = va.predictions_path(out)
+    if os.path.exists(path):
+        raise BadInput(
+            f"--out: {out} already holds registered predictions ({path}); they are never "
+            "rewritten: give another --out"
+        )
+    try:
+        os.makedirs(out, exist_ok=True)
+        calibrations = va.prepare_calibrations(
+            cases, out, topology_file=calibration, calibrate_at=rate_at, progress=bar
+        )
+        data = va.register_predictions(
+            cases, out, calibrations, command=command.replace(" --predict-only", ""), progress=bar
+        )
+    except OSError as exc:
+        raise BadInput(f"--out: cannot write into {out} ({unreadable(exc)})") from None
+    finally:
+        bar.close()
+    lines = [f"{'case':<34} {'predicted':>10} {'iterations':>10}  calibration"]
+    for case in cases:
+        e = data["cases"][case.case_id]
+        moved = f" (moved from {e['calibration_rate']})" if e.get("calibration_moved") else ""
+        lines.append(
+            f"{e['case']:<34} {1e3 * e['iteration_time_s']:>8.1f}ms {e['run_iterations']:>10}  "
+            f"{os.path.relpath(e['calibration'])}{moved}"
+        )
+    click.echo("\n".join(lines))
+    commit = data["commit"] or "not a git checkout"
+    dirty = " (with uncommitted changes)" if data["dirty"] else ""
+    click.echo(
+        f"{len(cases)} predictions registered at {data['registered_at']}, commit {commit}{dirty}: "
+        f"{path}\nrun the real side and score them: {data['command']}"
+    )
 
 
 def _fail(message: str) -> None:
@@ -310,9 +409,13 @@ def _fail(message: str) -> None:
 
 
 def summary_table(rows: Any) -> str:
-    """One line per case: measured and simulated iteration time, error, spread, bytes."""
+    """One line per case: measured and predicted iteration time, the prediction's and the
+    replay's error, the real runs' spread, bytes."""
+    from analysis.validate import predicted_s, prediction_err
+
     lines = [
-        f"{'case':<34} {'measured':>9} {'simulated':>9} {'error':>7} {'spread':>7}  bytes  why"
+        f"{'case':<34} {'measured':>9} {'predicted':>9} {'error':>7} {'replay':>7} "
+        f"{'spread':>7}  bytes  why (replay)"
     ]
     for r in rows:
         name = f"{r['scheme']} {r['model']} {r['bandwidth']} x{r['ranks']}"
@@ -321,7 +424,8 @@ def summary_table(rows: Any) -> str:
             continue
         lines.append(
             f"{name:<34} {1e3 * float(r['real_iteration_time_s']):>7.1f}ms "
-            f"{1e3 * float(r['sim_iteration_time_s']):>7.1f}ms "
+            f"{1e3 * predicted_s(r):>7.1f}ms "
+            f"{100 * prediction_err(r):>+6.1f}% "
             f"{100 * float(r['rel_err']):>+6.1f}% {100 * float(r['real_spread']):>6.1f}%  "
             f"{'exact' if str(r['bytes_exact']).lower() in ('true', '1') else 'DIFF '}  "
             f"{r.get('why') or ''}"
@@ -339,7 +443,9 @@ def _command_line(
     batch_size: int,
     out: str,
     calibration: str | None,
+    calibrate_at: str | None,
     fail_above: float,
+    fail_above_max: float,
     ensemble: Any,
 ) -> str:
     """The command that reproduces this validation, every choice spelled out (``matrix``:
@@ -368,7 +474,9 @@ def _command_line(
     ]
     if calibration:
         args += ["--calibration", calibration]
-    args += ["--fail-above", f"{fail_above:g}"]
+    if calibrate_at:
+        args += ["--calibrate-at", calibrate_at]
+    args += ["--fail-above", f"{fail_above:g}", "--fail-above-max", f"{fail_above_max:g}"]
     args += ["--sim-seeds", str(ensemble.seeds), "--sim-jitter", f"{ensemble.jitter:g}"]
     return shlex.join(args)
 

@@ -322,8 +322,12 @@ class PipelineScheme(Scheme):
         prev = self.part.stages[k - 1].out_bytes if k else 0
         return StagePlan(
             ranks=ranks,
-            fwd=[(trace.layers[i].forward_s / m, trace.layers[i].name, i) for i in run],
-            bwd=[(trace.layers[i].backward_s / m, trace.layers[i].name, i) for i in reversed(run)],
+            # a micro-batch pass: each layer's fixed part whole, the rest in proportion
+            fwd=[(trace.layers[i].forward_share_s(1 / m), trace.layers[i].name, i) for i in run],
+            bwd=[
+                (trace.layers[i].backward_share_s(1 / m), trace.layers[i].name, i)
+                for i in reversed(run)
+            ],
             param_bytes=stage.param_bytes,
             act_bytes=stage.activation_bytes / m,
             in_bytes=prev / m,

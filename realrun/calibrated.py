@@ -1,0 +1,100 @@
+"""A calibrated topology file as a prediction input: its link rate, and the same
+calibration moved to another rate.
+
+``sim calibrate`` measures an emulated cluster whose links ``tc tbf`` shapes to one rate,
+and writes what it measured as a topology preset (:func:`realrun.calibrate.calibrate`):
+``network.bandwidth`` is the TCP goodput the links carried, a share of the tbf rate
+(``measured.fits.goodput_share_of_tbf_rate``, about 1448/1514 less tbf's losses), and
+``network.burst`` the payload of tbf's bucket at that rate. A what-if at another link rate
+(``sim run --topology calibrated.yaml --bandwidth R``, or ``sim validate`` predicting a
+case at a rate it did not calibrate) keeps everything measured of the hosts and the
+protocol and moves only what the rate sets (:func:`at_rate`):
+
+* the goodput: the new rate times the measured share;
+* the bucket: the one ``sim real`` shapes at the new rate
+  (:func:`realrun.calibrate.burst_payload_bytes`);
+* ``measured.tbf_rate`` becomes the new rate, and ``measured.moved_from`` records the rate
+  the calibration was measured at.
+
+The link latency, the unshaped peak rate, the sharing lead, and every host cost (per
+message, per byte, the links' packet work per byte, wake-up waits) are kept: they are
+properties of the hosts and the veth pairs, which the rate does not change. Whether that
+holds is what ``sim validate --calibrate-at`` measures. No torch; no I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["at_rate", "calibrated_rate", "goodput_share", "is_calibrated"]
+
+
+def _measured(preset: Mapping[str, Any]) -> Mapping[str, Any]:
+    m = preset.get("measured")
+    return m if isinstance(m, Mapping) else {}
+
+
+def is_calibrated(preset: Mapping[str, Any]) -> bool:
+    """Whether ``preset`` was written by ``sim calibrate`` (it has the fitted goodput)."""
+    fits = _measured(preset).get("fits")
+    return isinstance(fits, Mapping) and "goodput_bytes_per_s" in fits
+
+
+def calibrated_rate(preset: Mapping[str, Any]) -> float | None:
+    """The tbf rate (bytes/s) a calibrated ``preset``'s links were shaped to; ``None`` for
+    a calibration on unshaped links (loopback) or a preset that is not calibrated."""
+    from simcore.units import parse_rate
+
+    rate = _measured(preset).get("tbf_rate")
+    return parse_rate(rate) if rate else None
+
+
+def goodput_share(preset: Mapping[str, Any]) -> tuple[float, str]:
+    """``(share, source)``: the fraction of a link's tbf rate that TCP payload gets on the
+    cluster ``preset`` calibrates. Measured where the calibration shaped its links
+    (``calibration:shaped ping-pong``); else the payload share of full-size frames
+    (``constant``: 1448 of every 1514 bytes), which is what an unloaded shaped link
+    carries at best."""
+    fits = _measured(preset).get("fits")
+    share = fits.get("goodput_share_of_tbf_rate") if isinstance(fits, Mapping) else None
+    if share:
+        return float(share), "calibration:shaped ping-pong"
+    from realrun.calibrate import TCP_PAYLOAD_BYTES
+    from realrun.netns import FRAME_BYTES
+
+    return TCP_PAYLOAD_BYTES / FRAME_BYTES, "constant"
+
+
+def at_rate(preset: Mapping[str, Any], rate_bytes_per_s: float) -> dict[str, Any]:
+    """A copy of the calibrated ``preset`` with its host links shaped to
+    ``rate_bytes_per_s`` (tbf's rate, as ``sim real --bandwidth`` gives it) instead of the
+    rate it was measured at; see the module's docs for what moves and what is kept.
+    ``ValueError`` if ``preset`` is not calibrated or the rate is not positive."""
+    from realrun.calibrate import burst_payload_bytes, format_rate_text
+    from simcore.units import format_rate
+
+    if not is_calibrated(preset):
+        raise ValueError("not a calibrated preset (sim calibrate writes those)")
+    if not rate_bytes_per_s > 0:
+        raise ValueError(f"the link rate must be positive, got {rate_bytes_per_s}")
+    out = copy.deepcopy(dict(preset))
+    share, source = goodput_share(preset)
+    network = dict(out.get("network") or {})
+    network["bandwidth"] = format_rate_text(rate_bytes_per_s * share)
+    if "burst" in network:
+        network["burst"] = f"{round(burst_payload_bytes(rate_bytes_per_s))}B"
+    out["network"] = network
+    measured = dict(_measured(preset))
+    was = measured.get("tbf_rate")
+    measured["tbf_rate"] = format_rate_text(rate_bytes_per_s)
+    measured["moved_from"] = {
+        "tbf_rate": was,
+        "goodput_share": share,
+        "goodput_share_source": source,
+    }
+    out["measured"] = measured
+    old_name = str(preset.get("name", "calibrated"))
+    out["name"] = f"{old_name}@{format_rate(rate_bytes_per_s).replace(' ', '')}"
+    return out

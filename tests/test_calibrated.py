@@ -1,0 +1,100 @@
+"""A calibrated topology file moved to another link rate (``realrun.calibrated``), and
+``sim run --bandwidth`` on one.
+
+``tests/data/calibrated-1Gbps.yaml`` is what ``sim calibrate --cluster netns --bandwidth
+1Gbps`` wrote on this machine type (2026-11-28)."""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analysis.resolve import build_config, preset_at_rate
+from realrun.calibrate import burst_payload_bytes
+from realrun.calibrated import at_rate, calibrated_rate, goodput_share, is_calibrated
+from simcore.engine import simulate
+from simcore.spec import RunSpec
+from simcore.units import parse_rate, parse_size
+
+CALIBRATED = os.path.join(os.path.dirname(__file__), "data", "calibrated-1Gbps.yaml")
+GBPS = 125e6
+
+
+@pytest.fixture(scope="module")
+def preset() -> dict[str, Any]:
+    with open(CALIBRATED, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def test_a_calibration_knows_its_rate_and_goodput_share(preset: dict) -> None:
+    assert is_calibrated(preset)
+    assert calibrated_rate(preset) == GBPS
+    share, source = goodput_share(preset)
+    assert share == preset["measured"]["fits"]["goodput_share_of_tbf_rate"]
+    assert source == "calibration:shaped ping-pong"
+    assert not is_calibrated({"name": "netns", "box": {"gpus": 1}})
+
+
+def test_at_its_own_rate_the_links_are_as_measured(preset: dict) -> None:
+    moved = at_rate(preset, GBPS)
+    assert moved["network"]["bandwidth"] == preset["network"]["bandwidth"]
+    assert moved["network"]["burst"] == preset["network"]["burst"]
+    assert moved["host"] == preset["host"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(rate=st.floats(min_value=1e6, max_value=1.25e9))
+def test_another_rate_keeps_the_share_and_the_hosts(rate: float) -> None:
+    """Goodput = rate x the measured share (4 significant digits, as written); the
+    bucket is the one ``sim real`` shapes at that rate; everything measured of the hosts
+    is kept, and the file says what it was moved from."""
+    with open(CALIBRATED, encoding="utf-8") as fh:
+        preset = yaml.safe_load(fh)
+    before = copy.deepcopy(preset)
+    moved = at_rate(preset, rate)
+    assert preset == before  # the input is not changed
+    share = preset["measured"]["fits"]["goodput_share_of_tbf_rate"]
+    assert parse_rate(moved["network"]["bandwidth"]) == pytest.approx(rate * share, rel=1e-3)
+    assert parse_size(moved["network"]["burst"]) == round(burst_payload_bytes(rate))
+    for key in ("latency", "peak_bandwidth", "lead", "sharing"):
+        assert moved["network"][key] == preset["network"][key]
+    assert moved["host"] == preset["host"]
+    assert moved["measured"]["moved_from"]["tbf_rate"] == preset["measured"]["tbf_rate"]
+    assert calibrated_rate(moved) == pytest.approx(rate, rel=1e-3)
+
+
+def test_at_rate_refuses_what_it_cannot_move(preset: dict) -> None:
+    with pytest.raises(ValueError, match="not a calibrated preset"):
+        at_rate({"name": "ethernet", "box": {"gpus": 1}}, GBPS)
+    with pytest.raises(ValueError, match="positive"):
+        at_rate(preset, 0.0)
+
+
+def _iteration_s(bandwidth: float | None) -> float:
+    spec = RunSpec().replace(
+        scheme="dp", gpus=2, model="resnet18-cpu", topology=CALIBRATED, iterations=2
+    )
+    if bandwidth is not None:
+        spec = spec.replace(bandwidth=bandwidth)
+    return simulate(build_config(spec, record_spans=False)).iteration_time_s
+
+
+def test_sim_run_at_the_calibrated_rate_is_the_calibration_itself() -> None:
+    """``--bandwidth`` equal to the rate a file was calibrated at changes nothing (it used
+    to replace the measured goodput by the nominal rate, 5% faster); lower rates are
+    slower."""
+    as_measured = _iteration_s(None)
+    assert _iteration_s(GBPS) == as_measured
+    assert _iteration_s(GBPS / 5) > _iteration_s(GBPS / 2) > as_measured
+
+
+def test_other_presets_take_the_rate_as_an_override() -> None:
+    plain = {"name": "ethernet", "box": {"gpus": 1}}
+    assert preset_at_rate(plain, 5e8) == (plain, 5e8)
+    assert preset_at_rate(plain, None) == (plain, None)
