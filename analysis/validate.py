@@ -355,6 +355,50 @@ def build_matrix(
     return tuple(dict.fromkeys(cases))
 
 
+HELDOUT_SCHEMES = SCHEMES
+HELDOUT_MODELS = ("resnet_small", "transformer_small", "user_model.py:wide_mlp")
+"""The held-out matrix's models: a ResNet (residual joins, batch norm) and a Transformer
+(attention, embeddings) of the zoo, and a user's model by file (its path is completed to
+this package's :mod:`analysis.heldout.user_model`); none was ever tuned on."""
+HELDOUT_BANDWIDTHS = ("500Mbps",)
+"""The held-out link rate: between the development matrix's two."""
+HELDOUT_BATCH = 36
+"""The held-out batch: not the development matrix's 24, divisible by 2, 3 and 4 (every
+micro-batch count the pipelines take) and by GPipe's four micro-batches."""
+MATRICES = ("development", "heldout")
+"""The named matrices of ``sim validate --matrix``."""
+
+
+def heldout_model(name: str) -> str:
+    """A held-out model's reference: a zoo name as it is; ``user_model.py:NAME`` as the
+    absolute ``FILE.py:NAME`` of :mod:`analysis.heldout.user_model`."""
+    if not name.startswith("user_model.py:"):
+        return name
+    from analysis.heldout import user_model
+
+    return f"{user_model.__file__}:{name.split(':', 1)[1]}"
+
+
+def heldout_matrix(
+    *,
+    iterations: int = ITERATIONS,
+    min_measured_s: float = MIN_MEASURED_S,
+) -> tuple[Case, ...]:
+    """The held-out matrix: every scheme x :data:`HELDOUT_MODELS` at
+    :data:`HELDOUT_BANDWIDTHS` and batch :data:`HELDOUT_BATCH`, ranks 2-4 in turn (24
+    cases). It is run only with the model frozen and its predictions registered
+    (``sim validate --matrix heldout --predict-only`` first)."""
+    return build_matrix(
+        HELDOUT_SCHEMES,
+        [heldout_model(m) for m in HELDOUT_MODELS],
+        HELDOUT_BANDWIDTHS,
+        RANKS,
+        batch_size=HELDOUT_BATCH,
+        iterations=iterations,
+        min_measured_s=min_measured_s,
+    )
+
+
 def quick_matrix(
     *,
     iterations: int = ITERATIONS,

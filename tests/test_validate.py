@@ -853,3 +853,58 @@ def test_cli_predict_only_registers_and_refuses_to_rewrite(
     assert os.path.exists(va.predictions_path(out))
     code, _, err = run_main(capsys, *args)
     assert code == 2 and "never rewritten" in err and "Traceback" not in err
+
+
+# ---- the held-out matrix ----------------------------------------------------------------
+
+
+def test_the_heldout_matrix_is_what_the_development_one_is_not() -> None:
+    """24 cases, all eight schemes, 2-4 ranks, at a rate, a batch and on models the
+    development matrix does not have (a ResNet, a Transformer, a user's model by file)."""
+    cases = va.heldout_matrix()
+    dev = va.build_matrix()
+    assert len(cases) >= 24
+    assert {c.scheme for c in cases} == set(va.SCHEMES)
+    assert {c.ranks for c in cases} == {2, 3, 4}
+    assert {c.batch_size for c in cases} == {va.HELDOUT_BATCH} != {c.batch_size for c in dev}
+    assert not {c.bandwidth_bytes_per_s for c in cases} & {c.bandwidth_bytes_per_s for c in dev}
+    assert not {c.model for c in cases} & {c.model for c in dev}
+    user = [c.model for c in cases if c.model.endswith(":wide_mlp")]
+    assert user and all(os.path.isabs(m.rsplit(":", 1)[0]) for m in user)
+    assert {c.model for c in cases} >= {"resnet_small", "transformer_small"}
+    # ids do not depend on where the checkout is
+    assert all("/" not in c.case_id for c in cases)
+
+
+def test_heldout_models_build_with_their_documented_sizes() -> None:
+    pytest.importorskip("torch", reason="the zoo's models are torch modules (pip install .[real])")
+    from realrun.usermodel import resolve_model
+
+    sizes = {
+        "resnet_small": 78_042,
+        "transformer_small": 674_954,
+        va.heldout_model("user_model.py:wide_mlp"): 3_170_314,
+    }
+    for ref, params in sizes.items():
+        model = resolve_model(ref).build()
+        assert sum(p.numel() for p in model.parameters()) == params, ref
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--matrix", "heldout", "--schemes", "dp"], "--matrix heldout: it has its own matrix"),
+        (["--matrix", "heldout", "--batch-size", "12"], "its batch is 36"),
+        (["--matrix", "heldout", "--quick"], "not both"),
+        (["--matrix", "nosuch"], "nosuch"),
+    ],
+)
+def test_cli_heldout_bad_input_is_one_line(capsys: Any, args: list[str], words: str) -> None:
+    code, _, err = run_main(capsys, "validate", "--dry-run", *args)
+    assert code == 2 and words in err and "Traceback" not in err
+
+
+def test_cli_heldout_dry_run_lists_its_cases(capsys: Any) -> None:
+    code, out, _ = run_main(capsys, "validate", "--matrix", "heldout", "--dry-run")
+    assert code == 0 and out.startswith("24 cases:")
+    assert "spectrain transformer_small 500Mbps" in out

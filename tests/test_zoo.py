@@ -50,6 +50,17 @@ PUBLISHED = {
         (3 * 9 * 32 + 32) + (32 * 9 * 64 + 64) + (64 * 9 * 128 + 128) + _linear(2048, 256)
     )
     + _linear(256, 10),
+    # the held-out validation models (realrun/zoo/small.py): convolutions, batch norms
+    "resnet_small": (3 * 9 * 16 + 32)
+    + (2 * 16 * 9 * 16 + 2 * 32)
+    + (16 * 9 * 32 + 32 * 9 * 32 + 2 * 64 + 16 * 32 + 64)
+    + (32 * 9 * 64 + 64 * 9 * 64 + 2 * 128 + 32 * 64 + 128)
+    + _linear(64, 10),
+    # embeddings and their norm, two encoder layers (attention, feed-forward, two norms)
+    "transformer_small": (2000 * 128 + 32 * 128 + 2 * 128 + 2 * 128)
+    + 2 * (_linear(128, 384) + _linear(128, 128) + _linear(128, 512) + _linear(512, 128) + 4 * 128)
+    + _linear(128, 128)
+    + _linear(128, 10),
     # the digits models of the convergence study (realrun/zoo/digits.py)
     "digits_cnn": (9 * 16 + 16) + (16 * 9 * 32 + 32) + _linear(512, 64) + _linear(64, 10),
     "digits_mlp": _linear(64, 128) + 3 * _linear(128, 128) + _linear(128, 10),

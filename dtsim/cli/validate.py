@@ -32,6 +32,17 @@ from dtsim.cli.output import table
     help="The small matrix (dp, ps, gpipe, pipedream at 1 Gbit/s; a few minutes), for CI.",
 )
 @click.option(
+    "--matrix",
+    "matrix_name",
+    type=click.Choice(["development", "heldout"]),
+    default="development",
+    show_default=True,
+    help="development: the matrix the model is tuned on (--schemes, --models, ... choose "
+    "within it); heldout: 24 cases it never was (a ResNet, a Transformer and a user model "
+    "by file, batch 36, 500 Mbit/s, all eight schemes), to run only with the model frozen "
+    "and its predictions registered first (--predict-only).",
+)
+@click.option(
     "--schemes",
     default=None,
     metavar="LIST",
@@ -167,6 +178,7 @@ from dtsim.cli.output import table
 )
 def validate(
     quick: bool,
+    matrix_name: str,
     schemes: str | None,
     models: str | None,
     input_shape: str | None,
@@ -233,7 +245,7 @@ def validate(
             raise ConfigError("calibrate_at", calibrate_at, "expected a positive rate, e.g. 1Gbps")
     ensemble = va.Ensemble(sim_seeds, sim_jitter)
     matrix: tuple[tuple[Any, ...], ...] = ()
-    if quick:
+    if quick or matrix_name == "heldout":
         given = [
             f
             for f, v in (
@@ -245,14 +257,25 @@ def validate(
             )
             if v is not None
         ] + (["--every-rank"] if every_rank else [])
+        named = "--quick" if quick else "--matrix heldout"
+        if quick and matrix_name == "heldout":
+            raise BadInput("--quick: give it or --matrix heldout, not both")
         if given:
             raise BadInput(
-                f"--quick: it has its own matrix and takes no {given[0]}; "
-                "drop --quick to choose the matrix"
+                f"{named}: it has its own matrix and takes no {given[0]}; "
+                f"drop {named} to choose the matrix"
             )
-        cases = va.quick_matrix(
-            iterations=iterations, batch_size=batch_size, min_measured_s=min_measured_s
-        )
+        if quick:
+            cases = va.quick_matrix(
+                iterations=iterations, batch_size=batch_size, min_measured_s=min_measured_s
+            )
+        else:
+            if batch_size != BATCH:
+                raise BadInput(
+                    f"--matrix heldout: its batch is {va.HELDOUT_BATCH}; drop --batch-size"
+                )
+            cases = va.heldout_matrix(iterations=iterations, min_measured_s=min_measured_s)
+            matrix = (("heldout",),)
     else:
         rank_list = []
         for text in va.parse_list("ranks", ranks or ",".join(map(str, va.RANKS))):
@@ -453,6 +476,8 @@ def _command_line(
     args = ["sim", "validate"]
     if not matrix:
         args.append("--quick")
+    elif matrix == (("heldout",),):
+        args += ["--matrix", "heldout"]
     else:
         for flag, values in zip(("--schemes", "--models", "--bandwidths", "--ranks"), matrix):
             args += [flag, ",".join(map(str, values))]
@@ -467,8 +492,7 @@ def _command_line(
         str(iterations),
         "--min-measured-s",
         f"{min_measured_s:g}",
-        "--batch-size",
-        str(batch_size),
+        *(["--batch-size", str(batch_size)] if matrix != (("heldout",),) else []),
         "--out",
         out,
     ]

@@ -143,6 +143,20 @@ REGISTRY: dict[str, ZooModel] = dict(
             "Validation CNN: three 3x3 convolutions on 3x32x32, 256-unit hidden layer",
         ),
         _entry(
+            "resnet_small",
+            "small",
+            "resnet_small",
+            (InputSpec((3, 32, 32)),),
+            "Held-out validation ResNet: 3 basic blocks (16-32-64) on 3x32x32, batch norm",
+        ),
+        _entry(
+            "transformer_small",
+            "small",
+            "transformer_small",
+            (InputSpec((32,), "int64", 2000),),
+            "Held-out validation Transformer: 2 encoder layers of width 128, 32 tokens",
+        ),
+        _entry(
             "digits_cnn",
             "digits",
             "digits_cnn",

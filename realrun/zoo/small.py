@@ -16,6 +16,14 @@ validations can train them with several ranks on two cores.
   ReLU, 2x2 max-pooling after each), a hidden linear layer of 256 units and a classifier
   of 10 classes: 896 + 18,496 + 73,856 + 524,544 + 2,570 = 620,362 parameters; compute
   dominated by the convolutions: the validation matrix's CNN.
+* ``resnet_small``: a CIFAR-style ResNet on 3x32x32: a 3x3 stem of 16 channels, three
+  stages of one basic block each (16, 32 and 64 channels, the last two halving the
+  image), batch normalisation, average pooling and a classifier of 10 classes (78,042
+  parameters): residual joins, as ResNets have; a held-out validation model.
+* ``transformer_small``: the zoo's Transformer classifier at a small shape (2,000 words,
+  32 tokens, two encoder layers of width 128, four heads, 512 hidden; no dropout; 10
+  classes; 674,954 parameters): attention, layer norms and embeddings; a held-out
+  validation model.
 """
 
 from __future__ import annotations
@@ -101,3 +109,38 @@ def mlp_medium() -> SmallMLP:
 def cnn_medium() -> MediumCNN:
     """The validation matrix's CNN (3x32x32 -> 10 classes)."""
     return MediumCNN()
+
+
+def resnet_small() -> nn.Module:
+    """The held-out validation ResNet (see the module's docs)."""
+    from realrun.zoo.resnet import BasicBlock
+
+    def stage(in_ch: int, out_ch: int, stride: int) -> nn.Module:
+        down = None
+        if stride != 1 or in_ch != out_ch:
+            down = nn.Sequential(
+                nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch)
+            )
+        return BasicBlock(in_ch, out_ch, stride, down)
+
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        stage(16, 16, 1),
+        stage(16, 32, 2),
+        stage(32, 64, 2),
+        nn.AdaptiveAvgPool2d((1, 1)),
+        nn.Flatten(),
+        nn.Linear(64, 10),
+    )
+
+
+def transformer_small() -> nn.Module:
+    """The held-out validation Transformer (see the module's docs)."""
+    from realrun.zoo.transformer import TransformerClassifier
+
+    return TransformerClassifier(
+        vocab=2000, max_positions=32, width=128, depth=2, heads=4, ff=512, num_classes=10,
+        dropout=0.0,
+    )  # fmt: skip
