@@ -589,7 +589,11 @@ def ensure_trace(out_dir: str, case: Case, topology_file: str) -> tuple[str, dic
 
 
 def case_topology(
-    out_dir: str, topology_file: str, trace_file: str, update: Mapping[str, float]
+    out_dir: str,
+    topology_file: str,
+    trace_file: str,
+    update: Mapping[str, float],
+    source: str = "profile",
 ) -> str:
     """The calibrated preset with the optimizer step's cost measured with the trace (its
     memory bandwidth and fixed overhead, :func:`realrun.metrics.update_cost`) and, where
@@ -597,10 +601,24 @@ def case_topology(
     (``predict_overhead_s``), the messaging CPU per message (``p2p_message_cpu_s``),
     the sending thread's hold per ``isend`` (``isend_s``) and a pipeline's transport
     threads' CPU per message end (``posted_cpu_s``) measured in the same run; next
-    to the trace; the calibration itself is left as measured."""
+    to the trace; the calibration itself is left as measured. ``measured.sources`` says
+    where each setting came from (:data:`realrun.calibrated.KNOBS`): the optimizer step's
+    from ``source`` (``profile`` for a prediction, ``run`` for a replay), the rest from
+    the run (a replay's alone)."""
     from analysis.resolve import load_preset
 
     preset = dict(load_preset(topology_file))
+    from realrun.calibrated import knob_sources
+
+    measured = dict(preset.get("measured") or {})
+    sources = dict(measured.get("sources") or knob_sources(preset))  # (older files: none)
+    sources["gpu.memory_bandwidth"] = sources["gpu.step_overhead"] = source
+    if "predict_overhead_s" in update:
+        sources["gpu.predict_overhead"] = "run"
+    for key in ("p2p_message_cpu_s", "isend_s", "posted_cpu_s"):
+        if key in update:
+            sources[f"host.{key}"] = "run"
+    preset["measured"] = {**measured, "sources": sources}
     preset["gpu"] = {
         **dict(preset.get("gpu") or {}),
         "memory_bandwidth": f"{update['memory_bandwidth_bytes_per_s']:.6g}B/s",
@@ -1448,7 +1466,7 @@ def simulate_measured(
     )
     if posted is not None:
         update["posted_cpu_s"] = posted
-    topology = case_topology(out_dir, calibration, path, update)
+    topology = case_topology(out_dir, calibration, path, update, source="run")
     if not job.pipeline:
         return simulate_ensemble(sim_config(case, path, topology), ensemble)
     layers = job.pipeline["stage_layers"]

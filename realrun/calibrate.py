@@ -1400,6 +1400,9 @@ def _preset(
         measured["wakeup"] = wake_rows
         fits["wakeup_s"] = wake
         fits["wakeup_residual_s_max"] = wake_residual
+    from realrun.calibrated import knob_sources
+
+    measured["sources"] = knob_sources(preset)  # each setting's unit and source: KNOBS
     return preset
 
 

@@ -26,9 +26,121 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["at_rate", "calibrated_rate", "goodput_share", "is_calibrated"]
+__all__ = [
+    "KNOBS",
+    "Knob",
+    "at_rate",
+    "calibrated_rate",
+    "goodput_share",
+    "is_calibrated",
+    "knob_sources",
+]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One setting of a calibrated topology file that the simulator reads.
+
+    Attributes:
+        path: its place in the file, ``section.key``.
+        unit: what its number means.
+        source: where its value comes from: ``calibration:<benchmark>`` (measured by that
+            microbenchmark of ``sim calibrate``), ``fit-by-simulation:<benchmark>`` (the
+            value whose simulation of that benchmark matches the measurement),
+            ``profile`` (measured with the model's profile, beside the trace),
+            ``constant`` (a property of the software, not measured), or ``run`` (taken
+            from a real run of the case itself: the replay's alone, never a
+            prediction's).
+        what: one line on what it stands for.
+    """
+
+    path: str
+    unit: str
+    source: str
+    what: str
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("gpu.memory", "bytes", "constant", "the machine's memory (/proc/meminfo)"),
+    Knob("gpu.memory_bandwidth", "bytes/s", "calibration:copy", "one thread's copy rate"),
+    Knob("gpu.peak_flops", "FLOP/s", "calibration:matmul", "one thread's float32 matmul rate"),
+    Knob("gpu.step_overhead", "s", "profile", "an optimizer step's fixed cost"),
+    Knob("gpu.predict_overhead", "s", "run", "SpecTrain's fixed cost of a weight prediction"),
+    Knob("host.cores", "cores", "constant", "the machine's cores the ranks share"),
+    Knob("host.shared", "flag", "constant", "every emulated host on the same cores"),
+    Knob("host.message_cpu_s", "s", "calibration:unshaped ping-pong", "CPU per message"),
+    Knob(
+        "host.copy_cpu_s_per_byte", "s/byte", "calibration:unshaped ping-pong",
+        "CPU per byte sent or received",
+    ),
+    Knob(
+        "host.reduce_cpu_s_per_byte", "s/byte", "calibration:reduce",
+        "CPU per byte summed by a collective",
+    ),
+    Knob(
+        "host.p2p_handshake_s", "s", "calibration:messenger ping-pong",
+        "a point-to-point message's handshake",
+    ),
+    Knob(
+        "host.p2p_message_cpu_s", "s", "calibration:messenger ping-pong",
+        "the messenger threads' CPU per message (the replay takes it from the run)",
+    ),
+    Knob(
+        "host.p2p_copy_cpu_s_per_byte", "s/byte", "calibration:messenger ping-pong",
+        "the messenger threads' CPU per byte",
+    ),
+    Knob(
+        "host.socket_buffer", "bytes", "calibration:shaped ping-pong",
+        "what a blocking send hands the kernel before it returns",
+    ),
+    Knob("host.isend_s", "s", "run", "the sending thread's hold per isend"),
+    Knob("host.posted_cpu_s", "s", "run", "a pipeline's transport threads' CPU per message end"),
+    Knob(
+        "host.wakeup_s", "s", "fit-by-simulation:busy cores",
+        "a woken thread's wait for a core while every core computes",
+    ),
+    Knob(
+        "host.balance_s", "s", "fit-by-simulation:scheduler",
+        "how soon an idle core takes over a thread queued on a busier one",
+    ),
+    Knob(
+        "host.link_cpu_s_per_byte", "s/byte", "calibration:link cpu",
+        "a shaped link's packet work per byte and end, one pair busy",
+    ),
+    Knob(
+        "host.link_cpu_two_pairs_s_per_byte", "s/byte", "calibration:link cpu",
+        "the same with two pairs busy",
+    ),
+    Knob("gloo.segment_bytes", "bytes", "constant", "gloo's all-reduce segment (1 MiB)"),
+    Knob("gloo.threads", "threads", "constant", "ProcessGroupGloo's worker threads (2)"),
+    Knob("network.bandwidth", "bytes/s", "calibration:shaped ping-pong", "the links' goodput"),
+    Knob("network.latency", "s", "calibration:shaped ping-pong", "one link's latency"),
+    Knob("network.burst", "bytes", "constant", "tbf's bucket as sim real shapes it"),
+    Knob(
+        "network.peak_bandwidth", "bytes/s", "calibration:unshaped ping-pong",
+        "the rate a full bucket's bytes leave at",
+    ),
+    Knob("network.sharing", "policy", "constant", "TCP connections take turns on a link"),
+    Knob(
+        "network.lead", "s", "fit-by-simulation:two flows",
+        "how long a sending connection keeps a link before a newcomer shares it",
+    ),
+)  # fmt: skip
+"""Every setting of a calibrated file, declared once: unit and source."""
+
+
+def knob_sources(preset: Mapping[str, Any]) -> dict[str, str]:
+    """``{path: source}`` of the declared knobs ``preset`` sets (:data:`KNOBS`)."""
+    out = {}
+    for knob in KNOBS:
+        section, key = knob.path.split(".")
+        values = preset.get(section)
+        if isinstance(values, Mapping) and key in values:
+            out[knob.path] = knob.source
+    return out
 
 
 def _measured(preset: Mapping[str, Any]) -> Mapping[str, Any]:

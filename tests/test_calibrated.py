@@ -98,3 +98,68 @@ def test_other_presets_take_the_rate_as_an_override() -> None:
     plain = {"name": "ethernet", "box": {"gpus": 1}}
     assert preset_at_rate(plain, 5e8) == (plain, 5e8)
     assert preset_at_rate(plain, None) == (plain, None)
+
+
+# ---- every setting declared once, with its source --------------------------------------
+
+IDENTITIES = {"gpu.kind", "gpu.model", "network.kind", "network.nic_link"}
+"""Keys of a calibrated file that say what the devices are, not how fast: no knobs."""
+
+
+def test_every_setting_of_a_calibrated_file_is_declared(preset: dict) -> None:
+    from realrun.calibrated import KNOBS
+
+    declared = {k.path for k in KNOBS}
+    for section in ("gpu", "host", "gloo", "network"):
+        for key in preset[section]:
+            path = f"{section}.{key}"
+            assert path in declared or path in IDENTITIES, f"{path} has no declared source"
+    sources = {"calibration", "fit-by-simulation", "profile", "constant", "run"}
+    assert all(k.source.split(":")[0] in sources for k in KNOBS)
+    assert len(declared) == len(KNOBS)
+
+
+def test_every_declared_host_knob_is_one_the_simulator_reads() -> None:
+    from realrun.calibrated import KNOBS
+    from simcore.topology import _host_spec
+
+    for knob in KNOBS:
+        section, key = knob.path.split(".")
+        if section == "host":
+            value = True if key == "shared" else 1 if key == "cores" else 0.0
+            _host_spec({"cores": 2, key: value})  # an unknown key raises
+
+
+def test_the_docs_list_every_knob_with_its_source() -> None:
+    from realrun.calibrated import KNOBS
+
+    docs = os.path.join(os.path.dirname(__file__), "..", "docs", "prediction.md")
+    with open(docs, encoding="utf-8") as fh:
+        text = fh.read()
+    for knob in KNOBS:
+        assert f"| `{knob.path}` | {knob.unit} | {knob.source} |" in text, knob.path
+
+
+def test_a_case_preset_says_what_came_from_the_profile_and_what_from_the_run(
+    tmp_path: Any,
+) -> None:
+    from analysis import validate as va
+    from analysis.resolve import load_preset
+
+    trace = str(tmp_path / "t.json")
+    update = {"memory_bandwidth_bytes_per_s": 5e9, "step_overhead_s": 1e-4}
+    predicted = load_preset(va.case_topology(str(tmp_path), CALIBRATED, trace, update))
+    sources = predicted["measured"]["sources"]
+    assert sources["gpu.step_overhead"] == "profile" and "host.isend_s" not in sources
+    assert sources["network.lead"] == "fit-by-simulation:two flows"
+    replayed = load_preset(
+        va.case_topology(
+            str(tmp_path),
+            CALIBRATED,
+            str(tmp_path / "r.json"),
+            {**update, "isend_s": 1e-5},
+            source="run",
+        )
+    )
+    assert replayed["measured"]["sources"]["gpu.step_overhead"] == "run"
+    assert replayed["measured"]["sources"]["host.isend_s"] == "run"
