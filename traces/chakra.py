@@ -360,7 +360,10 @@ def _from_dtsim(files: list[EtFile]) -> Trace:
                 flops=a.get("dtsim.flops"),
             )
         )
-        edges += [(src, name) for src in a.get("dtsim.inputs", []) if src in found]
+        inputs = [src for src in a.get("dtsim.inputs", []) if src in found]
+        if not inputs and layers[:-1] and a.get("dtsim.inputs"):
+            inputs = [layers[-2].name]  # its inputs did not run here: follow the one before
+        edges += [(src, name) for src in inputs]
     meta = TraceMeta(
         model=md.get("dtsim.model") or "chakra",
         device=md.get("dtsim.device") or "unknown",
@@ -427,6 +430,33 @@ def _tensor_bytes(shapes: str, types: str) -> tuple[int, int]:
     return total, elem
 
 
+def _storages(values: str) -> set[int]:
+    """The storage ids of the tensors in an ET node's input or output values (each tensor
+    is ``[tensor id, storage id, offset, elements, element bytes, device]``)."""
+    try:
+        data = ast.literal_eval(values) if values else []
+    except (ValueError, SyntaxError):
+        return set()
+    out: set[int] = set()
+
+    def visit(x: Any) -> None:
+        if isinstance(x, list):
+            if len(x) == 6 and all(isinstance(v, int) for v in x[:5]) and isinstance(x[5], str):
+                out.add(x[1])
+            else:
+                for v in x:
+                    visit(v)
+
+    visit(data)
+    return out
+
+
+def _is_view(op: _Op) -> bool:
+    """Whether an operator only returns views of its inputs (no new data)."""
+    outs = _storages(op.node.outputs.values)
+    return bool(outs) and outs <= _storages(op.node.inputs.values)
+
+
 def _from_pytorch(et: EtFile, *, batch_size: int | None) -> Trace:
     """The layer trace of an ET converted from a PyTorch run (see the module docs)."""
     src = et.path
@@ -469,8 +499,11 @@ def _from_pytorch(et: EtFile, *, batch_size: int | None) -> Trace:
         if forward:
             out_shapes = forward[-1].node.outputs.shapes.replace(" ", "")
             if out_shapes in ("[[]]", "[]") and len(forward) > 1:
-                left_out = f"; the loss ({forward[-1].name}) left out"
-                forward = forward[:-1]
+                loss = [forward.pop()]
+                # views taken for the loss (mse_loss's broadcast_tensors) are the loss's
+                while len(forward) > 1 and _is_view(forward[-1]):
+                    loss.insert(0, forward.pop())
+                left_out = f"; the loss ({', '.join(o.name for o in loss)}) left out"
         for i, o in enumerate(forward):
             groups[f"{o.name.split('::')[-1]}{i}"] = [o]
     if not groups:
@@ -595,6 +628,7 @@ def link_pytorch(host: str, device: str, out: str, *, rank: int = 0) -> None:
     import io
     import json
     import logging
+    import warnings
 
     schema("linking a PyTorch execution trace")
     for path, what in ((host, "PyTorch execution trace"), (device, "Kineto trace")):
@@ -620,7 +654,8 @@ def link_pytorch(host: str, device: str, out: str, *, rank: int = 0) -> None:
 
     logging.disable(logging.CRITICAL)  # chakra and HTA log to the root logger
     try:
-        with tempfile.TemporaryDirectory(prefix="dtsim-chakra-") as tmp:
+        with warnings.catch_warnings(), tempfile.TemporaryDirectory(prefix="dtsim-chakra-") as tmp:
+            warnings.simplefilter("ignore")  # HTA's pandas deprecations
             linked = os.path.join(tmp, "linked.json")
             sink = io.StringIO()
             try:
