@@ -242,8 +242,15 @@ def test_profile_format_chakra_then_run(tmp_path: Path) -> None:
 def test_truncated_file_is_named(tmp_path: Path) -> None:
     _result, out = _export(tmp_path, "dp", "alexnet")
     f = out / "alexnet.2.et"
-    f.write_bytes(f.read_bytes()[:-7])
+    from traces.chakra import read
+
+    last = read(f).nodes[-1].ByteSize()
+    whole = f.read_bytes()
+    f.write_bytes(whole[:-7])
     _one_line_error(_run("trace", "show", str(out)), "alexnet.2.et", "truncated")
+    # cut between two messages: the node count in the metadata tells
+    f.write_bytes(whole[: -(last + 1 + (last >= 128))])
+    _one_line_error(_run("trace", "show", str(out)), "alexnet.2.et", "nodes; the file is truncated")
 
 
 @needs_chakra

@@ -184,10 +184,11 @@ def read(path: str | os.PathLike[str]) -> EtFile:
 
     def decode(msg: Any, where: str) -> bool:
         start = reader.pos
+        problem = None
         try:
             ok = protolib.decodeMessage(reader, msg)
         except (pb_message.DecodeError, ValueError, RuntimeError) as exc:
-            fail(where, f"message at byte {start} does not parse ({exc})")
+            problem = f"message at byte {start} does not parse ({exc})"
         if reader.short_at >= 0 and reader.short_at != start:
             raise TraceFormatError(
                 src,
@@ -195,6 +196,8 @@ def read(path: str | os.PathLike[str]) -> EtFile:
                 f"cut short: the message at byte {start} runs past the end of the file "
                 f"({len(raw)} bytes); the file is truncated",
             )
+        if problem:
+            fail(where, problem)
         if ok and len(unknown_fields.UnknownFieldSet(msg)):
             fail(where, f"message at byte {start} has fields the Chakra schema does not have")
         return bool(ok)
@@ -219,7 +222,13 @@ def read(path: str | os.PathLike[str]) -> EtFile:
         raise TraceFormatError(src, "", f"cut short at byte {reader.pos} of {len(raw)}")
     if not nodes:
         fail("", "no nodes")
-    return EtFile(src, meta.version, attrs(meta), tuple(nodes))
+    md = attrs(meta)
+    count = md.get("dtsim.node_count")
+    if md.get("dtsim.format") == DTSIM_FORMAT and isinstance(count, int) and count != len(nodes):
+        raise TraceFormatError(
+            src, "", f"cut short: {len(nodes)} of its {count} nodes; the file is truncated"
+        )
+    return EtFile(src, meta.version, md, tuple(nodes))
 
 
 def rank_files(path: str | os.PathLike[str]) -> list[str]:

@@ -259,6 +259,7 @@ def build(
             "dtsim.format": DTSIM_FORMAT,
             "dtsim.rank": rank,
             "dtsim.world_size": len(ranks),
+            "dtsim.node_count": len(nodes),
             "dtsim.device_name": dev,
             "dtsim.model": info.model,
             "dtsim.batch_size": int(info.batch_size),
