@@ -160,6 +160,7 @@ def build(
             for a, b, name, it in inside.get(s[0], ())
         )
 
+    tags = {f: i for i, f in enumerate(sorted(ends))}  # flow ids (real runs': 64-bit) -> int32
     msg_spans: dict[int, list[tuple[Any, ...]]] = {}
     for s in spans:
         if s[1] in (SEND, RECV) and s[10] >= 0:
@@ -242,7 +243,7 @@ def build(
                         pb.AttributeProto(
                             name="comm_dst" if stream == SEND else "comm_src", int32_val=peer
                         ),
-                        pb.AttributeProto(name="comm_tag", int32_val=int(flow)),
+                        pb.AttributeProto(name="comm_tag", int32_val=tags.get(flow, -1)),
                         _attr(pb, "comm_size", int(nbytes)),
                     ]
                 )
