@@ -124,6 +124,7 @@ def record_chakra(
     (:func:`traces.chakra.link_pytorch`). ``warmup`` untimed steps come first."""
     import os
     import tempfile
+    import warnings
 
     from torch.profiler import ExecutionTraceObserver, schedule
 
@@ -134,7 +135,8 @@ def record_chakra(
     runner = _RangeInterpreter(graph)
     on_gpu = next(iter(tensors_in(inputs))).device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    with tempfile.TemporaryDirectory(prefix="dtsim-chakra-") as tmp:
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory(prefix="dtsim-chakra-") as tmp:
+        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end")
         host, device = os.path.join(tmp, "host.json"), os.path.join(tmp, "kineto.json")
         observer = ExecutionTraceObserver()
         observer.register_callback(host)

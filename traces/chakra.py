@@ -24,7 +24,8 @@ Two kinds of ET become a :class:`~traces.model.Trace` (:func:`load`):
   :mod:`realrun.kineto` record), else the top-level operators of the forward pass that
   autograd recorded (those with a sequence number), the loss (the last one, when it
   returns a scalar) left out. A layer's forward time is the inclusive duration of its
-  nodes; its backward time that of the ``autograd::engine::evaluate_function`` nodes whose
+  nodes (on a GPU, of the kernels they launched, which chakra places under them); its
+  backward time that of the ``autograd::engine::evaluate_function`` nodes whose
   backward function has the sequence number of one of its operators (``AccumulateGrad``
   belongs to the layer whose backward ran just before it, as in :mod:`traces.kineto`); its
   parameter bytes the gradients accumulated there; its activation bytes the tensors its
@@ -413,8 +414,16 @@ class _Op:
         for c in self.children:
             yield from c.walk()
 
-    def inclusive_us(self) -> float:
-        return float(self.node.duration_micros) + sum(c.inclusive_us() for c in self.children)
+    @property
+    def on_gpu(self) -> bool:
+        """Whether it is a GPU operator (chakra's ``is_cpu_op`` false)."""
+        return self.attrs.get("is_cpu_op") is False
+
+    def inclusive_us(self, gpu: bool = False) -> float:
+        """Its duration and its descendants' (``gpu``: only its GPU operators' among them,
+        the kernels it launched)."""
+        own = float(self.node.duration_micros) if self.on_gpu or not gpu else 0.0
+        return own + sum(c.inclusive_us(gpu) for c in self.children)
 
 
 def _tensor_bytes(shapes: str, types: str) -> tuple[int, int]:
@@ -481,6 +490,7 @@ def _from_pytorch(et: EtFile, *, batch_size: int | None) -> Trace:
             "every node's duration is 0: the execution trace was converted without its "
             "Kineto trace; link them first (sim trace convert ET.json --kineto KINETO.json)",
         )
+    gpu = any(o.on_gpu for o in ops.values())
     top: list[_Op] = []
     for r in roots:
         top += r.children if r.name in _ROOT_NAMES else [r]
@@ -544,9 +554,9 @@ def _from_pytorch(et: EtFile, *, batch_size: int | None) -> Trace:
             if owner is not None:
                 last = owner
         if owner is None:
-            unattributed_us += ev.inclusive_us()
+            unattributed_us += ev.inclusive_us(gpu)
         else:
-            bwd_us[owner] = bwd_us.get(owner, 0.0) + ev.inclusive_us()
+            bwd_us[owner] = bwd_us.get(owner, 0.0) + ev.inclusive_us(gpu)
     layers: list[Layer] = []
     for name, nodes in groups.items():
         final = nodes[-1].children[-1] if ranges and nodes[-1].children else nodes[-1]
@@ -556,7 +566,7 @@ def _from_pytorch(et: EtFile, *, batch_size: int | None) -> Trace:
             Layer(
                 name=name,
                 op=nodes[0].children[0].name if ranges and nodes[0].children else nodes[0].name,
-                forward_s=sum(n.inclusive_us() for n in nodes) / 1e6,
+                forward_s=sum(n.inclusive_us(gpu) for n in nodes) / 1e6,
                 backward_s=bwd_us.get(name, 0.0) / 1e6,
                 param_bytes=param_bytes.get(name, 0),
                 activation_bytes=act,
@@ -580,14 +590,15 @@ def _from_pytorch(et: EtFile, *, batch_size: int | None) -> Trace:
     md = et.metadata
     meta = TraceMeta(
         model=os.path.basename(src).split(".")[0] or "chakra",
-        device="cpu" if not any(attrs_is_gpu(o) for o in ops.values()) else "cuda",
+        device="cuda" if gpu else "cpu",
         batch_size=batch_size,
         dtype=_DTYPE_NAMES.get(elem, "float32"),
         framework=f"PyTorch (execution trace schema {md.get('schema', '?')})",
         date=str(md.get("time", ""))[:10],
         provenance=(
             f"imported from the Chakra execution trace {os.path.basename(src)} (converted "
-            f"from a PyTorch run): layers from {how}; forward from their nodes' durations, "
+            f"from a PyTorch run): layers from {how}; forward from their nodes' durations "
+            f"({'GPU kernels' if gpu else 'CPU operators'}), "
             f"backward from autograd functions matched by sequence number; "
             f"{unattributed_us / 1e3:.3f} ms of backward outside every layer left out"
             f"{left_out}{guessed}"
@@ -595,11 +606,6 @@ def _from_pytorch(et: EtFile, *, batch_size: int | None) -> Trace:
         source_format="chakra",
     )
     return chain(meta, layers)
-
-
-def attrs_is_gpu(op: _Op) -> bool:
-    """Whether a converted node is a GPU operator (chakra's ``is_cpu_op`` is false)."""
-    return op.attrs.get("is_cpu_op") is False
 
 
 # ---- linking a PyTorch run's host and device traces -------------------------------------------
