@@ -66,6 +66,32 @@ def test_round_trip_same_iteration_time_and_bytes(tmp_path: Path, scheme, model,
     assert second["iteration_time_s"] == pytest.approx(first["iteration_time_s"], rel=1e-9)
     assert second["comm_bytes_total"] == first["comm_bytes_total"]
     assert second["peak_memory_bytes"] == first["peak_memory_bytes"]
+    for f in sorted(out.glob("*.et")):  # chakra's own decoder reads every message written
+        assert _chakra_node_count(f) == _chakra_metadata(f)["dtsim.node_count"]
+
+
+def _chakra_metadata(path: Path) -> dict:
+    from chakra.src.third_party.utils.protolib import decodeMessage, openFileRd
+
+    fh = openFileRd(str(path))
+    meta = pb.GlobalMetadata()
+    assert decodeMessage(fh, meta)
+    fh.close()
+    return {a.name: getattr(a, a.WhichOneof("value")) for a in meta.attr}
+
+
+def _chakra_node_count(path: Path) -> int:
+    """Nodes in an ET as chakra's Python API (protolib) decodes it."""
+    from chakra.src.third_party.utils.protolib import decodeMessage, openFileRd
+
+    fh = openFileRd(str(path))
+    decodeMessage(fh, pb.GlobalMetadata())
+    count, node = 0, pb.Node()
+    while decodeMessage(fh, node):
+        assert node.type != pb.INVALID_NODE and node.name
+        count += 1
+    fh.close()
+    return count
 
 
 def _jsonize(path: Path, tmp_path: Path) -> list[dict]:
@@ -136,6 +162,25 @@ def test_chakra_reader_reads_every_file(tmp_path: Path) -> None:
         if n["type"] == "COMM_COLL_NODE"
     )
     assert coll_bytes == 3 * 244403360  # alexnet's gradients, 1 warm-up + 2 iterations
+
+
+@needs_chakra
+def test_p3_forward_waits_for_its_pulled_slices(tmp_path: Path) -> None:
+    from traces.chakra import attrs, read
+
+    _result, out = _export(tmp_path, "p3", "resnet18", "--set", "fidelity=analytic")
+    worker = read(out / "resnet18.0.et")
+    by_id = {n.id: n for n in worker.nodes}
+    first = next(
+        n
+        for n in worker.nodes
+        if attrs(n).get("dtsim.pass") == "forward" and attrs(n)["dtsim.iteration"] == 1
+    )
+    pulled = [by_id[d] for d in first.data_deps if by_id[d].type == pb.COMM_RECV_NODE]
+    assert pulled, "the next iteration's first layer waits for its parameters"
+    # p3 has no collectives, and the pulls come from the servers (ranks after the 4 workers)
+    assert json.loads((out / "comm_groups.json").read_text()) == {}
+    assert all(attrs(n)["comm_src"] >= 4 for n in pulled)
 
 
 @needs_chakra
