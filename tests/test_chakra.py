@@ -56,10 +56,19 @@ def _export(tmp_path: Path, scheme: str, model: str, *extra: str) -> tuple[dict,
         ("dp", "alexnet", ()),
         ("gpipe", "alexnet", ("--set", "fidelity=analytic")),
         ("p3", "resnet18", ("--set", "fidelity=analytic")),
+        ("pipedream", "resnet18", ("--set", "fidelity=analytic")),
+        ("gossip", "resnet18", ("--set", "fidelity=analytic")),
     ],
 )
 def test_round_trip_same_iteration_time_and_bytes(tmp_path: Path, scheme, model, extra) -> None:
+    from traces import load_builtin
+    from traces.chakra import load
+
     first, out = _export(tmp_path, scheme, model, *extra)
+    original, imported = load_builtin(model), load(out)
+    assert [x.name for x in imported.layers] == [x.name for x in original.layers]
+    assert imported.edges == original.edges
+    assert imported.param_bytes == original.param_bytes
     again = _run(*RUN, "--scheme", scheme, "--model", str(out), *extra)
     assert again.exit_code == 0, again.output
     second = json.loads(again.stdout[again.stdout.index("{") :])

@@ -13,9 +13,11 @@ Two kinds of ET become a :class:`~traces.model.Trace` (:func:`load`):
   metadata has ``dtsim.format``): every layer pass is a compute node carrying its layer's
   name, pass, iteration and sizes. A layer's forward (backward) time is the sum of its
   forward (backward) nodes' durations in the first measured iteration, on the lowest rank
-  that ran it (micro-batches add up to the batch); its parameter and activation bytes and
-  its inputs (the layer graph's edges) are the node's attributes. The set of rank files
-  must be complete.
+  that ran it (micro-batches add up to the batch; where replicated pipeline stages share
+  them, the mean pass times the micro-batches); its parameter and activation bytes and
+  its inputs (the layer graph's edges) are the node's attributes. Data-loading input
+  nodes, which no rank runs, are in the global metadata. The set of rank files must be
+  complete.
 * **Converted from a PyTorch run** (PyTorch ``ExecutionTraceObserver`` host trace linked
   with its Kineto trace by ``chakra_trace_link``, then ``chakra_converter PyTorch``; see
   :func:`link_pytorch`): compute nodes are operators, nested by their ``ctrl_deps``
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import ast
 import gzip
+import json
 import os
 import re
 import tempfile
@@ -329,6 +332,7 @@ def _from_dtsim(files: list[EtFile]) -> Trace:
     head = files[0]
     md = head.metadata
     measured = int(md.get("dtsim.warmup_iterations", 0))
+    micro = max(1, int(md.get("dtsim.microbatches", 1)))
     found: dict[str, dict[str, Any]] = {}
     order: dict[str, int] = {}
     for et in files:
@@ -340,9 +344,9 @@ def _from_dtsim(files: list[EtFile]) -> Trace:
                 continue
             if a.get("dtsim.iteration") != measured:
                 continue
-            rec = here.setdefault(layer, {"forward": 0.0, "backward": 0.0, "attrs": a})
+            rec = here.setdefault(layer, {"forward": [], "backward": [], "attrs": a})
             seconds = a.get("dtsim.duration_s")
-            rec[kind] += seconds if seconds is not None else node.duration_micros / 1e6
+            rec[kind].append(seconds if seconds is not None else node.duration_micros / 1e6)
             if kind == "forward":
                 rec["attrs"] = a
             order.setdefault(layer, int(a.get("dtsim.layer_index", len(order))))
@@ -352,9 +356,30 @@ def _from_dtsim(files: list[EtFile]) -> Trace:
         raise TraceFormatError(
             head.path, "", f"no layer compute nodes in iteration {measured} of any rank"
         )
+
+    def batch_s(passes: list[float]) -> float:
+        """A layer's time for the batch: its passes of the iteration add up to it, or, in
+        a pipeline whose replicated stages share the micro-batches, their mean times the
+        micro-batches."""
+        if micro == 1 or not passes:
+            return sum(passes)
+        return sum(passes) / len(passes) * micro
+
     names = sorted(found, key=lambda n: order[n])
     layers: list[Layer] = []
     edges: list[tuple[str, str]] = []
+    for spec in json.loads(md.get("dtsim.input_layers", "[]")):
+        layers.append(
+            Layer(
+                name=spec["name"],
+                op=spec.get("op", ""),
+                kind="input",
+                forward_s=float(spec.get("forward_s", 0.0)),
+                backward_s=0.0,
+                activation_bytes=int(spec.get("activation_bytes", 0)),
+            )
+        )
+        edges += [(spec["name"], d) for d in spec.get("successors", []) if d in found]
     for name in names:
         rec = found[name]
         a = rec["attrs"]
@@ -363,15 +388,15 @@ def _from_dtsim(files: list[EtFile]) -> Trace:
                 name=name,
                 op=a.get("dtsim.op", ""),
                 kind=a.get("dtsim.kind", "layer"),
-                forward_s=rec["forward"],
-                backward_s=rec["backward"],
+                forward_s=batch_s(rec["forward"]),
+                backward_s=batch_s(rec["backward"]),
                 param_bytes=int(a.get("dtsim.param_bytes", 0)),
                 activation_bytes=int(a.get("dtsim.activation_bytes", 0)),
                 flops=a.get("dtsim.flops"),
             )
         )
         inputs = [src for src in a.get("dtsim.inputs", []) if src in found]
-        if not inputs and layers[:-1] and a.get("dtsim.inputs"):
+        if not inputs and len(layers) > 1 and layers[-2].kind != "input" and a.get("dtsim.inputs"):
             inputs = [layers[-2].name]  # its inputs did not run here: follow the one before
         edges += [(src, name) for src in inputs]
     meta = TraceMeta(

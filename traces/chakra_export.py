@@ -67,6 +67,7 @@ class RunInfo:
         source: how the run was made (``simulated by dtsim 0.1.0``...).
         dtype: element type of parameters and activations.
         framework: what produced the times.
+        microbatches: micro-batches per iteration (pipelines; 1 otherwise).
     """
 
     model: str
@@ -79,11 +80,22 @@ class RunInfo:
     source: str
     dtype: str = "float32"
     framework: str = ""
+    microbatches: int = 1
 
 
-def _collective_type(pb: Any, kind: str) -> int:
-    """Chakra's ``CollectiveCommType`` for a collective span's kind (``allreduce-ring``)."""
-    k = kind.replace("_", "").replace("-", "").lower()
+def _collective_type(pb: Any, kind: str, label: str = "") -> int:
+    """Chakra's ``CollectiveCommType`` for a collective span's kind (``allreduce-ring``),
+    else its label (a ``ring-half`` is a reduce-scatter or an all-gather, tagged so)."""
+    for name in (kind, label):
+        found = _named_collective(pb, name)
+        if found is not None:
+            return found
+    raise ValueError(f"no Chakra collective type for {kind!r} ({label!r})")
+
+
+def _named_collective(pb: Any, name: str) -> int | None:
+    """The ``CollectiveCommType`` whose name ``name`` starts with, if any."""
+    k = name.replace("_", "").replace("-", "").lower()
     for key, value in (
         ("allreduce", pb.ALL_REDUCE),
         ("reducescatter", pb.REDUCE_SCATTER),
@@ -97,7 +109,7 @@ def _collective_type(pb: Any, kind: str) -> int:
     ):
         if k.startswith(key):
             return value
-    raise ValueError(f"no Chakra collective type for {kind!r}")
+    return None
 
 
 def _attr(pb: Any, name: str, value: Any) -> Any:
@@ -173,6 +185,17 @@ def build(
 
     layers = trace.layers if trace is not None else ()
     preds = trace.predecessors if trace is not None else ()
+    inputs = [  # data-loading nodes: no rank runs them, so they are told in the metadata
+        {
+            "name": lay.name,
+            "op": lay.op,
+            "forward_s": lay.forward_s,
+            "activation_bytes": lay.activation_bytes,
+            "successors": [layers[j].name for j in trace.successors[i]],
+        }
+        for i, lay in enumerate(layers)
+        if lay.kind == "input" and trace is not None
+    ]
     by_device: dict[str, list[tuple[Any, ...]]] = {d: [] for d in ranks}
     for s in spans:
         if s[1] in (SEND, RECV) and s[10] in walked:
@@ -227,7 +250,7 @@ def build(
                 node.name = f"{kind} {label}"
                 node.attr.extend(
                     [
-                        _attr(pb, "comm_type", _collective_type(pb, kind)),
+                        _attr(pb, "comm_type", _collective_type(pb, kind, label)),
                         _attr(pb, "comm_size", int(nbytes)),
                         _attr(pb, "pg_name", groups[tuple(sorted(members[(kind, label, it)]))]),
                     ]
@@ -272,6 +295,8 @@ def build(
             "dtsim.iterations": int(info.iterations),
             "dtsim.iteration_time_s": float(info.iteration_time_s),
             "dtsim.source": info.source,
+            "dtsim.microbatches": int(info.microbatches),
+            "dtsim.input_layers": json.dumps(inputs),
         }.items():
             meta.attr.append(_attr(pb, k, v))
         out.append((meta, nodes))

@@ -407,6 +407,7 @@ def _write_chakra(
         source=f"measured by sim real ({result['topology']}, {records.get('torch', '')})",
         framework=f"PyTorch {records.get('torch', '')} (measured)".replace("  ", " "),
         dtype=sizes.meta.dtype if sizes is not None else "float32",
+        microbatches=int(result.get("microbatches", 1) or 1),
     )
     write_chakra_out(
         directory,

@@ -99,6 +99,7 @@ def run(
             iteration_time_s=result.iteration_time_s,
             source=f"simulated by dtsim {__version__} (sim run, {result.topology})",
             framework=f"dtsim {__version__} (simulated)",
+            microbatches=int(result.extra.get("microbatches", 1) or 1),
         )
         write_chakra_out(
             chakra_out,
