@@ -259,6 +259,10 @@ def test_pytorch_run_recorded_here_imports_to_its_layers(tmp_path: Path) -> None
     assert again.exit_code == 0, again.output
     # Without its Kineto trace the execution trace has no times: one line saying so.
     _one_line_error(_run("trace", "show", str(host)), str(host), "--kineto")
+    # The two files swapped: the first one named is not an execution trace.
+    swapped = _run("trace", "convert", str(device), str(tmp_path / "x.json"), "--kineto", str(host))
+    _one_line_error(swapped, str(device), "not a PyTorch execution trace")
+    assert not (tmp_path / "x.json").exists()
 
 
 @needs_chakra

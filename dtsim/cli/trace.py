@@ -68,7 +68,8 @@ def _load(source: str, from_fmt: str, batch_size: int | None, kineto: str | None
 
 @click.group("trace")
 def trace() -> None:
-    """Inspect and convert layer traces (dtsim JSON, PipeDream graph.txt, Kineto JSON)."""
+    """Inspect and convert layer traces (dtsim JSON, PipeDream graph.txt, Kineto JSON,
+    Chakra execution traces)."""
 
 
 @trace.command("show")
