@@ -1,6 +1,7 @@
 # Two entry points, each creating .venv and installing what it needs on first use:
 #   make demo   simulate the main job (sim run --gpus 8 --scheme p3) on built-in defaults
-#   make test   lint and run the whole test suite (installs torch==2.13.0 for real runs)
+#   make test   lint and run the whole test suite (installs torch==2.13.0 for real runs, and
+#               mlc-chakra for the Chakra trace tests)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -19,7 +20,7 @@ $(SIM_STAMP): pyproject.toml | $(BIN)/python
 # torch first and pinned: an unpinned torch pulls gigabytes of CUDA packages.
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -e ".[real,dist,dev]"
+	$(BIN)/python -m pip install -q -e ".[real,dist,dev,chakra]"
 	touch $@ $(SIM_STAMP)
 
 demo: $(SIM_STAMP)

@@ -89,9 +89,7 @@ def record_trace(
     batch_size = int(first.shape[0])
 
     def step() -> None:
-        graph.module.zero_grad(set_to_none=True)
-        outs = [t for t in tensors_in(runner.run(*inputs)) if t.requires_grad]
-        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+        _training_step(graph, runner, inputs)
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     for _ in range(warmup):
@@ -106,6 +104,58 @@ def record_trace(
         )
     with atomic_path(path, suffix=".json") as tmp:
         prof.export_chrome_trace(tmp)
+
+
+def _training_step(graph: LayerGraph, runner: fx.Interpreter, inputs: tuple[Any, ...]) -> None:
+    """One forward (layers in their ranges) and backward from a gradient of ones for every
+    output."""
+    graph.module.zero_grad(set_to_none=True)
+    outs = [t for t in tensors_in(runner.run(*inputs)) if t.requires_grad]
+    torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+
+
+def record_chakra(
+    model: torch.nn.Module, inputs: tuple[Any, ...], path: str, *, warmup: int = 1
+) -> None:
+    """Record one training step of ``model`` on ``inputs`` as a PyTorch user would for
+    Chakra (an ``ExecutionTraceObserver`` host trace and a Kineto trace of the same step,
+    under ``torch.profiler``'s schedule), with every layer's forward in its ``layer::``
+    range, and link and convert the pair with chakra's tools into the Chakra ET ``path``
+    (:func:`traces.chakra.link_pytorch`). ``warmup`` untimed steps come first."""
+    import os
+    import tempfile
+    import warnings
+
+    from torch.profiler import ExecutionTraceObserver, schedule
+
+    from traces.chakra import link_pytorch
+
+    model.train()
+    graph = layer_graph(model, inputs)
+    runner = _RangeInterpreter(graph)
+    on_gpu = next(iter(tensors_in(inputs))).device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory(prefix="dtsim-chakra-") as tmp:
+        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end")
+        host, device = os.path.join(tmp, "host.json"), os.path.join(tmp, "kineto.json")
+        observer = ExecutionTraceObserver()
+        observer.register_callback(host)
+        with profile(
+            activities=activities,
+            schedule=schedule(wait=0, warmup=max(warmup, 1), active=1),
+            on_trace_ready=lambda p: p.export_chrome_trace(device),
+        ) as prof:
+            for i in range(max(warmup, 1) + 1):
+                last = i == max(warmup, 1)
+                if last:
+                    observer.start()
+                _training_step(graph, runner, inputs)
+                if last:
+                    observer.stop()
+                prof.step()
+        observer.unregister_callback()
+        with atomic_path(path, suffix=".et") as out:
+            link_pytorch(host, device, out)
 
 
 def record_zoo_trace(

@@ -368,10 +368,14 @@ def test_cli_json_contract_trace_and_profile(tmp_path: Path) -> None:
     from simcore.result import CONTRACT_KEYS
 
     trace_out, profile_out = tmp_path / "t.json", tmp_path / "p.json"
+    from traces.chakra import available
+
+    chakra_out = ["--chakra-out", str(tmp_path / "et")] if available() else []
     out = subprocess.run(
         [
             *SIM,
             "real",
+            *chakra_out,
             "--gpus",
             "2",
             "--scheme",
@@ -425,6 +429,18 @@ def test_cli_json_contract_trace_and_profile(tmp_path: Path) -> None:
         timeout=60,
     )
     assert sim.returncode == 0, sim.stderr
+    if chakra_out:  # the measured run as Chakra ETs: workers and servers, every byte sent
+        from chakra.schema.protobuf.et_def_pb2 import COMM_SEND_NODE
+
+        from traces.chakra import attrs, load, read_set
+
+        files = read_set(tmp_path / "et")
+        assert len(files) == 4
+        sent = sum(
+            attrs(n)["comm_size"] for f in files for n in f.nodes if n.type == COMM_SEND_NODE
+        )
+        assert sent == result["comm_bytes_total"]
+        assert load(tmp_path / "et").param_count == trace.param_count
 
 
 @pytest.mark.parametrize(

@@ -74,22 +74,43 @@ def _load_builtin_cached(name: str) -> Trace:
     return Trace(meta, trace.layers, trace.edges)
 
 
-FORMATS = ("dtsim", "pipedream", "kineto")
+FORMATS = ("dtsim", "pipedream", "kineto", "chakra")
 """Trace file formats that can be read."""
+
+
+def is_chakra_path(path: str) -> bool:
+    """Whether ``path`` names Chakra execution traces: a ``.et`` file (gzipped or not) or a
+    directory (of ``NAME.RANK.et`` files)."""
+    return os.path.isdir(path) or path.endswith((".et", ".et.gz"))
 
 
 def load_file(path: str | os.PathLike[str], fmt: str | None = None, **kwargs: object) -> Trace:
     """Load a trace file; the format is ``fmt`` (one of :data:`FORMATS`) or guessed:
     ``.json`` files are dtsim's format or, when they hold ``traceEvents``, Kineto traces;
-    anything else is PipeDream ``graph.txt``. ``kwargs`` (``model``, ``batch_size``...) go
-    to the PipeDream and Kineto importers, which need them when the file does not say."""
+    ``.et`` files and directories Chakra execution traces (:mod:`traces.chakra`); anything
+    else is PipeDream ``graph.txt``. ``kwargs`` (``model``, ``batch_size``...) go to the
+    PipeDream, Kineto and Chakra importers, which need them when the file does not say."""
     p = os.fspath(path)
     if fmt is None and p.endswith(".json"):
         data = jsonfmt.read_json(p)
         if kineto.is_kineto(data):
             return kineto.from_dict(data, source=p, **kwargs)  # type: ignore[arg-type]
+        if isinstance(data, dict) and "nodes" in data and "schema" in data:
+            raise TraceFormatError(
+                p,
+                "",
+                "a PyTorch execution trace has no durations of its own: link it with the "
+                "Kineto trace of the same run (sim trace convert ET.json OUT.json "
+                "--kineto KINETO.json)",
+            )
         return jsonfmt.from_dict(data, source=p)
+    if fmt is None and is_chakra_path(p):
+        fmt = "chakra"
     fmt = fmt or "pipedream"
+    if fmt == "chakra":
+        from traces import chakra
+
+        return chakra.load(p, **kwargs)  # type: ignore[arg-type]
     if fmt == "dtsim":
         return jsonfmt.load(p)
     if fmt == "pipedream":

@@ -42,5 +42,6 @@ class UnknownModelError(TraceError):
         self.name, self.known = name, known
         super().__init__(
             f"unknown model {name!r}: choose a built-in model ({', '.join(known)}) "
-            "or give the path of a trace file (.json: dtsim or Kineto; or PipeDream graph.txt)"
+            "or give the path of a trace file (.json: dtsim or Kineto; PipeDream graph.txt; "
+            "Chakra .et or a directory of them)"
         )

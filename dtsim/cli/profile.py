@@ -62,6 +62,17 @@ from traces.atomic import check_writable
     help="Trace file to write. [default: MODEL-DEVICE-bBATCH.json]",
 )
 @click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(("dtsim", "chakra")),
+    default="dtsim",
+    show_default=True,
+    help="dtsim: time every layer alone into a layer trace (JSON). chakra: record one "
+    "training step as PyTorch users do for Chakra (ExecutionTraceObserver and Kineto "
+    "traces, each layer in a 'layer::' range), linked and converted by chakra's tools "
+    "into a Chakra ET (NAME.0.et) that 'sim run --model' reads; needs the chakra extra.",
+)
+@click.option(
     "--analytic",
     is_flag=True,
     help="Do not measure: count FLOPs on the meta device and turn them into times "
@@ -123,6 +134,7 @@ def profile(
     device: str,
     dtype: str,
     out: str | None,
+    fmt: str,
     analytic: bool,
     device_flops: str | None,
     efficiency: float,
@@ -150,6 +162,7 @@ def profile(
       sim run --model resnet18.json --gpus 4 --scheme dp
       sim profile --model vgg16 --batch-size 64 --analytic --device-flops 15.7TFLOPS
       sim profile --model mynet.py:make_net --input-shape 3,32,32 --out mynet.json
+      sim profile --model resnet18 --batch-size 8 --format chakra --out resnet18.0.et
 
     A measured trace records where and when it was measured (CPU model, cores, GPU
     model on CUDA, a hardware fingerprint, the date and time); 'sim run' warns when the
@@ -172,10 +185,21 @@ def profile(
         )
     flops_rate = parse_flop_rate(device_flops) if device_flops else 0.0
     mem_rate = parse_rate(memory_bandwidth) if memory_bandwidth else 0.0
+    if fmt == "chakra":
+        if analytic:
+            raise BadInput("--format chakra records a real step; it cannot be --analytic")
+        from traces.chakra import INSTALL_HINT, available
+
+        if not available():
+            raise BadInput(f"--format chakra needs the chakra extra: {INSTALL_HINT}")
     resolved = _resolve(model_name, input_shape)
     model_name, shape = resolved.ref, resolved.input_shape
-    path = out or f"{resolved.name}-{'analytic' if analytic else device}-b{batch_size}.json"
+    stem = f"{resolved.name}-{'analytic' if analytic else device}-b{batch_size}"
+    path = out or (f"{stem}.0.et" if fmt == "chakra" else f"{stem}.json")
     check_writable(path)
+    if fmt == "chakra":
+        _record_chakra(resolved, batch_size, device, dtype, threads, seed, warmup, path)
+        return
     from realrun.profiler import ProfileConfig, ProfileError, profile_model
     from traces import save_trace
 
@@ -220,6 +244,44 @@ def profile(
         f"wrote {path}: {resolved.name}, {len(trace.layers)} layers, batch {batch_size} on "
         f"{trace.meta.device}; forward {format_time(trace.forward_s)} + backward "
         f"{format_time(trace.backward_s)} per batch; {trace.param_count / 1e6:.2f}M params "
+        f"({format_bytes(trace.param_bytes)}); took {time.perf_counter() - started:.1f} s"
+    )
+
+
+def _record_chakra(
+    resolved: Any,
+    batch_size: int,
+    device: str,
+    dtype: str,
+    threads: int,
+    seed: int,
+    warmup: int,
+    path: str,
+) -> None:
+    """``--format chakra``: record one training step into the Chakra ET ``path`` and say
+    what it holds (read back as ``sim run --model`` reads it)."""
+    import torch
+
+    from realrun.kineto import record_chakra
+    from simcore.units import format_bytes, format_time
+    from traces.chakra import load
+
+    started = time.perf_counter()
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = resolved.build().to(getattr(torch, dtype))
+    inputs = resolved.example_inputs(batch_size, device, seed=seed)
+    inputs = tuple(
+        x.to(getattr(torch, dtype)) if torch.is_tensor(x) and x.is_floating_point() else x
+        for x in inputs
+    )
+    record_chakra(model, inputs, path, warmup=warmup)
+    trace = load(path, batch_size=batch_size)
+    click.echo(
+        f"wrote {path}: {resolved.name}, {len(trace.layers)} layers, batch {batch_size} on "
+        f"{device} (Chakra ET of one step); forward {format_time(trace.forward_s)} + backward "
+        f"{format_time(trace.backward_s)}; {trace.param_count / 1e6:.2f}M params "
         f"({format_bytes(trace.param_bytes)}); took {time.perf_counter() - started:.1f} s"
     )
 

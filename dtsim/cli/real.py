@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from dtsim.cli.chakra_out import chakra_out_option, check_chakra_out
 from dtsim.cli.errors import BadInput
 from dtsim.cli.options import run_options, spec_from_params
 from dtsim.cli.output import table, write_json
@@ -43,6 +44,7 @@ def run_options_real(f: Any) -> Any:
     metavar="FILE",
     help="Write the measured timeline as a Chrome trace (same layout as sim run's).",
 )
+@chakra_out_option
 @click.option(
     "--profile-out",
     type=click.Path(dir_okay=False),
@@ -78,6 +80,7 @@ def real(
     ctx: click.Context,
     as_json: bool,
     trace_out: str | None,
+    chakra_out: str | None,
     profile_out: str | None,
     keep_dir: str | None,
     write_job: str | None,
@@ -102,11 +105,19 @@ def real(
     for path in (trace_out, profile_out, write_job):
         if path:
             check_writable(path)
+    check_chakra_out(chakra_out)
     if from_records:
         with open(from_records, encoding="utf-8") as fh:
             records = json.load(fh)
         _report(
-            records, 0.0, records.get("cluster", "torchrun"), {}, as_json, trace_out, profile_out
+            records,
+            0.0,
+            records.get("cluster", "torchrun"),
+            {},
+            as_json,
+            trace_out,
+            profile_out,
+            chakra_out=chakra_out,
         )
         return
     spec = spec_from_params(ctx, params, RealSpec)
@@ -135,7 +146,7 @@ def real(
     finally:
         if not keep_dir:
             shutil.rmtree(out_dir, ignore_errors=True)
-    _report(records, wall, cluster, counters, as_json, trace_out, profile_out, rate)
+    _report(records, wall, cluster, counters, as_json, trace_out, profile_out, rate, chakra_out)
 
 
 def make_job(spec: Any, *, profile: bool = False) -> Job:
@@ -329,6 +340,7 @@ def _report(
     trace_out: str | None,
     profile_out: str | None,
     rate: float | None = None,
+    chakra_out: str | None = None,
 ) -> None:
     from realrun.metrics import spans, summarize
 
@@ -338,6 +350,8 @@ def _report(
 
         meta = {"dtsim": {k: v for k, v in result.items() if not isinstance(v, dict | list)}}
         write_json(trace_out, to_chrome_trace(spans(records), result["device_names"], meta))
+    if chakra_out:
+        _write_chakra(records, result, chakra_out, as_json)
     if profile_out:
         profile = records.get("profile")
         if profile is None:
@@ -354,6 +368,55 @@ def _report(
         click.echo(f"  chrome trace       {trace_out}  (open in https://ui.perfetto.dev)")
     if profile_out:
         click.echo(f"  layer trace        {profile_out}  (sim run --model {profile_out})")
+
+
+def _write_chakra(
+    records: dict[str, Any], result: dict[str, Any], directory: str, as_json: bool
+) -> None:
+    """The measured run as Chakra ETs (``--chakra-out``): the spans as measured, the
+    layers' sizes from the model's graph (counted on the meta device, nothing runs)."""
+    from dtsim.cli.chakra_out import write_chakra_out
+    from realrun.metrics import spans
+    from realrun.profiler import ProfileConfig, ProfileError, profile_model
+    from traces.chakra_export import RunInfo
+
+    job = records["job"]
+    shape = job.get("input_shape")
+    try:
+        sizes = profile_model(
+            job["model"],
+            ProfileConfig(
+                batch_size=int(job["batch_size"]),
+                dtype=job.get("dtype", "float32"),
+                analytic=True,
+                device_flops=1e12,
+                progress=False,
+            ),
+            tuple(shape) if shape else None,
+        )
+    except (ProfileError, ValueError):
+        sizes = None  # layer passes then carry their names only
+    info = RunInfo(
+        model=str(job["model"]),
+        batch_size=int(job["batch_size"]),
+        device=result.get("device_model") or result.get("device_type", "cpu"),
+        scheme=str(job["scheme"]),
+        warmup_iterations=int(job["warmup_iterations"]),
+        iterations=int(job["iterations"]),
+        iteration_time_s=float(result["iteration_time_s"]),
+        source=f"measured by sim real ({result['topology']}, {records.get('torch', '')})",
+        framework=f"PyTorch {records.get('torch', '')} (measured)".replace("  ", " "),
+        dtype=sizes.meta.dtype if sizes is not None else "float32",
+        microbatches=int(result.get("microbatches", 1) or 1),
+    )
+    write_chakra_out(
+        directory,
+        spans(records),
+        result["device_names"],
+        info,
+        sizes,
+        lambda line: click.echo(line, err=as_json),
+    )
 
 
 def real_table(r: dict[str, Any], rate: float | None = None) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from dtsim.cli.chakra_out import chakra_out_option, check_chakra_out
 from dtsim.cli.errors import BadInput
 from dtsim.cli.options import run_options, spec_from_params
 from dtsim.cli.output import run_table, write_json
@@ -23,8 +24,15 @@ from traces.atomic import check_writable
     metavar="FILE",
     help="Write a Chrome trace (open in https://ui.perfetto.dev).",
 )
+@chakra_out_option
 @click.pass_context
-def run(ctx: click.Context, as_json: bool, trace_out: str | None, **params: Any) -> None:
+def run(
+    ctx: click.Context,
+    as_json: bool,
+    trace_out: str | None,
+    chakra_out: str | None,
+    **params: Any,
+) -> None:
     """Simulate one training configuration and print its metrics.
 
     \b
@@ -32,6 +40,7 @@ def run(ctx: click.Context, as_json: bool, trace_out: str | None, **params: Any)
       sim run --gpus 8 --scheme dp
       sim run --gpus 16 --topology dgx1 --bandwidth 25Gbps --set scheme.algorithm=hierarchical
       sim run --gpus 4 --scheme ps --topology ethernet --model vgg16 --json
+      sim run --gpus 8 --scheme dp --chakra-out et/   (for ASTRA-sim)
     """
     from dtsim.cli.guard import check_work, progress_bar
     from dtsim.resolve import build_config
@@ -44,8 +53,9 @@ def run(ctx: click.Context, as_json: bool, trace_out: str | None, **params: Any)
                 "which prints there; give a file name"
             )
         check_writable(trace_out)
+    check_chakra_out(chakra_out)
     spec = spec_from_params(ctx, params)
-    config = build_config(spec, record_spans=trace_out is not None)
+    config = build_config(spec, record_spans=trace_out is not None or chakra_out is not None)
     from analysis.resolve import load_preset, trace_origin_warnings
 
     for line in trace_origin_warnings(
@@ -72,3 +82,30 @@ def run(ctx: click.Context, as_json: bool, trace_out: str | None, **params: Any)
             click.echo(
                 f"  chrome trace       {trace_out}  (open in https://ui.perfetto.dev)", err=to_err
             )
+    if chakra_out:
+        from dtsim import __version__
+        from dtsim.cli.chakra_out import write_chakra_out
+        from traces.chakra_export import RunInfo
+
+        ran = config.trace.rescale_batch(config.effective_batch_size)
+        info = RunInfo(
+            model=result.model,
+            batch_size=config.effective_batch_size,
+            device=result.gpu_model,
+            dtype=config.trace.meta.dtype,
+            scheme=result.scheme,
+            warmup_iterations=result.warmup_iterations,
+            iterations=result.iterations,
+            iteration_time_s=result.iteration_time_s,
+            source=f"simulated by dtsim {__version__} (sim run, {result.topology})",
+            framework=f"dtsim {__version__} (simulated)",
+            microbatches=int(result.extra.get("microbatches", 1) or 1),
+        )
+        write_chakra_out(
+            chakra_out,
+            result.spans,
+            result.device_names,
+            info,
+            ran,
+            lambda line: click.echo(line, err=to_err or as_json),
+        )

@@ -10,7 +10,9 @@ from typing import Any
 
 import click
 
-FROM_FORMATS = ("auto", "dtsim", "pipedream", "kineto")
+from dtsim.cli.errors import BadInput
+
+FROM_FORMATS = ("auto", "dtsim", "pipedream", "kineto", "chakra")
 TO_FORMATS = ("dtsim", "chrome")
 
 
@@ -24,23 +26,39 @@ def _source_options(f: Any) -> Any:
         "of non-image models, Kineto traces without dtsim metadata).",
     )(f)
     f = click.option(
+        "--kineto",
+        type=click.Path(dir_okay=False, exists=True),
+        default=None,
+        metavar="FILE",
+        help="The Kineto trace (torch.profiler's JSON) recorded with the PyTorch execution "
+        "trace IN (ExecutionTraceObserver's JSON): the two are linked and converted with "
+        "chakra's tools (needs the chakra extra).",
+    )(f)
+    f = click.option(
         "--from",
         "from_fmt",
         type=click.Choice(FROM_FORMATS),
         default="auto",
         show_default=True,
-        help="Input format; auto: .json is dtsim or Kineto (by content), "
-        "anything else PipeDream graph.txt.",
+        help="Input format; auto: .json is dtsim or Kineto (by content), .et or a "
+        "directory Chakra execution traces, anything else PipeDream graph.txt.",
     )(f)
     return f
 
 
-def _load(source: str, from_fmt: str, batch_size: int | None) -> Any:
-    """A trace by built-in name or file, read as ``from_fmt``."""
+def _load(source: str, from_fmt: str, batch_size: int | None, kineto: str | None = None) -> Any:
+    """A trace by built-in name or file, read as ``from_fmt`` (with ``kineto``: a PyTorch
+    execution trace and its Kineto trace, linked by chakra's tools)."""
     from traces import builtin_models, load_builtin
     from traces.catalog import load_file
     from traces.errors import UnknownModelError
 
+    if kineto is not None:
+        if not os.path.isfile(source):
+            raise BadInput(f"--kineto: IN must be the PyTorch execution trace file, not {source!r}")
+        from traces.chakra import load_pytorch_pair
+
+        return load_pytorch_pair(source, kineto, batch_size=batch_size)
     if from_fmt == "auto" and source in builtin_models() and not os.path.exists(source):
         return load_builtin(source)
     if not os.path.exists(source):
@@ -50,7 +68,8 @@ def _load(source: str, from_fmt: str, batch_size: int | None) -> Any:
 
 @click.group("trace")
 def trace() -> None:
-    """Inspect and convert layer traces (dtsim JSON, PipeDream graph.txt, Kineto JSON)."""
+    """Inspect and convert layer traces (dtsim JSON, PipeDream graph.txt, Kineto JSON,
+    Chakra execution traces)."""
 
 
 @trace.command("show")
@@ -64,7 +83,14 @@ def trace() -> None:
     help="How many of the biggest layers to list.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def show(source: str, from_fmt: str, batch_size: int | None, top: int, as_json: bool) -> None:
+def show(
+    source: str,
+    from_fmt: str,
+    batch_size: int | None,
+    kineto: str | None,
+    top: int,
+    as_json: bool,
+) -> None:
     """Summarise a trace: metadata, layer count, totals of forward and backward time,
     parameters, activations and FLOPs, and the biggest layers by time and by parameters.
 
@@ -73,10 +99,11 @@ def show(source: str, from_fmt: str, batch_size: int | None, top: int, as_json: 
       sim trace show resnet50
       sim trace show resnet18.json --top 10
       sim trace show profile.json --from kineto
+      sim trace show et/                  (Chakra execution traces, NAME.RANK.et)
     """
     from traces.summary import summarize
 
-    tr = _load(source, from_fmt, batch_size)
+    tr = _load(source, from_fmt, batch_size, kineto)
     s = summarize(tr, top)
     if as_json:
         click.echo(
@@ -163,16 +190,24 @@ def convert(
     dest: str,
     from_fmt: str,
     batch_size: int | None,
+    kineto: str | None,
     to_fmt: str,
     model_name: str | None,
 ) -> None:
     """Convert a trace (file or built-in name) to dtsim JSON or a Chrome trace.
+
+    Chakra execution traces are read as converted from a PyTorch run (chakra_converter)
+    or as written by 'sim run --chakra-out'; a PyTorch run's own pair of files (the
+    ExecutionTraceObserver JSON and the Kineto trace) is linked and converted with
+    chakra's tools first (--kineto). See docs/traces.md.
 
     \b
     Examples:
       sim trace convert graph.txt vgg16.json --from pipedream
       sim trace convert kineto-profile.json resnet18.json
       sim trace convert resnet50 resnet50-timeline.json --to chrome
+      sim trace convert et.json mynet.json --kineto kineto.json
+      sim trace convert mynet.0.et mynet.json
     """
     from dtsim.cli.output import write_json
     from traces import save_trace
@@ -180,7 +215,7 @@ def convert(
     from traces.model import Trace
 
     check_writable(dest)
-    tr = _load(source, from_fmt, batch_size)
+    tr = _load(source, from_fmt, batch_size, kineto)
     if model_name:
         tr = Trace(dataclasses.replace(tr.meta, model=model_name), tr.layers, tr.edges)
     if to_fmt == "chrome":
