@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("dtsim.cli.report", "Reproduce the seed papers' comparisons as a report."),
     "train": ("dtsim.cli.train", "Convergence under staleness on real data, time to accuracy."),
     "validate": ("dtsim.cli.validate", "Check the simulator against real runs over a matrix."),
+    "clean": ("dtsim.cli.clean", "Remove what killed real runs left (namespaces, ranks, files)."),
 }
 """Subcommand -> (module, one-line help). The module defines a click command ``NAME``
 (``-`` in the name becomes ``_``)."""

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 import click
 
 from dtsim.cli.errors import BadInput
+from dtsim.cli.output import check_output
 from realrun import zoo
 from realrun.options import DEFAULT_EFFICIENCY, DEVICES, DTYPES, INPUT_SHAPE_HELP
-from traces.atomic import check_writable
 
 
 @click.command("profile")
@@ -93,7 +94,7 @@ from traces.atomic import check_writable
 )
 @click.option(
     "--threads",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, os.cpu_count() or 1),
     default=1,
     show_default=True,
     help="torch intra-op threads.",
@@ -152,7 +153,7 @@ def profile(
     resolved = _resolve(model_name, input_shape)
     model_name, shape = resolved.ref, resolved.input_shape
     path = out or f"{resolved.name}-{'analytic' if analytic else device}-b{batch_size}.json"
-    check_writable(path)
+    check_output("--out", path)
     from realrun.profiler import ProfileConfig, ProfileError, profile_model
     from traces import save_trace
 

@@ -174,12 +174,11 @@ def convert(
       sim trace convert kineto-profile.json resnet18.json
       sim trace convert resnet50 resnet50-timeline.json --to chrome
     """
-    from dtsim.cli.output import write_json
+    from dtsim.cli.output import check_output, write_json
     from traces import save_trace
-    from traces.atomic import check_writable
     from traces.model import Trace
 
-    check_writable(dest)
+    check_output("OUT", dest)
     tr = _load(source, from_fmt, batch_size)
     if model_name:
         tr = Trace(dataclasses.replace(tr.meta, model=model_name), tr.layers, tr.edges)

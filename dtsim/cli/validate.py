@@ -21,7 +21,7 @@ from analysis.matrix_defaults import (
     SIM_SEEDS,
 )
 from dtsim.cli.errors import BadInput
-from dtsim.cli.output import table
+from dtsim.cli.output import check_output_dir, table
 
 
 @click.command("validate")
@@ -69,14 +69,14 @@ from dtsim.cli.output import table
 )
 @click.option(
     "--repeats",
-    type=int,
+    type=click.IntRange(min=1),
     default=REPEATS,
     show_default=True,
     help="Real runs per case (median, min, max and spread are reported).",
 )
 @click.option(
     "--iterations",
-    type=int,
+    type=click.IntRange(min=1),
     default=ITERATIONS,
     show_default=True,
     help="Measured iterations per run (after the warm-up iterations), at least; see "
@@ -84,7 +84,7 @@ from dtsim.cli.output import table
 )
 @click.option(
     "--min-measured-s",
-    type=float,
+    type=click.FloatRange(min=0),
     default=MIN_MEASURED_S,
     show_default=True,
     help="Seconds each run measures at least: a case predicted to iterate faster makes "
@@ -92,7 +92,7 @@ from dtsim.cli.output import table
 )
 @click.option(
     "--batch-size",
-    type=int,
+    type=click.IntRange(min=1),
     default=BATCH,
     show_default=True,
     help="Samples per worker per iteration (a pipeline: its mini-batch); a multiple of 12.",
@@ -114,7 +114,7 @@ from dtsim.cli.output import table
 )
 @click.option(
     "--fail-above",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=FAIL_ABOVE,
     show_default=True,
     help="Exit with status 1 when the median |simulated - measured| / measured iteration "
@@ -122,7 +122,7 @@ from dtsim.cli.output import table
 )
 @click.option(
     "--sim-seeds",
-    type=int,
+    type=click.IntRange(min=1),
     default=SIM_SEEDS,
     show_default=True,
     help="Simulations of each real run, one seed of compute jitter each; their mean is the "
@@ -130,7 +130,7 @@ from dtsim.cli.output import table
 )
 @click.option(
     "--sim-jitter",
-    type=float,
+    type=click.FloatRange(min=0),
     default=SIM_JITTER,
     show_default=True,
     help="Coefficient of variation of each simulated op's CPU work in those simulations "
@@ -186,12 +186,14 @@ def validate(
     from analysis import validate as va
     from simcore.config import ConfigError
 
-    if repeats < 1:
-        raise ConfigError("repeats", repeats, "need at least one real run per case")
-    if iterations < 1:
-        raise ConfigError("iterations", iterations, "need at least one measured iteration")
-    if not fail_above > 0:
-        raise ConfigError("fail_above", fail_above, "expected a positive fraction, e.g. 0.10")
+    if calibration is not None:
+        from analysis.resolve import load_preset
+
+        try:
+            load_preset(calibration)
+        except ConfigError as exc:
+            raise ConfigError("calibration", exc.value, exc.allowed) from None
+    check_output_dir("--out", out)
     ensemble = va.Ensemble(sim_seeds, sim_jitter)
     matrix: tuple[tuple[Any, ...], ...] = ()
     if quick:
@@ -216,15 +218,17 @@ def validate(
         )
     else:
         rank_list = []
-        for text in va.parse_list("ranks", ranks or ",".join(map(str, va.RANKS))):
+        for text in va.parse_list(
+            "ranks", ranks if ranks is not None else ",".join(map(str, va.RANKS))
+        ):
             try:
                 rank_list.append(int(text))
             except ValueError:
                 raise ConfigError("ranks", text, "expected whole numbers from 2 to 4") from None
         matrix = (
-            va.parse_list("schemes", schemes) if schemes else va.SCHEMES,
-            va.parse_list("models", models) if models else va.MODELS,
-            va.parse_list("bandwidths", bandwidths) if bandwidths else va.BANDWIDTHS,
+            va.parse_list("schemes", schemes) if schemes is not None else va.SCHEMES,
+            va.parse_list("models", models) if models is not None else va.MODELS,
+            va.parse_list("bandwidths", bandwidths) if bandwidths is not None else va.BANDWIDTHS,
             tuple(rank_list),
         )
         from realrun.usermodel import parse_input_shape
@@ -242,14 +246,10 @@ def validate(
         click.echo(f"{len(cases)} case{'s' if len(cases) != 1 else ''}:")
         click.echo(table([(c.case_id, c.describe()) for c in cases]))
         return
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError("out", out, "is a file; give a folder for the validation's outputs")
-    if calibration is not None:
-        from analysis.resolve import load_preset
-
-        load_preset(calibration)
+    from dtsim.cli.clean import clean_stale
     from realrun.netns import check_available
 
+    clean_stale()
     check_available()
     command = _command_line(
         matrix,
