@@ -51,8 +51,10 @@ class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         """Run the subcommand; a user error it raises (bad trace file, unit, config...)
         becomes a one-line click error, whoever called the group (``main``, CliRunner)."""
-        from dtsim.cli.errors import as_click_error
+        from dtsim.cli.errors import as_click_error, with_output_option
+        from traces.atomic import OutputPathError
 
+        args = list(ctx.args)
         try:
             return super().invoke(ctx)
         except Exception as exc:
@@ -61,6 +63,8 @@ class LazyGroup(click.Group):
             err = as_click_error(exc, command)
             if err is None or err is exc:
                 raise
+            if isinstance(exc, OutputPathError):
+                err.message = with_output_option(err.message, args)
             raise err from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from dtsim.cli.errors import BadInput
@@ -56,6 +58,48 @@ def check_output_dir(option: str, path: str, need_bytes: int = 0) -> None:
         raise BadInput(f"{option}: {path}: {existing} is a file, not a folder")
     _probe(option, path, existing)
     _check_space(option, path, existing, need_bytes)
+
+
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
+"""Errors of writing that are the place's, not the program's: the user's to fix."""
+
+
+@contextlib.contextmanager
+def output_folder(option: str, path: str | None, *, keep_partial: bool = False) -> Iterator[None]:
+    """Check output folder ``path`` of ``option`` before the work (:func:`check_output_dir`),
+    and if the block fails, remove the folder when this command created it (with
+    ``keep_partial``, only when nothing was written into it: a resumable command keeps
+    what it finished). A write that fails for want of space or permission becomes a
+    :class:`BadInput` naming the option, the folder and the file. ``None``: no folder."""
+    if path is None:
+        yield
+        return
+    check_output_dir(option, path)
+    existed = os.path.exists(path)
+    try:
+        with output_errors(option):
+            yield
+    except BaseException as exc:
+        if not existed and os.path.isdir(path) and not (keep_partial and _holds_files(path)):
+            shutil.rmtree(path, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+            name = f" ({exc.filename})" if exc.filename else ""
+            raise BadInput(f"{option}: {path}: cannot write{name}: {exc.strerror or exc}") from None
+        raise
+
+
+@contextlib.contextmanager
+def output_errors(option: str) -> Iterator[None]:
+    """Within the block, a failed write of ``option``'s output
+    (:class:`~traces.atomic.OutputPathError`, which names the file) names the option too."""
+    try:
+        yield
+    except OutputPathError as exc:
+        raise BadInput(f"{option}: {exc}") from None
+
+
+def _holds_files(folder: str) -> bool:
+    return any(files for _root, _dirs, files in os.walk(folder))
 
 
 def _probe(option: str, path: str, folder: str) -> None:

@@ -15,7 +15,7 @@ import click
 from dtsim.cli.clean import clean_stale
 from dtsim.cli.errors import BadInput
 from dtsim.cli.options import run_options, spec_from_params
-from dtsim.cli.output import check_output, check_output_dir, table, write_json
+from dtsim.cli.output import check_output, check_output_dir, output_folder, table, write_json
 from realrun.job import (
     DEFAULT_REAL_BATCH,
     PIPELINE_SCHEMES,
@@ -142,16 +142,15 @@ def real(
             err=True,
         )
     clean_stale()
-    made_keep = bool(keep_dir) and not os.path.exists(keep_dir)
     out_dir = keep_dir or temp_dir("real")
-    failed_write = False
     try:
-        records, wall, counters = _execute(job, cluster, rate, out_dir)
-    except OSError:
-        failed_write = True
-        raise
+        # --keep: the logs of a failed run stay (that is what it is for)
+        with output_folder(
+            "--keep" if keep_dir else "--keep (temporary)", out_dir, keep_partial=True
+        ):
+            records, wall, counters = _execute(job, cluster, rate, out_dir)
     finally:
-        if not keep_dir or (made_keep and failed_write):
+        if not keep_dir:
             shutil.rmtree(out_dir, ignore_errors=True)
     _report(records, wall, cluster, counters, as_json, trace_out, profile_out, rate)
 

@@ -266,16 +266,19 @@ def validate(
     )
     show = sys.stderr.isatty() if progress is None else progress
     bar = _Bar(len(cases), show)
+    from dtsim.cli.output import output_folder
+
     try:
-        summary = va.run_validation(
-            cases,
-            out,
-            repeats=repeats,
-            topology_file=calibration,
-            progress=bar,
-            command=command,
-            ensemble=ensemble,
-        )
+        with output_folder("--out", out, keep_partial=True):
+            summary = va.run_validation(
+                cases,
+                out,
+                repeats=repeats,
+                topology_file=calibration,
+                progress=bar,
+                command=command,
+                ensemble=ensemble,
+            )
     except KeyboardInterrupt:
         bar.close()
         click.echo(
