@@ -164,11 +164,11 @@ def _kill(pids: list[int], grace_s: float = 1.0) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+    ticks = {p: start_ticks(p) for p in pids}
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(start_ticks(p) is not None for p in pids):
-        for p in pids:  # reap those that are our own children
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(p, os.WNOHANG)
+    while time.monotonic() < deadline and any(
+        t is not None and alive(p, t) for p, t in ticks.items()
+    ):
         time.sleep(0.02)
 
 
