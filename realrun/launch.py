@@ -12,10 +12,11 @@ It then watches them:
   it was (iteration and phase) and its last span (from the heartbeat file). A rank that
   was stopped (SIGSTOP, a debugger) is that rank; otherwise it is the one whose main
   thread does not wait for other ranks (from the stacks the ranks dump on SIGUSR1), or
-  the least advanced. Ranks that have not reported yet (starting up: importing torch,
-  meeting the others) get :data:`STARTUP_FACTOR` times as long, unless one of them is
-  stopped. Both limits are shorter than the ranks' own collective timeouts (four times
-  ``timeout_s``), so the hung rank is named before a waiting rank's timeout fires.
+  the least advanced. A rank that has not reported yet (starting up: importing torch,
+  building its model) makes progress while it uses CPU time; one that is stopped does not,
+  whatever the others do. The limit is shorter than the ranks' own collective timeouts
+  (four times ``timeout_s``), so the hung rank is named before a waiting rank's timeout
+  fires.
 
 Each rank carries its owner's tag (``DTSIM_RUN_OWNER``, :mod:`realrun.owner`) and stops
 itself if this process is killed without cleaning up.
@@ -44,9 +45,6 @@ from realrun.job import Job
 from realrun.owner import OWNER_ENV, owner_tag
 
 POLL_S = 0.05
-STARTUP_FACTOR = 3
-"""Ranks that have not reported progress yet may be silent this many times ``timeout_s``
-(counted from the last rank's start)."""
 PHASE_WORDS = ("in its forward", "in its backward", "in its update", "between iterations")
 """Where a worker is after reporting each phase (:data:`realrun.heartbeat.PHASES`)."""
 
@@ -163,6 +161,8 @@ def _watch(
 ) -> None:
     last_reported = -1
     spawned = time.monotonic()  # the last rank has just started
+    cpu: dict[int, int] = {}  # CPU ticks of ranks that have not reported yet...
+    busy_at: dict[int, float] = {}  # ...and when they last grew
     while True:
         codes = [p.poll() for p in procs]
         for rank, code in enumerate(codes):
@@ -179,14 +179,18 @@ def _watch(
         now = time.monotonic()
         live = [r for r, c in enumerate(codes) if c is None]
         reported = [r for r in live if beats[r][0] > 0]
-        quiet_s = now - max([spawned] + [beats[r][0] for r in reported])
+        for r in live:
+            if r not in reported:
+                ticks = cpu_ticks(procs[r].pid)
+                if ticks != cpu.get(r):
+                    cpu[r], busy_at[r] = ticks, now
         stopped = [r for r in live if is_stopped(procs[r].pid)]
-        limit = (
-            job.timeout_s
-            if stopped or len(reported) == len(live)
-            else (STARTUP_FACTOR * job.timeout_s)
+        # while a rank is stopped, the others' waiting (CPU of polls) is no progress
+        starting = [r for r in live if r not in reported and (not stopped or r in stopped)]
+        quiet_s = now - max(
+            [spawned] + [beats[r][0] for r in reported] + [busy_at[r] for r in starting]
         )
-        if live and quiet_s > limit:
+        if live and quiet_s > job.timeout_s:
             raise _hang(job, procs, live, reported, stopped, beats, out_dir, hb_path, quiet_s)
         if progress is not None and job.workers:
             slowest = min(beats[r][1] for r in range(job.workers)) // PHASES
@@ -242,6 +246,17 @@ def _hang(
         f"rank {hung} ({job.role(hung)}) hung: {how}; no rank made progress for "
         f"{quiet_s:.0f} s (time limit {job.timeout_s:g} s); it was {where}, last span: {label}",
     )
+
+
+def cpu_ticks(pid: int) -> int:
+    """CPU time process ``pid`` has used (user and system, clock ticks); -1 if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return -1
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])
 
 
 def is_stopped(pid: int) -> bool:
