@@ -279,6 +279,39 @@ def test_sim_clean_reports_what_it_removed(tmp_path: Path, monkeypatch, capsys) 
     assert not folder.exists()
 
 
+@pytest.mark.parametrize(
+    "args, patch, error",
+    [
+        (["real", "--gpus", "1", "--model", "mlp_small"], "dtsim.cli.real._execute", "rank"),
+        (["calibrate", "--cluster", "local", "--out", "{d}/c.yaml"], "cal", "calib"),
+        (["validate", "--quick", "--out", "{d}/v"], "realrun.netns.check_available", "netns"),
+    ],
+    ids=["real", "calibrate", "validate"],
+)
+def test_each_real_command_cleans_up_after_dead_runs_first(
+    args, patch, error, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from realrun.calibrate import CalibrationError
+    from realrun.launch import RankFailed
+    from realrun.netns import NetnsUnavailable
+
+    def fail(*_a: Any, **_k: Any) -> Any:
+        exc = {"rank": RankFailed(0, "stop here"), "calib": CalibrationError("stop here")}
+        raise exc.get(error, NetnsUnavailable("stop here"))
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setenv("DTSIM_NETNS_PREFIX", f"dtc{secrets.token_hex(3)}")
+    monkeypatch.setattr(patch if patch != "cal" else "realrun.calibrate.calibrate", fail)
+    dead = dead_tag()
+    (tmp_path / f"dtsim-real-{dead}-x").mkdir()
+    argv = [a.replace("{d}", str(tmp_path)) for a in args]
+    code, _o, err = run_main(capsys, *argv)
+    assert code in (1, 2) and "stop here" in err, err
+    note = [x for x in err.splitlines() if x.startswith("note: removed")]
+    assert len(note) == 1 and f"pid {dead.split('-')[0]}" in note[0], err
+    assert not (tmp_path / f"dtsim-real-{dead}-x").exists()
+
+
 # ---- hung and killed runs on the emulated cluster ----------------------------------------
 
 _REASON = netns_unavailable_reason()
@@ -357,8 +390,10 @@ def test_a_rank_stopped_before_meeting_the_others_is_named(tmp_path: Path) -> No
     job = Job(
         scheme="dp", model="mlp_small", workers=3, iterations=2, timeout_s=4.0, fault="stop:1:-1"
     )
+    started: list[tuple[int, int]] = []
     with pytest.raises(RankFailed) as info:
-        launch(job, str(tmp_path))
+        launch(job, str(tmp_path), on_start=lambda k, n: started.append((k, n)))
+    assert started == [(1, 3), (2, 3), (3, 3)]  # progress from the first rank's start
     assert "rank 1 (worker) hung: it was stopped" in str(info.value)
     assert "starting up" in str(info.value)
     left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)

@@ -135,6 +135,13 @@ def real(
         return
     check_ranks(job)
     cluster = spec.cluster
+    from realrun.netns import MAX_HOSTS
+
+    if cluster == "netns" and job.hosts > MAX_HOSTS:
+        raise BadInput(
+            f"--gpus: {job.workers:,} workers need {job.hosts} hosts; an emulated cluster "
+            f"has at most {MAX_HOSTS} (one /24 subnet); use fewer --gpus"
+        )
     rate = spec.bandwidth if cluster == "netns" else None
     if spec.bandwidth and cluster != "netns":
         click.echo(
