@@ -84,7 +84,7 @@ from dtsim.cli.output import check_output_dir, table
 )
 @click.option(
     "--min-measured-s",
-    type=click.FloatRange(min=0),
+    type=float,
     default=MIN_MEASURED_S,
     show_default=True,
     help="Seconds each run measures at least: a case predicted to iterate faster makes "
@@ -122,7 +122,7 @@ from dtsim.cli.output import check_output_dir, table
 )
 @click.option(
     "--sim-seeds",
-    type=click.IntRange(min=1),
+    type=int,
     default=SIM_SEEDS,
     show_default=True,
     help="Simulations of each real run, one seed of compute jitter each; their mean is the "
@@ -130,7 +130,7 @@ from dtsim.cli.output import check_output_dir, table
 )
 @click.option(
     "--sim-jitter",
-    type=click.FloatRange(min=0),
+    type=float,
     default=SIM_JITTER,
     show_default=True,
     help="Coefficient of variation of each simulated op's CPU work in those simulations "
