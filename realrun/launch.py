@@ -42,7 +42,7 @@ from typing import Any
 
 from realrun.heartbeat import HEARTBEAT_SLOT_BYTES, PHASES, read_heartbeats, read_labels
 from realrun.job import Job
-from realrun.owner import OWNER_ENV, owner_tag
+from realrun.owner import OWNER_ENV, owner_tag, stat_fields
 
 POLL_S = 0.05
 PHASE_WORDS = ("in its forward", "in its backward", "in its update", "between iterations")
@@ -250,23 +250,14 @@ def _hang(
 
 def cpu_ticks(pid: int) -> int:
     """CPU time process ``pid`` has used (user and system, clock ticks); -1 if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            stat = fh.read()
-    except OSError:
-        return -1
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[11]) + int(fields[12])
+    fields = stat_fields(pid)
+    return -1 if fields is None else int(fields[11]) + int(fields[12])
 
 
 def is_stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped (state T, by SIGSTOP, or t, by a tracer)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2 :][:1] in ("T", "t")
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] in ("T", "t")
 
 
 WAITING_FRAMES = (

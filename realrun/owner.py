@@ -39,17 +39,23 @@ WATCH_INTERVAL_S = 0.5
 """How often a rank checks that its owner is alive."""
 
 
-def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), or
-    None if it does not exist. With the pid it names one process even if pids are reused."""
+def stat_fields(pid: int) -> list[str] | None:
+    """Fields 3 and on of ``/proc/PID/stat`` (state, ppid, ...: index ``i`` is field
+    ``i + 3``), or None if the process does not exist."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except OSError:
         return None
     # the command name (field 2) is in parentheses and may hold spaces
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), or
+    None if it does not exist. With the pid it names one process even if pids are reused."""
+    fields = stat_fields(pid)
+    return None if fields is None else int(fields[19])
 
 
 def owner_tag(pid: int | None = None) -> str:
@@ -61,14 +67,8 @@ def owner_tag(pid: int | None = None) -> str:
 def alive(pid: int, ticks: int) -> bool:
     """Whether the process that had ``pid`` and started at ``ticks`` still runs (a zombie
     counts as gone)."""
-    if start_ticks(pid) != ticks:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return not stat[stat.rindex(")") + 2 :].startswith("Z")
+    fields = stat_fields(pid)
+    return fields is not None and int(fields[19]) == ticks and fields[0] != "Z"
 
 
 def tag_alive(tag: str) -> bool:

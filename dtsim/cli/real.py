@@ -153,7 +153,7 @@ def real(
     try:
         # --keep: the logs of a failed run stay (that is what it is for)
         with output_folder(
-            "--keep" if keep_dir else "--keep (temporary)", out_dir, keep_partial=True
+            "--keep" if keep_dir else "the run's temporary folder", out_dir, keep_partial=True
         ):
             records, wall, counters = _execute(job, cluster, rate, out_dir)
     finally:
