@@ -21,7 +21,7 @@ from analysis.matrix_defaults import (
     SIM_SEEDS,
 )
 from dtsim.cli.errors import BadInput
-from dtsim.cli.output import check_output_dir, table
+from dtsim.cli.output import check_output_dir, output_folder, table
 
 
 @click.command("validate")
@@ -266,8 +266,6 @@ def validate(
     )
     show = sys.stderr.isatty() if progress is None else progress
     bar = _Bar(len(cases), show)
-    from dtsim.cli.output import output_folder
-
     try:
         with output_folder("--out", out, keep_partial=True):
             summary = va.run_validation(
