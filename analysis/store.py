@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from simcore.config import ConfigError
-from traces.atomic import atomic_path
+from traces.atomic import OutputPathError, atomic_path
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 """Output file suffixes and their formats."""
@@ -189,7 +189,7 @@ class SweepStore:
         self._lock()
         try:
             self._load()
-            self._fh = open(self.journal_path, "a", encoding="utf-8")
+            self._fh = open(self.journal_path, "ab", buffering=0)
         except BaseException:
             self._unlock()
             raise
@@ -280,9 +280,22 @@ class SweepStore:
     # -- writing --
 
     def append(self, row: dict[str, Any]) -> None:
-        """Record a finished point: one journal line, flushed now."""
-        self._fh.write(json.dumps(row, separators=(",", ":"), default=str) + "\n")
-        self._fh.flush()
+        """Record a finished point: one journal line, written now. A write that fails (a
+        full disk) leaves the journal as it was, without a torn line, and raises
+        :class:`~traces.atomic.OutputPathError` naming the output."""
+        data = (json.dumps(row, separators=(",", ":"), default=str) + "\n").encode()
+        fd = self._fh.fileno()
+        size = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise OutputPathError(
+                f"{self.out}: cannot write its journal {self.journal_path}: {exc.strerror or exc}"
+            ) from None
         self.rows[str(row["point_id"])] = row
         now = time.monotonic()
         if now - self._synced >= self.FSYNC_EVERY_S:

@@ -62,6 +62,7 @@ from analysis.matrix_defaults import (
     WARMUP_ITERATIONS,
 )
 from realrun.calibrate import segment_bytes
+from realrun.owner import temp_prefix
 from simcore.config import ConfigError
 from simcore.units import parse_rate
 from traces.atomic import write_text
@@ -569,7 +570,7 @@ def ensure_trace(out_dir: str, case: Case, topology_file: str) -> tuple[str, dic
     job = make_job(one, config)
     runs = []
     for _ in range(PROFILE_REPEATS):
-        with tempfile.TemporaryDirectory(prefix="dtsim-validate-profile-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=temp_prefix("validate-profile")) as tmp:
             runs.append(launch(job, tmp))
     trace = median_trace([trace_from_run(records, base) for records in runs])
     costs = [update_cost(records, base, OPTIMIZERS[job.optimizer][1]) for records in runs]
@@ -1059,7 +1060,7 @@ def netns_runner(prefix: str | None = None) -> RealRunner:
         pre = prefix or os.environ.get("DTSIM_NETNS_PREFIX", "dtsim")
         out: list[dict[str, Any]] = []
         with (
-            tempfile.TemporaryDirectory(prefix="dtsim-validate-") as tmp,
+            tempfile.TemporaryDirectory(prefix=temp_prefix("validate")) as tmp,
             terminate_as_interrupt(),
             EmulatedCluster(job.hosts, rate, prefix=pre) as emu,
         ):

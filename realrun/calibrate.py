@@ -41,7 +41,6 @@ import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from realrun import linkcpu, scheduler
+from realrun.owner import temp_dir
 from simcore.units import format_bytes, format_rate, parse_rate, parse_size
 
 __all__ = [
@@ -1045,7 +1045,7 @@ def _measure(
     except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as err:
         raise CalibrationError(f"the scheduler benchmark failed: {err}") from None
     tick("scheduler benchmark")
-    work = tempfile.mkdtemp(prefix="dtsim-calibrate-")
+    work = temp_dir("calibrate")
     try:
         results, qdiscs = _in_cluster(cluster, rate, world, dict(job), work, tick)
     finally:

@@ -8,8 +8,18 @@ It then watches them:
 * a rank that exits with an error or is killed ends the run at once: every other rank is
   stopped and :class:`RankFailed` names the rank, its role and its last error line;
 * a run in which no rank has made progress for ``job.timeout_s`` seconds is hung: every
-  rank is stopped and :class:`RankFailed` names the rank whose latest progress is the
-  oldest (the others are waiting for it), with the iteration it was in.
+  rank is stopped and :class:`RankFailed` names the rank the others wait for, with where
+  it was (iteration and phase) and its last span (from the heartbeat file). A rank that
+  was stopped (SIGSTOP, a debugger) is that rank; otherwise it is the one whose main
+  thread does not wait for other ranks (from the stacks the ranks dump on SIGUSR1), or
+  the least advanced. A rank that has not reported yet (starting up: importing torch,
+  building its model) makes progress while it uses CPU time; one that is stopped does not,
+  whatever the others do. The limit is shorter than the ranks' own collective timeouts
+  (four times ``timeout_s``), so the hung rank is named before a waiting rank's timeout
+  fires.
+
+Each rank carries its owner's tag (``DTSIM_RUN_OWNER``, :mod:`realrun.owner`) and stops
+itself if this process is killed without cleaning up.
 
 Every process is stopped on the way out, also on Ctrl-C and SIGTERM (the caller turns
 SIGTERM into an exception; see :func:`realrun.netns.terminate_as_interrupt`).
@@ -19,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import socket
@@ -29,10 +40,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from realrun.heartbeat import HEARTBEAT_SLOT_BYTES, PHASES, read_heartbeats
+from realrun.heartbeat import HEARTBEAT_SLOT_BYTES, PHASES, read_heartbeats, read_labels
 from realrun.job import Job
+from realrun.owner import OWNER_ENV, owner_tag, stat_fields
 
 POLL_S = 0.05
+PHASE_WORDS = ("in its forward", "in its backward", "in its update", "between iterations")
+"""Where a worker is after reporting each phase (:data:`realrun.heartbeat.PHASES`)."""
 
 
 class RankFailed(RuntimeError):
@@ -78,10 +92,11 @@ def launch(
     *,
     port: int | None = None,
     progress: Callable[[int], None] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``job`` (see module docs) with its files in ``out_dir``; returns the gathered
-    records (``records.json`` of rank 0). ``progress(iteration)`` is called as the
-    slowest worker advances."""
+    records (``records.json`` of rank 0). ``on_start(started, ranks)`` is called as each
+    rank starts, ``progress(iteration)`` as the slowest worker advances."""
     placement = placement or local_placement()
     os.makedirs(out_dir, exist_ok=True)
     job_path = os.path.join(out_dir, "job.json")
@@ -95,6 +110,7 @@ def launch(
     port = port or free_port()
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
+    owner = owner_tag()
     try:
         for rank in range(job.world_size):
             host = job.host_of(rank)
@@ -110,6 +126,7 @@ def launch(
                 OMP_NUM_THREADS="1",
                 PYTHONUNBUFFERED="1",
             )
+            env[OWNER_ENV] = owner
             if job.backend == "gloo":
                 env["CUDA_VISIBLE_DEVICES"] = ""
             argv = [sys.executable, "-m", "realrun", "--job", job_path, "--out", out_dir]
@@ -124,6 +141,8 @@ def launch(
                     start_new_session=True,
                 )
             )
+            if on_start is not None:
+                on_start(rank + 1, job.world_size)
         _watch(job, procs, out_dir, hb_path, progress)
     finally:
         stop(procs)
@@ -141,7 +160,9 @@ def _watch(
     progress: Callable[[int], None] | None,
 ) -> None:
     last_reported = -1
-    started = time.monotonic()
+    spawned = time.monotonic()  # the last rank has just started
+    cpu: dict[int, int] = {}  # CPU ticks of ranks that have not reported yet...
+    busy_at: dict[int, float] = {}  # ...and when they last grew
     while True:
         codes = [p.poll() for p in procs]
         for rank, code in enumerate(codes):
@@ -157,39 +178,86 @@ def _watch(
         beats = read_heartbeats(hb_path, job.world_size)
         now = time.monotonic()
         live = [r for r, c in enumerate(codes) if c is None]
-        stamps = [beats[r][0] for r in live if beats[r][0] > 0]
-        if len(stamps) == len(live) and stamps and now - max(stamps) > job.timeout_s:
-            # The least advanced rank is the one the others wait for; servers only answer
-            # workers, so a worker is named before a server that got as far; then the one
-            # that stopped first.
-            waiting = _waiting_ranks(procs, live, out_dir)
-            busy = [r for r in live if r not in waiting]
-            hung = (
-                busy[0]
-                if len(busy) == 1
-                else min(
-                    busy or live, key=lambda r: (beats[r][1], job.role(r) != "worker", beats[r][0])
-                )
-            )
-            step = beats[hung][1]
-            where = "before training" if step < 0 else f"in iteration {step // PHASES}"
-            raise RankFailed(
-                hung,
-                f"rank {hung} ({job.role(hung)}) hung: no rank made "
-                f"progress for {job.timeout_s:g} s and rank {hung} got "
-                f"the least far ({where}); the others wait for it",
-            )
-        if not stamps and live and now - started > job.timeout_s * 3:
-            raise RankFailed(
-                live[0],
-                f"rank {live[0]} ({job.role(live[0])}) hung: no rank started within the time limit",
-            )
+        reported = [r for r in live if beats[r][0] > 0]
+        for r in live:
+            if r not in reported:
+                ticks = cpu_ticks(procs[r].pid)
+                if ticks != cpu.get(r):
+                    cpu[r], busy_at[r] = ticks, now
+        stopped = [r for r in live if is_stopped(procs[r].pid)]
+        # while a rank is stopped, the others' waiting (CPU of polls) is no progress
+        starting = [r for r in live if r not in reported and (not stopped or r in stopped)]
+        quiet_s = now - max(
+            [spawned] + [beats[r][0] for r in reported] + [busy_at[r] for r in starting]
+        )
+        if live and quiet_s > job.timeout_s:
+            raise _hang(job, procs, live, reported, stopped, beats, out_dir, hb_path, quiet_s)
         if progress is not None and job.workers:
             slowest = min(beats[r][1] for r in range(job.workers)) // PHASES
             if slowest > last_reported:
                 last_reported = slowest
                 progress(slowest)
         time.sleep(POLL_S)
+
+
+def _hang(
+    job: Job,
+    procs: Sequence[subprocess.Popen[bytes]],
+    live: list[int],
+    reported: list[int],
+    stopped: list[int],
+    beats: list[tuple[float, int]],
+    out_dir: str,
+    hb_path: str,
+    quiet_s: float,
+) -> RankFailed:
+    """The error naming the rank a hung run waits for (see module docs)."""
+    if stopped:
+        hung = stopped[0]
+        how = "it was stopped (SIGSTOP or a debugger)"
+    else:
+        # The least advanced rank is the one the others wait for; servers only answer
+        # workers, so a worker is named before a server that got as far; then the one that
+        # stopped first. A rank that has not reported is the least advanced of all.
+        waiting = _waiting_ranks(procs, live, out_dir)
+        busy = [r for r in live if r not in waiting]
+
+        def key(r: int) -> tuple[float, bool, float]:
+            return (
+                beats[r][1] if r in reported else -math.inf,
+                job.role(r) != "worker",
+                beats[r][0],
+            )
+
+        hung = busy[0] if len(busy) == 1 else min(busy or live, key=key)
+        how = "it stopped making progress and the others wait for it"
+    if hung not in reported:
+        where = "starting up (before meeting the other ranks)"
+    elif beats[hung][1] < 0:
+        where = "before training"
+    elif beats[hung][1] >= job.total_iterations * PHASES:
+        where = "after training (gathering the records)"
+    else:
+        it, phase = divmod(beats[hung][1], PHASES)
+        where = f"in iteration {it}, {PHASE_WORDS[phase] if hung < job.workers else 'serving'}"
+    label = read_labels(hb_path, job.world_size)[hung] or "none yet"
+    return RankFailed(
+        hung,
+        f"rank {hung} ({job.role(hung)}) hung: {how}; no rank made progress for "
+        f"{quiet_s:.0f} s (time limit {job.timeout_s:g} s); it was {where}, last span: {label}",
+    )
+
+
+def cpu_ticks(pid: int) -> int:
+    """CPU time process ``pid`` has used (user and system, clock ticks); -1 if gone."""
+    fields = stat_fields(pid)
+    return -1 if fields is None else int(fields[11]) + int(fields[12])
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state T, by SIGSTOP, or t, by a tracer)."""
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] in ("T", "t")
 
 
 WAITING_FRAMES = (
@@ -280,6 +348,7 @@ def stop(procs: Sequence[subprocess.Popen[bytes]], grace_s: float = 3.0) -> None
     running = [p for p in procs if p.poll() is None]
     for p in running:
         _signal_group(p, signal.SIGTERM)
+        _signal_group(p, signal.SIGCONT)  # a stopped rank gets its SIGTERM only then
     deadline = time.monotonic() + grace_s
     for p in running:
         try:

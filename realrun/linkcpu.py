@@ -34,10 +34,11 @@ import select
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from realrun.owner import temp_dir
 
 __all__ = ["MESSAGE_BYTES", "ROUNDS", "link_cpu_s_per_byte", "measure"]
 
@@ -194,7 +195,7 @@ def _exchange(
     carry, then the ranks stop. ``(spinners' loops per second, each rank's [messages,
     bytes, CPU seconds, wall seconds] over the spinners' run)``, the ranks in the pairs'
     order."""
-    work = tempfile.mkdtemp(prefix="dtsim-linkcpu-")
+    work = temp_dir("linkcpu")
     go, stop = os.path.join(work, "go"), os.path.join(work, "stop")
     procs = []
     try:

@@ -55,6 +55,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from types import FrameType
 
+from realrun.owner import owner_tag as _owner_tag
+from realrun.owner import start_ticks as _start_ticks
+
 __all__ = [
     "DEFAULT_PREFIX",
     "EmulatedCluster",
@@ -181,19 +184,6 @@ def _why(err: BaseException) -> str:
         detail = text[0] if text else f"exit status {err.returncode}"
         return f"`{' '.join(map(str, err.cmd))}` failed: {detail}"
     return str(err).splitlines()[0] if str(err) else type(err).__name__
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), or
-    None if it does not exist. With the pid it names one process even if pids are reused."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # the command name (field 2) is in parentheses and may hold spaces
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])
 
 
 def _check_prefix(prefix: str) -> None:
@@ -360,12 +350,6 @@ def check_available() -> None:
             raise NetnsUnavailable(
                 f"cannot build network namespaces here ({_why(err)}); {_HINT}"
             ) from err
-
-
-def _owner_tag() -> str:
-    """``PID-STARTTICKS`` of this process, the owner part of our names."""
-    pid = os.getpid()
-    return f"{pid}-{_start_ticks(pid) or 0}"
 
 
 # ---------------------------------------------------------------------------------------

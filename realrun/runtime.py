@@ -142,6 +142,8 @@ class Recorder:
         shaped links' soft interrupts counted apart; empty where there is no
         /proc/stat."""
         self._main_clock = time.pthread_getcpuclockid(threading.main_thread().ident or 0)
+        self.on_span: Callable[[str], None] | None = None
+        """Called with ``"KIND NAME"`` of every span recorded (the heartbeat's label)."""
         self._lock = threading.Lock()
         self.messenger = {
             "cpu_s": 0.0,
@@ -193,6 +195,8 @@ class Recorder:
         self.spans.append(
             (self.device, stream, kind, name, start, end, iteration, layer, -1, nbytes, flow)
         )
+        if self.on_span is not None:
+            self.on_span(f"{kind} {name}")
 
     def count_messenger(self, cpu_s: float, gloo_cpu_s: float, messages: int, nbytes: int) -> None:
         """Add a messaging thread's CPU seconds outside and inside gloo's calls, message

@@ -37,7 +37,6 @@ class RealSpec(RunSpec):
         kind="int",
         minimum=1,
         auto=str(DEFAULT_REAL_BATCH),
-        auto_zero=True,
         flag=6,
     )
     backend: str | None = setting(

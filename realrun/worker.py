@@ -71,15 +71,26 @@ class RankContext:
     def beat(self, iteration: int, phase: int = 0) -> None:
         """Report progress and apply the job's fault hook (tests)."""
         self.heartbeat.beat(iteration, phase)
-        fault = self.job.fault
-        if fault and phase == 0:
-            what, rank, it = fault.split(":")
-            if int(rank) == self.rank and int(it) == iteration:
-                if what == "kill":
-                    os.kill(os.getpid(), signal.SIGKILL)
-                elif what == "hang":
-                    while True:
-                        time.sleep(3600)
+        if phase == 0:
+            apply_fault(self.job.fault, self.rank, iteration)
+
+
+def apply_fault(fault: str, rank: int, iteration: int) -> None:
+    """The job's fault hook, for tests: ``WHAT:RANK:ITERATION`` makes ``RANK`` kill itself
+    (``kill``), sleep for ever (``hang``) or stop itself with SIGSTOP (``stop``) when it
+    starts ``ITERATION`` (-1: before meeting the other ranks)."""
+    if not fault:
+        return
+    what, at_rank, it = fault.split(":")
+    if int(at_rank) != rank or int(it) != iteration:
+        return
+    if what == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif what == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif what == "hang":
+        while True:
+            time.sleep(3600)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -120,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     # message to gloo; with Python's default 5 ms switch interval a message waits up to
     # that long behind the compute thread's Python code between two kernels.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    apply_fault(job.fault, rank, -1)
     timeout = datetime.timedelta(seconds=max(30.0, job.timeout_s * 4))
     dist.init_process_group(job.backend, rank=rank, world_size=world, timeout=timeout)
     group = (
@@ -131,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     setup = build_model(job, device)
     heartbeat = Heartbeat(os.path.join(args.out, "heartbeat"), rank)
     heartbeat.beat(-1)
+    heartbeat.label("started")
+    rec.on_span = heartbeat.label
     profile = None
     if job.profile and rank == 0:
         profile = _profile(job)

@@ -16,12 +16,16 @@ refused.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
 import sys
 import tempfile
 from collections.abc import Iterator
+
+_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
+"""Write errors that come from the place written to, not from the program."""
 
 STDOUT = "-"
 """The path that means standard output."""
@@ -117,7 +121,8 @@ def atomic_path(path: str | os.PathLike[str], suffix: str = "") -> Iterator[str]
             os.close(fd)
         os.replace(tmp, target)
     except OSError as exc:
-        if exc.filename in (tmp, target):
+        # a write into the temporary file names no file (``fh.write``): it is ours too
+        if exc.filename in (tmp, target) or (exc.filename is None and exc.errno in _DISK):
             raise OutputPathError(f"{given}: cannot write: {exc.strerror or exc}") from None
         raise
     finally:

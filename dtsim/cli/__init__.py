@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("dtsim.cli.report", "Reproduce the seed papers' comparisons as a report."),
     "train": ("dtsim.cli.train", "Convergence under staleness on real data, time to accuracy."),
     "validate": ("dtsim.cli.validate", "Check the simulator against real runs over a matrix."),
+    "clean": ("dtsim.cli.clean", "Remove what killed real runs left (namespaces, ranks, files)."),
 }
 """Subcommand -> (module, one-line help). The module defines a click command ``NAME``
 (``-`` in the name becomes ``_``)."""
@@ -50,8 +51,10 @@ class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         """Run the subcommand; a user error it raises (bad trace file, unit, config...)
         becomes a one-line click error, whoever called the group (``main``, CliRunner)."""
-        from dtsim.cli.errors import as_click_error
+        from dtsim.cli.errors import as_click_error, with_output_option
+        from traces.atomic import OutputPathError
 
+        args = list(ctx.args)
         try:
             return super().invoke(ctx)
         except Exception as exc:
@@ -60,6 +63,8 @@ class LazyGroup(click.Group):
             err = as_click_error(exc, command)
             if err is None or err is exc:
                 raise
+            if isinstance(exc, OutputPathError):
+                err.message = with_output_option(err.message, args)
             raise err from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

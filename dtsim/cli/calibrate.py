@@ -9,9 +9,8 @@ from typing import Any
 import click
 
 from dtsim.cli.errors import BadInput
-from dtsim.cli.output import table
+from dtsim.cli.output import check_output, table
 from simcore.units import UnitError, parse_rate, parse_size
-from traces.atomic import check_writable
 
 
 def _rate(value: str | None) -> float | None:
@@ -147,7 +146,10 @@ def calibrate(
         if allreduce_ranks.strip().lower() in ("none", "")
         else _int_list("--allreduce-ranks", allreduce_ranks, 2, 64, "integers from 2 to 64")
     )
-    check_writable(out)
+    check_output("--out", out)
+    from dtsim.cli.clean import clean_stale
+
+    clean_stale()
 
     from tqdm import tqdm
 

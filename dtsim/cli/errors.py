@@ -64,6 +64,20 @@ def exit_code_and_message(
     return None, ""
 
 
+def with_output_option(message: str, args: list[str]) -> str:
+    """An output error's ``message`` (it starts with the path) led by the option in the
+    command line ``args`` that gave that path (``--trace-out x.json`` or
+    ``--trace-out=x.json``); as it is when no option gave it."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--") and "=" in arg:
+            option, value = arg.split("=", 1)
+        else:
+            option, value = (args[i - 1] if i else ""), arg
+        if option.startswith("-") and value and message.startswith((value + ":", value + " (")):
+            return f"{option}: {message}"
+    return message
+
+
 class BadInput(click.ClickException):
     """A user error reported by a command itself: one line, exit code 2."""
 

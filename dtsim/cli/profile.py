@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 import click
 
 from dtsim.cli.errors import BadInput
+from dtsim.cli.output import check_output
 from realrun import zoo
 from realrun.options import DEFAULT_EFFICIENCY, DEVICES, DTYPES, INPUT_SHAPE_HELP
-from traces.atomic import check_writable
 
 
 @click.command("profile")
@@ -114,7 +115,7 @@ from traces.atomic import check_writable
 )
 @click.option(
     "--threads",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, os.cpu_count() or 1),
     default=1,
     show_default=True,
     help="torch intra-op threads.",
@@ -196,7 +197,7 @@ def profile(
     model_name, shape = resolved.ref, resolved.input_shape
     stem = f"{resolved.name}-{'analytic' if analytic else device}-b{batch_size}"
     path = out or (f"{stem}.0.et" if fmt == "chakra" else f"{stem}.json")
-    check_writable(path)
+    check_output("--out", path)
     if fmt == "chakra":
         _record_chakra(resolved, batch_size, device, dtype, threads, seed, warmup, path)
         return

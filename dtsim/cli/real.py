@@ -7,16 +7,16 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from typing import Any
 
 import click
 
 from dtsim.cli.chakra_out import chakra_out_option, check_chakra_out
+from dtsim.cli.clean import clean_stale
 from dtsim.cli.errors import BadInput
 from dtsim.cli.options import run_options, spec_from_params
-from dtsim.cli.output import table, write_json
+from dtsim.cli.output import check_output, check_output_dir, output_folder, table, write_json
 from realrun.job import (
     DEFAULT_REAL_BATCH,
     PIPELINE_SCHEMES,
@@ -24,9 +24,9 @@ from realrun.job import (
     REAL_SCHEMES,
     Job,
 )
+from realrun.owner import temp_dir
 from realrun.spec import RealSpec
 from simcore.units import format_bytes, format_rate, format_time
-from traces.atomic import check_writable
 
 
 def run_options_real(f: Any) -> Any:
@@ -102,9 +102,15 @@ def real(
       sim real --gpus 4 --scheme gossip --model cnn_small --trace-out real.json
       sim real --gpus 2 --scheme dp --model mynet.py:make_net --input-shape 3,32,32
     """
-    for path in (trace_out, profile_out, write_job):
+    for option, path in (
+        ("--trace-out", trace_out),
+        ("--profile-out", profile_out),
+        ("--write-job", write_job),
+    ):
         if path:
-            check_writable(path)
+            check_output(option, path)
+    if keep_dir:
+        check_output_dir("--keep", keep_dir)
     check_chakra_out(chakra_out)
     if from_records:
         with open(from_records, encoding="utf-8") as fh:
@@ -121,6 +127,11 @@ def real(
         )
         return
     spec = spec_from_params(ctx, params, RealSpec)
+    from analysis.resolve import load_preset
+
+    load_preset(spec.topology)  # as sim run does: a name or file that is no preset is refused
+    if not write_job:
+        check_ranks(None, spec.gpus)  # at once, before torch is imported
     job = make_job(spec, profile=profile_out is not None)
     if write_job:
         from traces.atomic import write_text
@@ -133,20 +144,56 @@ def real(
             err=True,
         )
         return
+    check_ranks(job)
     cluster = spec.cluster
+    from realrun.netns import MAX_HOSTS
+
+    if cluster == "netns" and job.hosts > MAX_HOSTS:
+        raise BadInput(
+            f"--gpus: {job.workers:,} workers need {job.hosts} hosts; an emulated cluster "
+            f"has at most {MAX_HOSTS} (one /24 subnet); use fewer --gpus"
+        )
     rate = spec.bandwidth if cluster == "netns" else None
     if spec.bandwidth and cluster != "netns":
         click.echo(
             "note: --bandwidth shapes the links of --cluster netns; a local run is unshaped",
             err=True,
         )
-    out_dir = keep_dir or tempfile.mkdtemp(prefix="dtsim-real-")
+    clean_stale()
+    out_dir = keep_dir or temp_dir("real")
     try:
-        records, wall, counters = _execute(job, cluster, rate, out_dir)
+        # --keep: the logs of a failed run stay (that is what it is for)
+        with output_folder(
+            "--keep" if keep_dir else "the run's temporary folder", out_dir, keep_partial=True
+        ):
+            records, wall, counters = _execute(job, cluster, rate, out_dir)
     finally:
         if not keep_dir:
             shutil.rmtree(out_dir, ignore_errors=True)
     _report(records, wall, cluster, counters, as_json, trace_out, profile_out, rate, chakra_out)
+
+
+def check_ranks(job: Job | None, workers: int = 0) -> None:
+    """Refuse (exit 2) a run whose ranks this machine cannot hold (see
+    :mod:`realrun.guard`), saying how many would fit: ``job``'s ranks with its model, or,
+    before the job is made (no torch yet), ``workers`` ranks without a model."""
+    from realrun.guard import (
+        ModelFootprint,
+        available_memory,
+        machine_cores,
+        model_footprint,
+        rank_refusal,
+    )
+
+    if job is None:
+        ranks, footprint, servers = workers, ModelFootprint(0, 0), ""
+    else:
+        ranks = job.world_size
+        footprint = model_footprint(job.model, job.input_shape, job.batch_size)
+        workers, servers = job.workers, f" and {job.servers} servers" if job.servers else ""
+    why = rank_refusal(ranks, footprint, available_memory(), machine_cores())
+    if why is not None:
+        raise BadInput(f"--gpus: {workers:,} workers{servers}: {why}; use fewer --gpus")
 
 
 def make_job(spec: Any, *, profile: bool = False) -> Job:
@@ -266,6 +313,8 @@ def _execute(
     from realrun.launch import launch
 
     bar = _Bar(job)
+    if cluster == "netns":
+        bar.describe(f"building {job.hosts} emulated hosts")
     t0 = time.perf_counter()
     counters: dict[str, Any] = {}
     try:
@@ -280,29 +329,45 @@ def _execute(
                     emu.command, emu.hosts[0].address, lambda h: emu.hosts[h].ifname
                 )
                 before = emu.interface_bytes()
-                records = launch(job, out_dir, placement, progress=bar)
+                records = launch(job, out_dir, placement, progress=bar, on_start=bar.starting)
                 after = emu.interface_bytes()
                 counters = _wire_counters(before, after, rate)
         else:
-            records = launch(job, out_dir, progress=bar)
+            records = launch(job, out_dir, progress=bar, on_start=bar.starting)
     finally:
         bar.close()
     return records, time.perf_counter() - t0, counters
 
 
 class _Bar:
+    """A tqdm bar on a terminal: the cluster's build and the ranks' start, then the
+    iterations of the slowest worker."""
+
     def __init__(self, job: Job) -> None:
         from tqdm import tqdm
 
+        self.desc = f"{job.scheme} x{job.world_size} ranks"
+        self.starting_up = True
         self.bar = tqdm(
             total=job.total_iterations,
-            desc=f"{job.scheme} x{job.world_size} ranks",
+            desc=self.desc,
             unit="it",
             leave=False,
             disable=not sys.stderr.isatty(),
         )
 
+    def describe(self, what: str) -> None:
+        """Show what happens before the iterations start."""
+        self.bar.set_description(f"{self.desc}: {what}")
+
+    def starting(self, started: int, ranks: int) -> None:
+        """Rank ``started`` of ``ranks`` has started."""
+        self.describe(f"started {started}/{ranks}" if started < ranks else "meeting")
+
     def __call__(self, iteration: int) -> None:
+        if self.starting_up:
+            self.starting_up = False
+            self.bar.set_description(self.desc, refresh=False)
         self.bar.n = max(0, min(iteration, self.bar.total))
         self.bar.refresh()
 

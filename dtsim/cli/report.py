@@ -58,9 +58,13 @@ def report(out_dir: str, quick: bool, jobs: int, progress: bool | None) -> None:
             f"{jobs} is not allowed; use -1 (one per core) or a positive number",
             param_hint="'--jobs'",
         )
-    _check_out_dir(out_dir)
+    from dtsim.cli.output import output_folder
+
     show = sys.stderr.isatty() if progress is None else progress
-    s = build_report(out_dir, quick=quick, jobs=jobs, progress=show)
+    # data/ keeps the finished sweeps of a failed report (a rerun computes only the rest)
+    with output_folder("--out", out_dir, keep_partial=True):
+        _check_out_dir(out_dir)
+        s = build_report(out_dir, quick=quick, jobs=jobs, progress=show)
     click.echo(f"wrote {s.path} ({s.computed} points simulated, {s.wall_s:.1f} s)")
     for title, what in s.missing.items():
         click.echo(f"  incomplete: {title} (missing {what})")

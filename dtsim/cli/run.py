@@ -10,8 +10,7 @@ import click
 from dtsim.cli.chakra_out import chakra_out_option, check_chakra_out
 from dtsim.cli.errors import BadInput
 from dtsim.cli.options import run_options, spec_from_params
-from dtsim.cli.output import run_table, write_json
-from traces.atomic import check_writable
+from dtsim.cli.output import check_output, run_table, write_json
 
 
 @click.command("run")
@@ -52,7 +51,7 @@ def run(
                 "--trace-out: '-' (standard output) cannot be used with --json, "
                 "which prints there; give a file name"
             )
-        check_writable(trace_out)
+        check_output("--trace-out", trace_out)
     check_chakra_out(chakra_out)
     spec = spec_from_params(ctx, params)
     config = build_config(spec, record_spans=trace_out is not None or chakra_out is not None)

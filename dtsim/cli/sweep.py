@@ -116,11 +116,15 @@ def sweep(
         click.echo(f"{len(plan.points)} point{'s' if len(plan.points) != 1 else ''}:")
         click.echo(table([(p.point_id, _show(p.values)) for p in plan.points]))
         return
+    from dtsim.cli.output import check_output, output_errors
+
+    check_output("--out", out)
     show = sys.stderr.isatty() if progress is None else progress
     try:
-        s = run_sweep(
-            plan, out, jobs=jobs, scheduler=scheduler, retry_failed=retry_failed, progress=show
-        )
+        with output_errors("--out"):
+            s = run_sweep(
+                plan, out, jobs=jobs, scheduler=scheduler, retry_failed=retry_failed, progress=show
+            )
     except KeyboardInterrupt:
         click.echo(
             f"Interrupted: the finished points are in {out}; run the same command again to go on.",

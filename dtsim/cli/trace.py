@@ -209,12 +209,11 @@ def convert(
       sim trace convert et.json mynet.json --kineto kineto.json
       sim trace convert mynet.0.et mynet.json
     """
-    from dtsim.cli.output import write_json
+    from dtsim.cli.output import check_output, write_json
     from traces import save_trace
-    from traces.atomic import check_writable
     from traces.model import Trace
 
-    check_writable(dest)
+    check_output("OUT", dest)
     tr = _load(source, from_fmt, batch_size, kineto)
     if model_name:
         tr = Trace(dataclasses.replace(tr.meta, model=model_name), tr.layers, tr.edges)

@@ -197,6 +197,16 @@ def train(
     for name, value, low in (("--gpus", gpus, 1), ("--epochs", epochs, 1), ("--batch", batch, 1)):
         if value < low:
             raise BadInput(f"{name}: {value} is not allowed; give {low} or more")
+    if out_dir is not None:
+        from dtsim.cli.output import check_output_dir
+
+        check_output_dir("--out", out_dir)
+    if real:
+        from realrun.guard import ModelFootprint, available_memory, machine_cores, rank_refusal
+
+        why = rank_refusal(gpus, ModelFootprint(0, 0), available_memory(), machine_cores())
+        if why is not None:
+            raise BadInput(f"--gpus: {gpus:,} workers for --real: {why}; use fewer --gpus")
     lr = _rates(lrs, model_list)
     if not 0 <= momentum < 1:
         raise BadInput(f"--momentum: {momentum} is not allowed; give a value in [0, 1)")
@@ -235,15 +245,45 @@ def train(
     except ValueError as exc:
         raise BadInput(" ".join(str(exc).split())) from None
 
-    if out_dir is not None:
-        try:
-            os.makedirs(out_dir, exist_ok=True)
-        except OSError as exc:
-            raise BadInput(
-                f"--out: {out_dir!r} cannot be used as the output folder: {exc.strerror}; "
-                "give a folder that can be created or written"
-            ) from None
+    from dtsim.cli.output import output_folder
+
+    with output_folder("--out", out_dir):
+        _train_and_report(
+            model_list,
+            scheme_list,
+            seed_list,
+            gpus,
+            epochs,
+            lr,
+            momentum,
+            batch,
+            target_accuracy,
+            topology,
+            real,
+            out_dir,
+            progress,
+        )
+
+
+def _train_and_report(
+    model_list: list[str],
+    scheme_list: list[str],
+    seed_list: list[int],
+    gpus: int,
+    epochs: int,
+    lr: dict[str, float],
+    momentum: float,
+    batch: int,
+    target_accuracy: float,
+    topology: str,
+    real: bool,
+    out_dir: str | None,
+    progress: bool | None,
+) -> None:
+    """Train every run, print the tables, write the outputs (see :func:`train`)."""
     from tqdm import tqdm
+
+    from analysis import convergence as cv
 
     show = sys.stderr.isatty() if progress is None else progress
     runs = len(model_list) * len(scheme_list) * len(seed_list)
@@ -295,6 +335,7 @@ def _write(out: str, curves: Any, table: Any, hits: Any, tta: Any, models: list[
     from analysis import convergence as cv
     from traces.atomic import atomic_path, write_text
 
+    os.makedirs(out, exist_ok=True)
     for name, df in (
         ("curves", curves),
         ("table", table),

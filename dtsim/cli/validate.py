@@ -22,7 +22,7 @@ from analysis.matrix_defaults import (
     SIM_SEEDS,
 )
 from dtsim.cli.errors import BadInput
-from dtsim.cli.output import table
+from dtsim.cli.output import check_output_dir, output_folder, table
 
 
 @click.command("validate")
@@ -81,14 +81,14 @@ from dtsim.cli.output import table
 )
 @click.option(
     "--repeats",
-    type=int,
+    type=click.IntRange(min=1),
     default=REPEATS,
     show_default=True,
     help="Real runs per case (median, min, max and spread are reported).",
 )
 @click.option(
     "--iterations",
-    type=int,
+    type=click.IntRange(min=1),
     default=ITERATIONS,
     show_default=True,
     help="Measured iterations per run (after the warm-up iterations), at least; see "
@@ -104,7 +104,7 @@ from dtsim.cli.output import table
 )
 @click.option(
     "--batch-size",
-    type=int,
+    type=click.IntRange(min=1),
     default=BATCH,
     show_default=True,
     help="Samples per worker per iteration (a pipeline: its mini-batch); a multiple of 12.",
@@ -141,7 +141,7 @@ from dtsim.cli.output import table
 )
 @click.option(
     "--fail-above",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=FAIL_ABOVE,
     show_default=True,
     help="Exit with status 1 when the median |predicted - measured| / measured iteration "
@@ -149,7 +149,7 @@ from dtsim.cli.output import table
 )
 @click.option(
     "--fail-above-max",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=FAIL_ABOVE_MAX,
     show_default=True,
     help="Exit with status 1 when the largest |predicted - measured| / measured exceeds this.",
@@ -224,13 +224,14 @@ def validate(
     from analysis import validate as va
     from simcore.config import ConfigError
 
-    if repeats < 1:
-        raise ConfigError("repeats", repeats, "need at least one real run per case")
-    if iterations < 1:
-        raise ConfigError("iterations", iterations, "need at least one measured iteration")
-    for name, value in (("fail_above", fail_above), ("fail_above_max", fail_above_max)):
-        if not value > 0:
-            raise ConfigError(name, value, "expected a positive fraction, e.g. 0.10")
+    if calibration is not None:
+        from analysis.resolve import load_preset
+
+        try:
+            load_preset(calibration)
+        except ConfigError as exc:
+            raise ConfigError("calibration", exc.value, exc.allowed) from None
+    check_output_dir("--out", out)
     rate_at = None
     if calibrate_at is not None:
         if calibration is not None:
@@ -278,15 +279,17 @@ def validate(
             matrix = (("heldout",),)
     else:
         rank_list = []
-        for text in va.parse_list("ranks", ranks or ",".join(map(str, va.RANKS))):
+        for text in va.parse_list(
+            "ranks", ranks if ranks is not None else ",".join(map(str, va.RANKS))
+        ):
             try:
                 rank_list.append(int(text))
             except ValueError:
                 raise ConfigError("ranks", text, "expected whole numbers from 2 to 4") from None
         matrix = (
-            va.parse_list("schemes", schemes) if schemes else va.SCHEMES,
-            va.parse_list("models", models) if models else va.MODELS,
-            va.parse_list("bandwidths", bandwidths) if bandwidths else va.BANDWIDTHS,
+            va.parse_list("schemes", schemes) if schemes is not None else va.SCHEMES,
+            va.parse_list("models", models) if models is not None else va.MODELS,
+            va.parse_list("bandwidths", bandwidths) if bandwidths is not None else va.BANDWIDTHS,
             tuple(rank_list),
         )
         from realrun.usermodel import parse_input_shape
@@ -304,15 +307,11 @@ def validate(
         click.echo(f"{len(cases)} case{'s' if len(cases) != 1 else ''}:")
         click.echo(table([(c.case_id, c.describe()) for c in cases]))
         return
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError("out", out, "is a file; give a folder for the validation's outputs")
-    if calibration is not None:
-        from analysis.resolve import load_preset
-
-        load_preset(calibration)
     if not (predict_only and calibration is not None):  # calibrations and real runs
+        from dtsim.cli.clean import clean_stale
         from realrun.netns import check_available
 
+        clean_stale()
         check_available()
     command = _command_line(
         matrix,
@@ -335,16 +334,17 @@ def validate(
         _predict_only(va, cases, out, calibration, rate_at, bar, command)
         return
     try:
-        summary = va.run_validation(
-            cases,
-            out,
-            repeats=repeats,
-            topology_file=calibration,
-            calibrate_at=rate_at,
-            progress=bar,
-            command=command,
-            ensemble=ensemble,
-        )
+        with output_folder("--out", out, keep_partial=True):
+            summary = va.run_validation(
+                cases,
+                out,
+                repeats=repeats,
+                topology_file=calibration,
+                calibrate_at=rate_at,
+                progress=bar,
+                command=command,
+                ensemble=ensemble,
+            )
     except KeyboardInterrupt:
         bar.close()
         click.echo(
@@ -388,8 +388,6 @@ def _predict_only(
     command: str,
 ) -> None:
     """``--predict-only``: calibrate, profile and register every case's prediction."""
-    from traces.errors import unreadable
-
     path = va.predictions_path(out)
     if os.path.exists(path):
         raise BadInput(
@@ -397,15 +395,14 @@ def _predict_only(
             "rewritten: give another --out"
         )
     try:
-        os.makedirs(out, exist_ok=True)
-        calibrations = va.prepare_calibrations(
-            cases, out, topology_file=calibration, calibrate_at=rate_at, progress=bar
-        )
-        data = va.register_predictions(
-            cases, out, calibrations, command=command.replace(" --predict-only", ""), progress=bar
-        )
-    except OSError as exc:
-        raise BadInput(f"--out: cannot write into {out} ({unreadable(exc)})") from None
+        with output_folder("--out", out, keep_partial=True):
+            calibrations = va.prepare_calibrations(
+                cases, out, topology_file=calibration, calibrate_at=rate_at, progress=bar
+            )
+            data = va.register_predictions(
+                cases, out, calibrations, command=command.replace(" --predict-only", ""),
+                progress=bar,
+            )  # fmt: skip
     finally:
         bar.close()
     lines = [f"{'case':<34} {'predicted':>10} {'iterations':>10}  calibration"]
