@@ -230,7 +230,7 @@ def _gossip(job: Job, epochs: int, keep: bool, on_epoch: Any) -> Emulation:
     def record(epoch: int) -> None:
         nonlocal losses
         _record(em, ev, job, epoch, dict(models[0].named_parameters()), losses, keep)
-        em.epochs[-1]["disagreement"] = disagreement(models)
+        em.epochs[-1]["disagreement"] = disagreement([dict(m.named_parameters()) for m in models])
         losses = []
         if on_epoch:
             on_epoch(em.epochs[-1])
@@ -272,11 +272,13 @@ def _gossip(job: Job, epochs: int, keep: bool, on_epoch: Any) -> Emulation:
     return em
 
 
-def disagreement(models: list[torch.nn.Module]) -> float:
+def disagreement(weights: list[Mapping[str, torch.Tensor]]) -> float:
     """The workers' disagreement: the mean over workers of the Euclidean distance of each
-    one's weights (all parameters as one vector) from the workers' average."""
+    one's weights (``{parameter name: tensor}``, all parameters as one vector) from the
+    workers' average."""
+    names = sorted(weights[0])
     flat = torch.stack(
-        [torch.cat([q.detach().reshape(-1) for q in m.parameters()]) for m in models]
+        [torch.cat([w[n].detach().reshape(-1) for n in names]) for w in weights]
     ).double()
     return float((flat - flat.mean(0)).norm(dim=1).mean())
 
