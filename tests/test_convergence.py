@@ -371,3 +371,27 @@ def test_gossip_workers_without_updates_stay_one_model(exchange: str) -> None:
     rows = emulate(job, 2).epochs
     assert [r["disagreement"] for r in rows] == [0.0, 0.0]
     assert rows[0]["val_loss"] == rows[1]["val_loss"]
+
+
+@pytest.mark.parametrize(
+    "exchange, schedule, rotation, shuffle",
+    [
+        ("weights", "hypercube", "singer", True),
+        ("gradients", "dissemination", "random", True),
+        ("gradients+weights", "hypercube", "shift", False),
+    ],
+)
+def test_gossip_emulator_equals_the_written_out_reference(
+    exchange: str, schedule: str, rotation: str, shuffle: bool
+) -> None:
+    """Every exchange: the emulator's worker 0 after one epoch is the written-out
+    reference's (``tests/test_real.py``, which the real runtime equals)."""
+    from tests.test_real import gossip_reference
+
+    job = _job("gossip", gpus=4, batch=192, epochs=1)
+    opts = {"exchange": exchange, "schedule": schedule, "rotation": rotation, "shuffle": shuffle}
+    job = dataclasses.replace(job, options=opts)
+    em = emulate(job, 1, keep_weights=True)
+    ref = gossip_reference(job, schedule, rotation, shuffle, exchange)[0]
+    _assert_weights(em.epoch_weights[1], ref)
+    assert em.epochs[0]["disagreement"] > 0
