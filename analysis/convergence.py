@@ -4,7 +4,8 @@
 per update, learning rate, momentum, seed) into the :class:`~realrun.job.Job` that both
 the staleness emulator (:func:`realrun.emulate.emulate`) and the multi-process runtime
 (``sim train --real``) run; :func:`train` runs a grid of them and gathers per-epoch
-curves; :func:`paper_table` and :func:`to_target` summarise them; :func:`time_to_accuracy`
+curves (with the gossip workers' disagreement); :func:`paper_table` and :func:`to_target`
+summarise them, :func:`plot_disagreement` draws the disagreement; :func:`time_to_accuracy`
 multiplies the updates a scheme needs to reach a target accuracy by ``sim run``'s
 iteration time for the same model, scheme and GPUs on a cluster the user names.
 """
@@ -21,13 +22,20 @@ CONVERGENCE_SCHEMES = (
     "ps",
     "p3",
     "gossip",
+    "gossip-gradients",
+    "gossip-gradients+weights",
     "mp",
     "gpipe",
     "pipedream",
     "vanilla",
     "spectrain",
 )
-"""Schemes ``sim train`` compares; ``vanilla`` is ``pipedream`` with ``stash=false``."""
+"""Schemes ``sim train`` compares; ``vanilla`` is ``pipedream`` with ``stash=false``;
+``gossip`` averages weights and momentum (the authors' final exchange), ``gossip-X`` is
+``gossip`` with ``exchange=X`` (:data:`GOSSIP_VARIANTS`)."""
+
+GOSSIP_VARIANTS = {"gossip-gradients": "gradients", "gossip-gradients+weights": "gradients+weights"}
+"""Convergence names of gossip's other exchanges (:data:`simcore.schemes.gossip.EXCHANGES`)."""
 
 DIGITS_MODELS = ("digits_cnn", "digits_mlp", "digits_lstm", "digits_transformer")
 """The zoo's models of the paper's four families sized for the digits data."""
@@ -78,6 +86,8 @@ def scheme_of(name: str) -> tuple[str, dict[str, Any]]:
         return "pipedream", {"straight": True, "stash": False}
     if name == "pipedream":
         return "pipedream", {"straight": True}
+    if name in GOSSIP_VARIANTS:
+        return "gossip", {"exchange": GOSSIP_VARIANTS[name]}
     return name, {}
 
 
@@ -165,8 +175,10 @@ CURVE_COLUMNS = (
     "train_loss",
     "val_loss",
     "val_accuracy",
+    "disagreement",
 )
-"""Columns of the per-epoch curves :func:`train` returns."""
+"""Columns of the per-epoch curves :func:`train` returns (``disagreement``: gossip's,
+:func:`realrun.emulate.disagreement`; empty for the other schemes)."""
 
 
 SAME_NUMERICS = ("dp", "ps", "p3", "mp", "gpipe")
@@ -235,9 +247,9 @@ def real_curves(
 ) -> list[dict[str, float]]:
     """The curves of one multi-process run of ``job``: every worker keeps its weights at
     every epoch's end (a pipeline's ranks their stage's), which are put together and
-    evaluated (for ``gossip``, worker 0's); the training loss is the mean of the losses
-    the run computed in the epoch (a pipeline's last stage's per micro-batch, the
-    workers' per batch)."""
+    evaluated (for ``gossip``, worker 0's, and the workers' disagreement); the training
+    loss is the mean of the losses the run computed in the epoch (a pipeline's last
+    stage's per micro-batch, the workers' per batch)."""
     import dataclasses
     import math
     import os
@@ -246,7 +258,7 @@ def real_curves(
     import torch
 
     from realrun import data
-    from realrun.emulate import evaluator
+    from realrun.emulate import disagreement, evaluator
     from realrun.job import PIPELINE_SCHEMES
     from realrun.launch import launch
 
@@ -257,6 +269,7 @@ def real_curves(
     with tempfile.TemporaryDirectory(dir=workdir) as out:
         records = launch(job, out)
         weights: dict[int, dict[str, Any]] = {}
+        every: dict[int, list[dict[str, Any]]] = {}  # gossip: each worker's
         losses: dict[int, list[float]] = {}
         per = data.updates_per_iteration(job)
         m = int(job.pipeline.get("microbatches", 1))
@@ -268,6 +281,8 @@ def real_curves(
                 # a worker's own weights (gossip: worker 0's, as the emulator evaluates)
                 if job.scheme in PIPELINE_SCHEMES or r["rank"] == 0:
                     weights.setdefault(e, {}).update(w)
+                if job.scheme == "gossip":
+                    every.setdefault(e, []).append(w)
             for step, loss in r.get("losses", []):
                 # pipelines: per micro-batch; the others: per iteration (= update)
                 upd = step if per > 1 or job.scheme not in PIPELINE_SCHEMES else step // m
@@ -277,6 +292,8 @@ def real_curves(
             vl, va = ev(weights[e])
             tl = losses.get(e - 1, [])
             rows.append(_row(e, u, b, sum(tl) / len(tl) if tl else math.nan, vl, va))
+            if job.scheme == "gossip":
+                rows[-1]["disagreement"] = disagreement(every[e])
             if progress:
                 progress(1)
     return rows
@@ -299,14 +316,15 @@ def _row(e: int, u: int, b: int, tl: float, vl: float, va: float) -> dict[str, f
 def paper_table(curves: Any) -> Any:
     """The SpecTrain paper's table: per model and scheme, the minimum training loss, the
     minimum validation loss and the maximum validation accuracy over the epochs, as mean
-    and standard deviation over the seeds (``seeds`` says how many)."""
+    and sample standard deviation (``n - 1``; NaN for one seed) over the seeds (``seeds``
+    says how many)."""
     per_seed = curves.groupby(["model", "scheme", "seed"], sort=False).agg(
         min_train_loss=("train_loss", "min"),
         min_val_loss=("val_loss", "min"),
         max_val_accuracy=("val_accuracy", "max"),
     )
     g = per_seed.groupby(level=["model", "scheme"], sort=False)
-    out = g.mean().add_suffix("_mean").join(g.std(ddof=0).add_suffix("_std"))
+    out = g.mean().add_suffix("_mean").join(g.std(ddof=1).add_suffix("_std"))
     out["seeds"] = g.size()
     return out.reset_index()
 
@@ -362,18 +380,23 @@ def merge_same(df: Any) -> Any:
 
 
 def markdown_table(table: Any) -> str:
-    """:func:`paper_table`'s output as Markdown, ``mean ± std`` per cell (the schemes
-    with identical curves in one row, :func:`merge_same`)."""
+    """:func:`paper_table`'s output as Markdown, ``mean ± std`` per cell (the mean alone
+    for one seed; the schemes with identical curves in one row, :func:`merge_same`)."""
     lines = [
         "| model | scheme | min train loss | min val loss | max val accuracy | seeds |",
         "|---|---|---:|---:|---:|---:|",
     ]
+
+    def spread(sd: float, fmt: str) -> str:
+        return "" if math.isnan(sd) else f" ± {sd:{fmt}}"
+
     for r in merge_same(table).itertuples(index=False):
         lines.append(
             f"| {r.model} | {r.scheme} "
-            f"| {r.min_train_loss_mean:.4f} ± {r.min_train_loss_std:.4f} "
-            f"| {r.min_val_loss_mean:.4f} ± {r.min_val_loss_std:.4f} "
-            f"| {100 * r.max_val_accuracy_mean:.2f}% ± {100 * r.max_val_accuracy_std:.2f} "
+            f"| {r.min_train_loss_mean:.4f}{spread(r.min_train_loss_std, '.4f')} "
+            f"| {r.min_val_loss_mean:.4f}{spread(r.min_val_loss_std, '.4f')} "
+            f"| {100 * r.max_val_accuracy_mean:.2f}%"
+            f"{spread(100 * r.max_val_accuracy_std, '.2f')} "
             f"| {r.seeds} |"
         )
     return "\n".join(lines) + "\n"
@@ -392,9 +415,13 @@ def ordering(table: Any, baseline: str = "dp") -> list[str]:
         if baseline not in acc:
             continue
         parts = []
-        for s in ("spectrain", "pipedream", "vanilla", "gossip"):
+        for s in ("spectrain", "pipedream", "vanilla", "gossip", *GOSSIP_VARIANTS):
             if s in acc:
-                parts.append(f"{s} {acc[s] - acc[baseline]:+.2f} (±{max(sd[s], sd[baseline]):.2f})")
+                spread = max(sd[s], sd[baseline])
+                parts.append(
+                    f"{s} {acc[s] - acc[baseline]:+.2f}"
+                    + ("" if math.isnan(spread) else f" (±{spread:.2f})")
+                )
         order = ""
         if all(s in acc for s in ("spectrain", "pipedream", "vanilla")):
             stale = max(acc["pipedream"], acc["vanilla"])
@@ -442,6 +469,55 @@ def plot_curves(curves: Any, model: str, path: str) -> None:
             ax.set_yscale("log")
     axes[-1].legend(fontsize=8, loc="lower right")
     fig.suptitle(f"{model}: convergence per scheme (mean and spread over seeds)")
+    fig.tight_layout()
+    with atomic_path(path, ".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+
+
+def disagreement_table(curves: Any) -> Any:
+    """Per model and gossip scheme, the workers' disagreement at the first and the last
+    epoch and its largest value (means over the seeds); empty without gossip curves."""
+    d = curves.dropna(subset=["disagreement"])
+    if not len(d):
+        return d.iloc[0:0]
+    g = d.sort_values("epoch").groupby(["model", "scheme", "seed"], sort=False)["disagreement"]
+    per_seed = g.agg(first="first", last="last", max="max").reset_index()
+    return per_seed.groupby(["model", "scheme"], sort=False)[["first", "last", "max"]].mean()
+
+
+def plot_disagreement(curves: Any, path: str) -> None:
+    """A seaborn figure of the gossip workers' disagreement (the mean distance of each
+    worker's weights from their average) against the epoch, one panel per model, one line
+    per gossip scheme (mean over seeds, band: their spread), log scale, written atomically
+    to ``path`` (PNG). ``ValueError`` if ``curves`` has no disagreement."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from traces.atomic import atomic_path
+
+    d = curves.dropna(subset=["disagreement"])
+    if not len(d):
+        raise ValueError("no gossip curves: nothing records a disagreement")
+    models = list(dict.fromkeys(d["model"]))
+    width = max(6.0, 4.2 * len(models))
+    fig, axes = plt.subplots(1, len(models), figsize=(width, 3.8), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        sns.lineplot(
+            data=d[d["model"] == model],
+            x="epoch",
+            y="disagreement",
+            hue="scheme",
+            errorbar="sd",
+            ax=ax,
+            legend=ax is axes[0][-1],
+        )
+        ax.set_yscale("log")
+        ax.set_title(model)
+        ax.set_ylabel("mean distance from the workers' average")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    axes[0][-1].legend(fontsize=8, loc="best")
+    fig.suptitle("gossip workers' disagreement per epoch (mean, spread over seeds)")
     fig.tight_layout()
     with atomic_path(path, ".png") as tmp:
         fig.savefig(tmp, format="png", dpi=110)

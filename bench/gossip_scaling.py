@@ -10,6 +10,7 @@ Usage::
 
     python bench/gossip_scaling.py [--gpus 8,16,...,1024] [--fidelity analytic]
                                    [--iterations 3] [--topology ib-cluster]
+                                   [--exchange weights|gradients|gradients+weights]
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--topology", default="ib-cluster")
     ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--exchange", default="weights", help="gossip's scheme.exchange")
     opts = ap.parse_args()
     base = RunSpec(
         topology=opts.topology, model=opts.model, fidelity=opts.fidelity, iterations=opts.iterations
@@ -55,7 +57,8 @@ def main() -> None:
     t1 = one.iteration_time_s
     print(
         f"{opts.model} on {opts.topology}, {opts.fidelity} fidelity; 1 GPU: "
-        f"{1e3 * t1:.1f} ms per iteration; dp ring over {buckets} buckets"
+        f"{1e3 * t1:.1f} ms per iteration; dp ring over {buckets} buckets; gossip "
+        f"exchanges {opts.exchange}"
     )
     print(
         f"{'GPUs':>5}  {'gossip ms':>9}  {'eff':>6}  {'dp ms':>8}  {'eff':>6}  "
@@ -63,7 +66,8 @@ def main() -> None:
     )
     for p in (int(x) for x in opts.gpus.split(",")):
         t = time.perf_counter()
-        gossip = simulate(build_config(base.replace(scheme="gossip", gpus=p), record_spans=False))
+        spec = base.replace(scheme="gossip", gpus=p, **{"scheme.exchange": opts.exchange})
+        gossip = simulate(build_config(spec, record_spans=False))
         dp = simulate(build_config(base.replace(scheme="dp", gpus=p), record_spans=False))
         lat = ring_latency_s(opts.topology, p, buckets)
         print(

@@ -7,9 +7,14 @@ What a scheme does to the *numbers* is much smaller than what it does to the tim
   workers' samples, as ``tests/test_real.py`` checks against the real runtimes), ``mp``
   and ``gpipe`` (the micro-batches' gradients summed with the loss over ``M``, one step
   per mini-batch): plain SGD on each update batch;
-* ``gossip``: one model per worker; each iteration every worker takes the gradient of its
-  batch (with ``shuffle``, the batch its partner sent), averages it with its partner's
-  (:func:`simcore.schemes.gossip.partners`) and steps, as :mod:`realrun.schemes.gossip`;
+* ``gossip``: one model per worker, all from the same initial weights; each iteration
+  every worker takes the gradient of its batch (with ``shuffle``, the batch its partner
+  sent) and steps, exchanging with its partner
+  (:func:`simcore.schemes.gossip.partners`) as :mod:`realrun.schemes.gossip` does:
+  ``exchange=weights`` (default) averages in, at the start of each iteration, the weights
+  and optimizer state the last partner sent at the start of the last one, and sends its
+  own; ``gradients`` averages the gradient with the partner's; ``gradients+weights`` also
+  the weights the gradients were taken on;
 * ``pipedream`` (stashing on or off) and ``spectrain``: every stage's forward and backward
   of every micro-batch on the weight version the schedule prescribes
   (:func:`realrun.pipeline.prescribed_versions`, predicted as ``W - s * lr * v`` for
@@ -19,7 +24,8 @@ What a scheme does to the *numbers* is much smaller than what it does to the tim
 
 After every epoch (``U`` update batches, :mod:`realrun.data`) the weights each stage has
 after its ``e * U``-th update are put together and evaluated on the validation split
-(loss and accuracy; for ``gossip``, worker 0's model). The training loss of an epoch is
+(loss and accuracy; for ``gossip``, worker 0's model, with the workers' disagreement:
+:func:`disagreement`). The training loss of an epoch is
 the mean of the losses the run computed on its update batches (for a pipeline, the last
 stage's loss of each micro-batch, on whatever weights it ran with).
 """
@@ -50,7 +56,8 @@ class Emulation:
 
     Attributes:
         epochs: one dictionary per epoch: ``epoch`` (1-based), ``updates`` and ``samples``
-            (cumulative), ``train_loss``, ``val_loss``, ``val_accuracy``.
+            (cumulative), ``train_loss``, ``val_loss``, ``val_accuracy`` (``gossip``:
+            ``disagreement`` too).
         epoch_weights: ``{epoch: {parameter name: tensor}}`` (with ``keep_weights``).
         passes: per pipeline stage, ``[mb, kind, version]`` of every pass it ran.
         gaps: per pipeline stage, for every micro-batch, the updates between the version
@@ -181,43 +188,99 @@ def _sync(job: Job, epochs: int, keep: bool, on_epoch: Any) -> Emulation:
 
 
 def _gossip(job: Job, epochs: int, keep: bool, on_epoch: Any) -> Emulation:
-    from simcore.schemes.gossip import partners
+    from realrun.schemes.gossip import load_state, state_tensors
+    from simcore.schemes.gossip import GossipOptions, partners
 
     opts = job.options
-    schedule = str(opts.get("schedule", "hypercube"))
-    rotation = str(opts.get("rotation", "singer"))
+    defaults = GossipOptions()
+    schedule = str(opts.get("schedule", defaults.schedule))
+    rotation = str(opts.get("rotation", defaults.rotation))
+    exchange = str(opts.get("exchange", defaults.exchange))
     p = job.workers
-    shuffle = bool(opts.get("shuffle", True)) and p > 1
+    shuffle = bool(opts.get("shuffle", defaults.shuffle)) and p > 1
+    by_weights = exchange == "weights" and p > 1
     em = Emulation()
     models = [build_model(job, torch.device("cpu")).model for _ in range(p)]
-    optims = [make_optimizer(job, list(m.parameters())) for m in models]
+    params = [list(m.parameters()) for m in models]
+    optims = [make_optimizer(job, ps) for ps in params]
     ev = _Evaluator(job)
     u_per = data.updates_per_epoch(job)
-    for e in range(epochs):
+    total = epochs * u_per
+    sent: list[list[tuple[torch.Tensor, list[torch.Tensor]]]] = []
+
+    def snapshot(r: int) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+        # what worker r sends: each parameter's weights and optimizer state
+        return [
+            (q.detach().clone(), [t.clone() for t in state_tensors(optims[r], [q])])
+            for q in params[r]
+        ]
+
+    def mix(it: int) -> None:
+        # the weights and state the partner of ``it`` sent at its start, averaged in
+        recv = partners(p, it, schedule, rotation)[1]
+        for r in range(p):
+            for q, (w, st) in zip(params[r], sent[recv[r]]):
+                with torch.no_grad():
+                    q.copy_((q + w) / 2)
+                mine = state_tensors(optims[r], [q])
+                load_state(optims[r], [q], [(a + b) / 2 for a, b in zip(mine, st)])
+
+    losses: list[float] = []
+
+    def record(epoch: int) -> None:
+        nonlocal losses
+        _record(em, ev, job, epoch, dict(models[0].named_parameters()), losses, keep)
+        em.epochs[-1]["disagreement"] = disagreement([dict(m.named_parameters()) for m in models])
         losses = []
-        for it in range(e * u_per, (e + 1) * u_per):
-            if it == 0 or not shuffle:
-                src = list(range(p))
-            else:
-                src = partners(p, it - 1, schedule, rotation)[1]
-            grads = []
-            for r, m in enumerate(models):
-                x, y = data.batch(job, src[r], it)
-                m.zero_grad(set_to_none=True)
-                loss = loss_of(m(*x), y)
-                loss.backward()
-                losses.append(float(loss.detach()))
-                grads.append([q.grad for q in m.parameters()])
-            recv = partners(p, it, schedule, rotation)[1]
-            for r, m in enumerate(models):
-                for q, g, h in zip(m.parameters(), grads[r], grads[recv[r]]):
-                    q.grad = (g + h) / 2
-            for o in optims:
-                o.step()
-        _record(em, ev, job, e + 1, dict(models[0].named_parameters()), losses, keep)
         if on_epoch:
             on_epoch(em.epochs[-1])
+
+    for it in range(total):
+        if by_weights:
+            if it > 0:
+                mix(it - 1)
+            sent = [snapshot(r) for r in range(p)]
+        if it and it % u_per == 0:
+            record(it // u_per)
+        if it == 0 or not shuffle:
+            src = list(range(p))
+        else:
+            src = partners(p, it - 1, schedule, rotation)[1]
+        grads = []
+        for r, m in enumerate(models):
+            x, y = data.batch(job, src[r], it)
+            m.zero_grad(set_to_none=True)
+            loss = loss_of(m(*x), y)
+            loss.backward()
+            losses.append(float(loss.detach()))
+            grads.append([q.grad for q in params[r]])
+        if not by_weights and p > 1:
+            recv = partners(p, it, schedule, rotation)[1]
+            weights = [[q.detach().clone() for q in ps] for ps in params]
+            for r in range(p):
+                for k, q in enumerate(params[r]):
+                    g, h = grads[r][k], grads[recv[r]][k]
+                    q.grad = (g + h) / 2
+                    if exchange == "gradients+weights":
+                        with torch.no_grad():
+                            q.copy_((weights[r][k] + weights[recv[r]][k]) / 2)
+        for o in optims:
+            o.step()
+    if by_weights:
+        mix(total - 1)
+    record(epochs)
     return em
+
+
+def disagreement(weights: list[Mapping[str, torch.Tensor]]) -> float:
+    """The workers' disagreement: the mean over workers of the Euclidean distance of each
+    one's weights (``{parameter name: tensor}``, all parameters as one vector) from the
+    workers' average."""
+    names = sorted(weights[0])
+    flat = torch.stack(
+        [torch.cat([w[n].detach().reshape(-1) for n in names]) for w in weights]
+    ).double()
+    return float((flat - flat.mean(0)).norm(dim=1).mean())
 
 
 def _pipeline(

@@ -79,6 +79,9 @@ PUSH, VALUE, ACK, PULL, GRAD, BATCH, STOP, ACT, ACT_GRAD = 1, 2, 3, 4, 5, 6, 9, 
 """Message kinds (``ACT``/``ACT_GRAD``: a pipeline stage's boundary activation and its
 gradient)."""
 
+WEIGHTS = 12
+"""Message kind: a layer's weights and optimizer state (gossip's exchange of weights)."""
+
 KIND_NAMES = {
     PUSH: "push",
     VALUE: "pull",
@@ -89,6 +92,7 @@ KIND_NAMES = {
     STOP: "stop",
     ACT: "activation",
     ACT_GRAD: "activation grad",
+    WEIGHTS: "weights",
 }
 
 WAIT = "wait"

@@ -223,7 +223,7 @@ def test_train_writes_curves_table_and_figures(capsys: Any, tmp_path: Path) -> N
         "--model",
         "digits_mlp",
         "--scheme",
-        "dp,ps,gossip,pipedream,vanilla,spectrain",
+        "dp,ps,gossip,gossip-gradients,pipedream,vanilla,spectrain",
         "--epochs",
         "2",
         "--batch",
@@ -241,7 +241,15 @@ def test_train_writes_curves_table_and_figures(capsys: Any, tmp_path: Path) -> N
     import pandas as pd
 
     curves = pd.read_parquet(tmp_path / "curves.parquet")
-    assert len(curves) == 6 * 2 * 2
+    assert len(curves) == 7 * 2 * 2
+    # the gossip workers' disagreement, and only theirs; averaging the weights keeps the
+    # workers together, averaging gradients alone lets them drift apart
+    gossip = curves["scheme"].str.startswith("gossip")
+    assert curves.loc[gossip, "disagreement"].gt(0).all()
+    assert curves.loc[~gossip, "disagreement"].isna().all()
+    last = curves[curves["epoch"] == 2].groupby("scheme")["disagreement"].mean()
+    assert last["gossip"] < last["gossip-gradients"] / 10
+    assert "disagreement" in out and (tmp_path / "disagreement.png").stat().st_size > 10_000
     assert curves["val_accuracy"].between(0, 1).all()
     dp = curves[curves["scheme"] == "dp"].reset_index(drop=True)
     ps = curves[curves["scheme"] == "ps"].reset_index(drop=True)
@@ -308,7 +316,7 @@ def test_table_target_and_ordering_from_known_curves() -> None:
     curves = pd.DataFrame(rows)
     table = paper_table(curves).set_index("scheme")
     assert table.loc["dp", "max_val_accuracy_mean"] == pytest.approx((0.96 + 0.98) / 2)
-    assert table.loc["dp", "max_val_accuracy_std"] == pytest.approx(0.01)
+    assert table.loc["dp", "max_val_accuracy_std"] == pytest.approx(0.01 * 2**0.5)  # n - 1
     assert table.loc["dp", "min_train_loss_mean"] == pytest.approx((0.5 + 1.5) / 2)
     assert (table["seeds"] == 2).all()
     hits = to_target(curves, 0.95).set_index(["scheme", "seed"])
@@ -338,3 +346,52 @@ def test_report_section_has_the_table_figures_and_time_to_accuracy(tmp_path: Pat
     before = data_file.stat().st_mtime_ns
     assert report_section(str(tmp_path), quick=True) == md  # reused, not retrained
     assert data_file.stat().st_mtime_ns == before
+
+
+def test_disagreement_is_the_mean_distance_from_the_average() -> None:
+    """Two workers a and b: each is |a - b| / 2 from their average; a third equal to the
+    average adds a zero. Over all parameters as one vector."""
+    from realrun.emulate import disagreement
+
+    a = {"w": torch.tensor([0.0, 0.0]), "b": torch.tensor([0.0])}
+    b = {"w": torch.tensor([3.0, 0.0]), "b": torch.tensor([4.0])}
+    assert disagreement([a, b]) == pytest.approx(2.5)
+    mid = {k: (a[k] + b[k]) / 2 for k in a}
+    assert disagreement([a, b, mid]) == pytest.approx(5 / 3)
+    assert disagreement([a, a]) == 0
+
+
+@pytest.mark.parametrize("exchange", ["weights", "gradients", "gradients+weights"])
+def test_gossip_workers_without_updates_stay_one_model(exchange: str) -> None:
+    """All workers start from the same weights; with a learning rate of zero nothing moves
+    them apart, whatever is exchanged: the disagreement stays exactly zero, and every
+    epoch's evaluation is the initial model's."""
+    job = _job("gossip", gpus=4, batch=192, epochs=2)
+    job = dataclasses.replace(job, lr=0.0, options={**job.options, "exchange": exchange})
+    rows = emulate(job, 2).epochs
+    assert [r["disagreement"] for r in rows] == [0.0, 0.0]
+    assert rows[0]["val_loss"] == rows[1]["val_loss"]
+
+
+@pytest.mark.parametrize(
+    "exchange, schedule, rotation, shuffle",
+    [
+        ("weights", "hypercube", "singer", True),
+        ("gradients", "dissemination", "random", True),
+        ("gradients+weights", "hypercube", "shift", False),
+    ],
+)
+def test_gossip_emulator_equals_the_written_out_reference(
+    exchange: str, schedule: str, rotation: str, shuffle: bool
+) -> None:
+    """Every exchange: the emulator's worker 0 after one epoch is the written-out
+    reference's (``tests/test_real.py``, which the real runtime equals)."""
+    from tests.test_real import gossip_reference
+
+    job = _job("gossip", gpus=4, batch=192, epochs=1)
+    opts = {"exchange": exchange, "schedule": schedule, "rotation": rotation, "shuffle": shuffle}
+    job = dataclasses.replace(job, options=opts)
+    em = emulate(job, 1, keep_weights=True)
+    ref = gossip_reference(job, schedule, rotation, shuffle, exchange)[0]
+    _assert_weights(em.epoch_weights[1], ref)
+    assert em.epochs[0]["disagreement"] > 0

@@ -1,5 +1,5 @@
-"""gossip: partner schedules from their definitions, who meets whom, bytes per GPU, timing
-stories, efficiency at scale, errors."""
+"""gossip: partner schedules from their definitions, who meets whom, bytes per GPU for
+each exchange, timing stories, efficiency at scale, errors."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections import defaultdict
 from itertools import combinations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dtsim.cli import main
 from dtsim.resolve import build_config, load_preset
@@ -15,9 +17,11 @@ from simcore import SimConfig, TopologySpec, simulate
 from simcore.config import OPTIMIZERS, ConfigError
 from simcore.schemes.gossip import (
     AVERAGE_PASSES,
+    EXCHANGES,
     GossipOptions,
     partners,
     primitive_polynomial,
+    random_permutation,
     virtual_ranks,
 )
 from tests.helpers import ring_topology
@@ -49,7 +53,24 @@ def test_singer_rotation_is_one_cycle_through_the_nonzero_ranks(p):
     assert virtual_ranks(p, 3, "none") == list(range(p))
 
 
-@pytest.mark.parametrize("rotation", ["singer", "shift", "none"])
+@pytest.mark.parametrize("p", POWERS)
+def test_random_rotation_cycles_through_p_seeded_permutations(p):
+    """The authors' latest rotation: rank 0 draws p - 1 permutations, broadcasts them, and
+    the cycles run through them after the identity; here a fixed seed draws them, so every
+    rank (and the simulator) computes the same ones without a broadcast."""
+    perms = [tuple(virtual_ranks(p, c, "random")) for c in range(p)]
+    assert perms[0] == tuple(range(p))
+    assert all(sorted(q) == list(range(p)) for q in perms)
+    assert [tuple(virtual_ranks(p, c + p, "random")) for c in range(p)] == perms
+    assert perms[1] == random_permutation(p, 1)
+    if p >= 8:  # drawn, not a shift or a field multiplication: most differ from both
+        assert len(set(perms)) == p
+        assert perms[1] not in {
+            tuple(virtual_ranks(p, c, rot)) for c in range(p) for rot in ("shift", "singer")
+        }
+
+
+@pytest.mark.parametrize("rotation", ["singer", "random", "shift", "none"])
 @pytest.mark.parametrize("p", POWERS)
 def test_partners_follow_the_definitions(p, rotation):
     bits = p.bit_length() - 1
@@ -106,8 +127,13 @@ def small_trace(n_layers=3, param_bytes=2_000_000):
     return chain(TraceMeta("g", "P100", 8), layers)
 
 
+@pytest.mark.parametrize(
+    "exchange, copies", [("weights", 2), ("gradients", 1), ("gradients+weights", 2)]
+)
 @pytest.mark.parametrize("fidelity", ["analytic", "detailed"])
-def test_bytes_each_gpu_sends_per_iteration_do_not_grow_with_p(fidelity):
+def test_bytes_each_gpu_sends_per_iteration_do_not_grow_with_p(fidelity, exchange, copies):
+    """One model's worth per exchanged array (weights and SGD momentum: two; a gradient:
+    one; a gradient and the weights: two), whatever p."""
     trace = small_trace()
     per_gpu = {}
     for p in (2, 4, 8, 16, 32):
@@ -120,28 +146,44 @@ def test_bytes_each_gpu_sends_per_iteration_do_not_grow_with_p(fidelity):
                 fidelity=fidelity,
                 iterations=3,
                 warmup_iterations=1,
-                options=GossipOptions(mean_field="off"),
+                options=GossipOptions(mean_field="off", exchange=exchange),
             )
         )
+        assert r.extra["exchange_bytes"] == copies * trace.param_bytes
         sent = defaultdict(int)
         for s in r.span_records():
             if s.stream == "send":
                 sent[(s.device, s.iteration)] += s.nbytes
         assert len(sent) == p * 4
         per_gpu[p] = set(sent.values())
-    assert all(v == {trace.param_bytes} for v in per_gpu.values())
+    assert all(v == {copies * trace.param_bytes} for v in per_gpu.values())
+
+
+def test_weights_exchange_momentum_and_adam_state_plain_sgd_none() -> None:
+    from simcore.schemes.gossip import exchanged_copies
+
+    assert [exchanged_copies(opt, "weights") for opt in ("sgd", "momentum", "adam")] == [1, 2, 3]
+    assert {exchanged_copies(opt, "gradients") for opt in OPTIMIZERS} == {1}
 
 
 @pytest.mark.parametrize("fidelity", ["analytic", "detailed"])
 def test_two_gpus_one_layer_closed_form(fidelity):
-    """Two GPUs on a direct link, one layer of n bytes: the gradient leaves when backward
-    ends and arrives after α + n/B; the next forward waits for it, then averages and
-    updates ((3 + 5)·n / memory bandwidth): an iteration is f + b + α + n/B + update."""
+    """Two GPUs on a direct link, one layer of n bytes, exchanging gradients: the gradient
+    leaves when backward ends and arrives after α + n/B; the next forward waits for it,
+    then averages and updates ((3 + 5)·n / memory bandwidth): an iteration is f + b + α +
+    n/B + update."""
     n, bw, lat = 4_000_000, 10e9, 2e-6
     trace = chain(TraceMeta("one", "V100", 1), [Layer("l0", 0.01, 0.02, param_bytes=n)])
     topo = ring_topology(2, bw, lat)
     r = simulate(
-        SimConfig(trace=trace, topology=topo, scheme="gossip", fidelity=fidelity, iterations=3)
+        SimConfig(
+            trace=trace,
+            topology=topo,
+            scheme="gossip",
+            fidelity=fidelity,
+            iterations=3,
+            options=GossipOptions(exchange="gradients"),
+        )
     )
     update = (
         (AVERAGE_PASSES + OPTIMIZERS["momentum"][1])
@@ -150,6 +192,29 @@ def test_two_gpus_one_layer_closed_form(fidelity):
     )
     assert r.iteration_time_s == pytest.approx(0.03 + lat + n / bw + update, rel=1e-9)
     assert r.extra["exchange_bytes"] == n and r.extra["rotation"] == "singer"
+
+
+@pytest.mark.parametrize("fidelity", ["analytic", "detailed"])
+@pytest.mark.parametrize("bw", [10e9, 0.1e9])
+def test_two_gpus_one_layer_closed_form_exchanging_weights(fidelity, bw):
+    """The authors' exchange: at the start of an iteration a worker averages in the
+    weights and momentum (2n bytes) its partner sent at the start of the last one
+    ((3 + 3)·n / R), sends its own, and computes f + b and steps (5·n / R) while they
+    travel. Compute-bound (10 GB/s) an iteration is average + f + b + step; link-bound
+    (0.1 GB/s: 80 ms for 2n against 30 ms of compute) the next start waits for the
+    message sent at this one, so an iteration is α + 2n/B + average."""
+    n, lat = 4_000_000, 2e-6
+    trace = chain(TraceMeta("one", "V100", 1), [Layer("l0", 0.01, 0.02, param_bytes=n)])
+    topo = ring_topology(2, bw, lat)
+    r = simulate(
+        SimConfig(trace=trace, topology=topo, scheme="gossip", fidelity=fidelity, iterations=4)
+    )
+    rate = topo.gpu_spec.memory_bandwidth_bytes_per_s
+    average, step = 2 * AVERAGE_PASSES * n / rate, OPTIMIZERS["momentum"][1] * n / rate
+    comm = lat + 2 * n / bw
+    expected = 0.03 + average + step if comm < 0.03 + step else comm + average
+    assert r.iteration_time_s == pytest.approx(expected, rel=1e-9)
+    assert r.extra["exchange_bytes"] == 2 * n and r.extra["exchange"] == "weights"
 
 
 def test_one_gpu_is_the_single_gpu_baseline():
@@ -221,23 +286,30 @@ def test_options_are_checked():
 
 
 def test_a_gossip_step_also_averages_with_the_partner() -> None:
-    """The passes a step makes of the weights, which the validation fits a run's measured
-    steps with: the optimizer's alone for a lone worker and for the other schemes; with
-    a partner, gossip's averaging (read both gradients, write one) on top."""
+    """The passes a worker's updates of an iteration make of the weights, which the
+    validation fits a run's measured steps with: the optimizer's alone for a lone worker
+    and for the other schemes; with a partner, gossip's averaging (read both, write one,
+    per exchanged array) on top."""
     from simcore.schemes import get_scheme
 
-    for opt, (_state, passes) in OPTIMIZERS.items():
-        assert get_scheme("gossip").step_passes(opt, 1) == passes
-        assert get_scheme("gossip").step_passes(opt, 4) == passes + AVERAGE_PASSES
+    gossip = get_scheme("gossip")
+    for opt, (state, passes) in OPTIMIZERS.items():
+        for exchange in EXCHANGES:
+            assert gossip.step_passes(opt, 1, exchange) == passes
+        assert gossip.step_passes(opt, 4) == passes + AVERAGE_PASSES * (1 + state)
+        assert gossip.step_passes(opt, 4, "gradients") == passes + AVERAGE_PASSES
+        assert gossip.step_passes(opt, 4, "gradients+weights") == passes + 2 * AVERAGE_PASSES
         assert get_scheme("dp").step_passes(opt, 4) == passes
 
 
-def test_a_message_moves_only_once_its_receive_is_posted(monkeypatch):
+@pytest.mark.parametrize("exchange", ["gradients", "weights"])
+def test_a_message_moves_only_once_its_receive_is_posted(monkeypatch, exchange):
     """The real worker keeps its receives posted one iteration ahead (realrun.schemes.
     gossip), and gloo moves a message only once its receive is posted: rank ``r``'s
     gradient of a layer in iteration ``t`` leaves no earlier than its partner used the
-    gradient of that layer of iteration ``t - 1``. Four ranks of the emulated cluster
-    share two cores and drift apart, so some sends are held."""
+    gradient of that layer of iteration ``t - 1`` (exchanging weights: its weights, used at
+    the start of ``t``). Four ranks of the emulated cluster share two cores and drift
+    apart, so some sends are held."""
     from simcore.schemes import gossip
 
     used, moved, held = {}, [], []
@@ -267,6 +339,9 @@ def test_a_message_moves_only_once_its_receive_is_posted(monkeypatch):
             topology=TopologySpec(load_preset("netns"), 4),
             scheme="gossip",
             iterations=6,
+            options=GossipOptions(exchange=exchange),
+            # exchanging weights, every worker's iteration is alike: jitter makes them drift
+            compute_jitter=0.3 if exchange == "weights" else 0.0,
         )
     )
     assert held, "no send was held: the case does not exercise the receive window"
@@ -274,3 +349,34 @@ def test_a_message_moves_only_once_its_receive_is_posted(monkeypatch):
     assert later
     for dst, it, slot, t in later:
         assert t >= used[(dst, it - 1, slot)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    bits=st.integers(1, 6),
+    cycle=st.integers(0, 40),
+    schedule=st.sampled_from(["hypercube", "dissemination"]),
+    rotation=st.sampled_from(["singer", "random", "shift", "none"]),
+    data=st.data(),
+)
+def test_one_cycle_of_pairwise_averaging_gives_the_global_mean_exactly(
+    bits, cycle, schedule, rotation, data
+):
+    """The weights exchange with no updates in between: every worker sets its model to the
+    mean of its own and the one it receives; over the log2(p) steps of one cycle every
+    worker ends at the mean of all p models, exactly (dyadic values: no rounding), on
+    either schedule and whatever the rotation (within a cycle the virtual ranks are fixed:
+    the hypercube's distances 1, 2, 4, ... span all bits; dissemination's sum to p)."""
+    p = 1 << bits
+    models = [
+        [
+            float(v)
+            for v in data.draw(st.lists(st.integers(-(2**20), 2**20), min_size=3, max_size=3))
+        ]
+        for _ in range(p)
+    ]
+    mean = [sum(col) / p for col in zip(*models)]
+    for step in range(cycle * bits, (cycle + 1) * bits):
+        _send, recv = partners(p, step, schedule, rotation)
+        models = [[(a + b) / 2 for a, b in zip(models[r], models[recv[r]])] for r in range(p)]
+    assert all(m == mean for m in models)

@@ -120,60 +120,104 @@ def test_dp_buckets_are_the_simulators(tmp_path: Path) -> None:
     assert result["buckets_measured_bytes"] == result["buckets_planned_bytes"]
 
 
-# ---- gossip = the pairwise-averaging reference ---------------------------------------------
+# ---- gossip = the authors' updates, written out -----------------------------------------
 
 
-def gossip_reference(job: Job, schedule: str, rotation: str, shuffle: bool) -> list[dict]:
-    """Four models; each iteration every worker averages each layer's gradient with the one
-    it receives and steps; with ``shuffle`` a worker trains on the batch its partner sent."""
+def gossip_reference(
+    job: Job, schedule: str, rotation: str, shuffle: bool, exchange: str
+) -> list[dict]:
+    """Four whole models, one optimizer each; with ``shuffle`` a worker trains on the batch
+    its partner sent.
+
+    * ``weights``: at the start of iteration ``t`` each worker sets its weights and SGD
+      momentum buffers to the mean of its own and those its partner of ``t - 1`` had at the
+      start of ``t - 1`` (after its own average; zero momentum before the first step), then
+      takes its own gradient and steps; after the last iteration the last copies received
+      are averaged in too.
+    * ``gradients``: each worker steps with the mean of its and its partner's gradients.
+    * ``gradients+weights``: the same, from the mean of its and its partner's weights (both
+      those the gradients were taken on)."""
     p = job.workers
-    setups = [build_model(job, torch.device("cpu")) for _ in range(p)]
-    opts = [{layer.index: make_optimizer(job, layer.params) for layer in s.layers} for s in setups]
+    models = [build_model(job, torch.device("cpu")).model for _ in range(p)]
+    params = [list(m.parameters()) for m in models]
+    opts = [make_optimizer(job, ps) for ps in params]
     spec = output_shape(job)
+
+    def buffer(r: int, k: int) -> torch.Tensor:
+        got = opts[r].state.get(params[r][k], {}).get("momentum_buffer")
+        return torch.zeros_like(params[r][k]) if got is None else got.detach().clone()
+
+    def average_in(copies: list[list[tuple[torch.Tensor, torch.Tensor]]], recv: list[int]):
+        for r in range(p):
+            for k, q in enumerate(params[r]):
+                w, m = copies[recv[r]][k]
+                with torch.no_grad():
+                    q.copy_((q + w) / 2)
+                opts[r].state[q]["momentum_buffer"] = (buffer(r, k) + m) / 2
+
+    copies: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
     for it in range(job.total_iterations):
+        if exchange == "weights":
+            if it > 0:
+                average_in(copies, partners(p, it - 1, schedule, rotation)[1])
+            copies = [
+                [(q.detach().clone(), buffer(r, k)) for k, q in enumerate(params[r])]
+                for r in range(p)
+            ]
         if it == 0 or not shuffle:
             data = [batch(job, r, it, *spec) for r in range(p)]
         else:
             _send, recv = partners(p, it - 1, schedule, rotation)
             data = [batch(job, recv[r], it, *spec) for r in range(p)]
         grads = []
-        for r, s in enumerate(setups):
-            s.model.zero_grad(set_to_none=True)
-            loss_of(s.model(*data[r][0]), data[r][1]).backward()
-            grads.append({layer.index: layer.flat_grad() for layer in s.layers})
-        _send, recv = partners(p, it, schedule, rotation)
-        for r, s in enumerate(setups):
-            for layer in s.layers:
-                g = (grads[r][layer.index] + grads[recv[r]][layer.index]) / 2
-                layer.set_grad(g)
-                opts[r][layer.index].step()
-    return [{k: v.detach().clone() for k, v in s.model.state_dict().items()} for s in setups]
+        for r, m in enumerate(models):
+            m.zero_grad(set_to_none=True)
+            loss_of(m(*data[r][0]), data[r][1]).backward()
+            grads.append([q.grad.clone() for q in params[r]])
+        if exchange != "weights":
+            _send, recv = partners(p, it, schedule, rotation)
+            before = [[q.detach().clone() for q in ps] for ps in params]
+            for r in range(p):
+                for k, q in enumerate(params[r]):
+                    q.grad = (grads[r][k] + grads[recv[r]][k]) / 2
+                    if exchange == "gradients+weights":
+                        with torch.no_grad():
+                            q.copy_((before[r][k] + before[recv[r]][k]) / 2)
+        for o in opts:
+            o.step()
+    if exchange == "weights":
+        average_in(copies, partners(p, job.total_iterations - 1, schedule, rotation)[1])
+    return [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
 
 
 @pytest.mark.parametrize(
-    "schedule, rotation, shuffle",
+    "exchange, schedule, rotation, shuffle",
     [
-        ("hypercube", "singer", True),
-        ("dissemination", "shift", False),
+        ("weights", "hypercube", "singer", True),
+        ("weights", "dissemination", "random", False),
+        ("gradients", "dissemination", "shift", False),
+        ("gradients+weights", "hypercube", "random", True),
     ],
 )
-def test_gossip_equals_pairwise_averaging_reference(
-    tmp_path: Path, schedule: str, rotation: str, shuffle: bool
+def test_gossip_equals_the_authors_update(
+    tmp_path: Path, exchange: str, schedule: str, rotation: str, shuffle: bool
 ) -> None:
+    options = {"schedule": schedule, "rotation": rotation, "shuffle": shuffle}
+    if exchange != "weights":  # the default
+        options["exchange"] = exchange
     _records, result, job = run(
-        tmp_path,
-        scheme="gossip",
-        workers=4,
-        iterations=4,
-        options={"schedule": schedule, "rotation": rotation, "shuffle": shuffle},
-        lr=0.05,
+        tmp_path, scheme="gossip", workers=4, iterations=5, options=options, lr=0.05
     )
-    ref = gossip_reference(job, schedule, rotation, shuffle)
+    ref = gossip_reference(job, schedule, rotation, shuffle, exchange)
     for r in range(4):
         assert_close(weights(tmp_path, r), ref[r])
     # the workers really differ from each other (no hidden all-reduce)
     assert not torch.equal(ref[0]["head.weight"], ref[1]["head.weight"])
-    assert result["comm_bytes_per_iteration"] > 0
+    assert_gossip_bytes(tmp_path, result, job)
+    # and the exchange matters: another one's reference is far from this run
+    other = "gradients" if exchange == "weights" else "weights"
+    far = gossip_reference(job, schedule, rotation, shuffle, other)[0]
+    assert not torch.allclose(weights(tmp_path, 0)["head.weight"], far["head.weight"], atol=1e-4)
 
 
 # ---- traffic = the simulator's on the same model ------------------------------------------
@@ -198,6 +242,27 @@ def simulate_same(tmp_path: Path, job: Job) -> Any:
     return simulate(config)
 
 
+def assert_gossip_bytes(tmp_path: Path, real: dict[str, Any], job: Job) -> None:
+    """A gossip run's bytes per iteration are the simulator's, to the byte, and those are
+    one model per exchanged array (weights and momentum, a gradient, or a gradient and
+    the weights: 2, 1, 2) plus the shuffled batch's inputs."""
+    sim = simulate_same(tmp_path, job)
+    measured = real["comm_bytes_per_iteration"]
+    shuffle = job.options.get("shuffle", True)
+    if shuffle:
+        # the shuffled batch travels with its labels (int64 per sample); the simulator
+        # counts the inputs only
+        assert real["shuffle_label_bytes"] == job.batch_size * 8 * job.iterations
+        measured -= job.workers * job.batch_size * 8
+    assert measured == sim.comm_bytes_per_iteration  # to the byte
+    copies = 1 if job.options.get("exchange") == "gradients" else 2
+    setup = build_model(job, torch.device("cpu"))
+    model_bytes = 4 * sum(layer.numel for layer in setup.layers)
+    shuffled = setup.input_bytes if shuffle else 0
+    assert sim.extra["exchange_bytes"] == copies * model_bytes + shuffled
+    assert sim.comm_bytes_per_iteration == job.workers * sim.extra["exchange_bytes"]
+
+
 @pytest.mark.parametrize(
     "scheme, workers, servers, options",
     [
@@ -205,7 +270,6 @@ def simulate_same(tmp_path: Path, job: Job) -> Any:
         ("dp", 3, 0, {"bucket_bytes": 100_000, "first_bucket_bytes": 20_000}),
         ("ps", 2, 2, {"big_array_bytes": 100_000}),
         ("p3", 2, 2, {"slice_params": 5000}),
-        ("gossip", 4, 0, {}),
     ],
 )
 def test_bytes_per_iteration_equal_the_simulators(
@@ -216,12 +280,6 @@ def test_bytes_per_iteration_equal_the_simulators(
     )
     sim = simulate_same(tmp_path, job)
     measured = real["comm_bytes_per_iteration"]
-    if scheme == "gossip":
-        # the shuffled batch travels with its labels (int64 per sample); the simulator
-        # counts the inputs only
-        labels = workers * job.batch_size * 8
-        assert real["shuffle_label_bytes"] == job.batch_size * 8 * job.iterations
-        measured -= labels
     assert measured == sim.comm_bytes_per_iteration  # to the byte
     if scheme in ("ps", "p3"):
         sim_servers = sim.extra["servers"]

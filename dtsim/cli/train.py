@@ -82,8 +82,8 @@ def _seeds(values: Sequence[str]) -> list[int]:
     multiple=True,
     metavar="NAME[,NAME]",
     help="Schemes, repeatable or comma-separated: "
-    f"{', '.join(CONVERGENCE_SCHEMES)} (vanilla: pipedream without weight stashing). "
-    "[default: all]",
+    f"{', '.join(CONVERGENCE_SCHEMES)} (vanilla: pipedream without weight stashing; "
+    "gossip averages weights and momentum, gossip-X exchanges X instead). [default: all]",
 )
 @click.option(
     "--gpus",
@@ -149,7 +149,7 @@ def _seeds(values: Sequence[str]) -> list[int]:
     default=None,
     metavar="DIR",
     help="Write curves.csv/.parquet, table.csv/.md, to_target.csv, "
-    "time_to_accuracy.csv and a PNG per model here.",
+    "time_to_accuracy.csv, a PNG per model and, with gossip, disagreement.png here.",
 )
 @click.option(
     "--progress/--no-progress",
@@ -177,9 +177,11 @@ def train(
     batches in the same order for every scheme. By default the staleness emulator
     trains in this process, each pipeline stage on the weight version its schedule
     prescribes (equal to the multi-process run); --real runs the ranks for real. Prints
-    the paper-style table (min train loss, min val loss, max val accuracy, mean ± spread
-    over seeds), the epochs to the target accuracy and the time to it on --gpus GPUs of
-    --topology (sim run's time per update times the updates needed).
+    the paper-style table (min train loss, min val loss, max val accuracy, mean ± sample
+    standard deviation over seeds), the epochs to the target accuracy and the time to it
+    on --gpus GPUs of --topology (sim run's time per update times the updates needed),
+    and for gossip the workers' disagreement (mean distance of each worker's weights from
+    their average) per epoch.
 
     \b
     Examples:
@@ -323,6 +325,13 @@ def _train_and_report(
         click.echo(line)
     for line in cv.ordering(table):
         click.echo(line)
+    spread = cv.disagreement_table(curves)
+    if len(spread):
+        click.echo("gossip workers' disagreement (mean distance from their average):")
+        for (m, s), r in spread.iterrows():
+            click.echo(
+                f"  {m} {s}: epoch 1 {r['first']:.4g}, last {r['last']:.4g}, max {r['max']:.4g}"
+            )
     if out_dir is not None:
         _write(out_dir, curves, table, hits, tta, model_list)
         click.echo(f"wrote {out_dir}/ (curves, table, to_target, time_to_accuracy, figures)")
@@ -349,3 +358,5 @@ def _write(out: str, curves: Any, table: Any, hits: Any, tta: Any, models: list[
     write_text(os.path.join(out, "table.md"), cv.markdown_table(table))
     for m in models:
         cv.plot_curves(curves, m, os.path.join(out, f"convergence-{m}.png"))
+    if curves["disagreement"].notna().any():
+        cv.plot_disagreement(curves, os.path.join(out, "disagreement.png"))

@@ -1,13 +1,26 @@
-"""``gossip`` for real: GossipGraD's pairwise gradient exchange.
+"""``gossip`` for real: GossipGraD's pairwise exchange.
 
 Iteration ``t``'s partners are :func:`simcore.schemes.gossip.partners` (the schedule and
 rotation the simulator uses): each worker sends to ``send_to[r]`` and receives from
-``recv_from[r]`` (the same rank on the hypercube). As backward produces a layer's
-gradients the worker sends them to its partner; just before that layer's next forward it
-waits for the partner's gradients of the layer, averages, ``g = (g + g_partner) / 2``, and
-applies the optimizer step to the layer alone. After the last iteration the pending
-averages are applied, so the weights hold every iteration's update. Nothing else couples
-the workers.
+``recv_from[r]`` (the same rank on the hypercube). Every worker builds its model from the
+job's seed, so all start from the same weights (rank 0's). What partners exchange is
+``exchange`` (:data:`simcore.schemes.gossip.EXCHANGES`), one message per layer:
+
+* ``weights`` (default; the authors' final versions): at the start of iteration ``t``
+  (before its forward) the worker waits for the messages its partner of ``t - 1`` sent at
+  the start of ``t - 1``, sets each layer's weights and optimizer state (SGD's momentum
+  buffer, Adam's moments; zeros before the first step) to the mean of its own and the
+  partner's, then sends its own to its partner of ``t``. Forward, backward and one
+  optimizer step per layer follow, on the worker's own gradient.
+* ``gradients``: as backward produces a layer's gradients the worker sends them; just
+  before that layer's next forward it waits for the partner's, averages, ``g = (g +
+  g_partner) / 2``, and steps the layer alone.
+* ``gradients+weights`` (the authors' version 1): as ``gradients``, each message also
+  carrying the layer's weights (those its forward used); before the step the worker sets
+  the layer's weights to the mean of its own and the partner's.
+
+After the last iteration the pending averages are applied, so the weights hold every
+exchange. Nothing else couples the workers.
 
 **Shuffle** (``shuffle=true``): worker ``r`` reads its own stream of batches; during
 iteration ``t``'s forward it sends its next own batch (``t + 1``) to ``send_to[r]`` and
@@ -18,18 +31,18 @@ batch's input bytes; the labels that travel with it (int64 per sample) are count
 as ``shuffle_label_bytes``.
 
 **Messages.** Every message a worker will get is known from the partner schedule (the
-partner's gradients of every layer, its batch), so the worker keeps gloo receives posted
+partner's message of every layer, its batch), so the worker keeps gloo receives posted
 ahead for them and sends with ``isend`` (:class:`realrun.p2p.PostedLink`): no Python
-thread carries them. An iteration ends for a worker once it has its partner's gradients
+thread carries them. An iteration ends for a worker once it has its partner's messages
 of that iteration.
 
 The receives are posted one iteration's messages ahead, no more: the next iteration's are
-posted as this iteration's are used (during the next forward, before backward sends), so
-a worker whose partner is still busy with its previous exchange waits for the partner's
-ready notice instead of pushing into a link that is still receiving (gloo sends after the
-receiver's notice). Two iterations ahead let drifting workers overlap exchanges with
-different partners on one link: ``mlp_medium`` on four ranks at 1 Gbit/s took 172-181 ms
-an iteration instead of 110-112 ms (two runs each, measured).
+posted as this iteration's are used, so a worker whose partner is still busy with its
+previous exchange waits for the partner's ready notice instead of pushing into a link
+that is still receiving (gloo sends after the receiver's notice). Two iterations ahead let
+drifting workers overlap exchanges with different partners on one link: ``mlp_medium`` on
+four ranks at 1 Gbit/s took 172-181 ms an iteration instead of 110-112 ms (two runs each,
+measured, exchanging gradients).
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ from realrun.p2p import Expected, PostedLink
 from realrun.runtime import (
     BATCH,
     GRAD,
+    WEIGHTS,
     RealLayer,
     batch,
     make_optimizer,
@@ -49,10 +63,56 @@ from realrun.runtime import (
 from realrun.schemes.base import WorkerLoop
 from realrun.worker import RankContext
 from simcore.records import COMPUTE, UPDATE
-from simcore.schemes.gossip import partners
+from simcore.schemes.gossip import GossipOptions, exchanged_copies, partners
 
 KEY_STRIDE = 1 << 16
 """Message key: ``iteration * KEY_STRIDE + layer index`` (or batch tensor index)."""
+
+STATE_KEYS = {"momentum_buffer": 1, "exp_avg": 2, "exp_avg_sq": 2}
+"""Optimizer state that is averaged, with the state copies of the optimizer that keeps it
+(:data:`simcore.config.OPTIMIZERS`: momentum 1, Adam 2)."""
+
+
+def state_tensors(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The optimizer's averaged state of ``params``, flattened and concatenated per state
+    kind (SGD with momentum: the momentum buffer; Adam: the two moments; plain SGD: none),
+    zeros where the optimizer has none yet."""
+    group = opt.param_groups[0]
+    if "betas" in group:
+        keys = ["exp_avg", "exp_avg_sq"]
+    elif group.get("momentum", 0.0):
+        keys = ["momentum_buffer"]
+    else:
+        keys = []
+    out = []
+    for key in keys:
+        parts = []
+        for p in params:
+            t = opt.state.get(p, {}).get(key)
+            parts.append((t if t is not None else torch.zeros_like(p)).detach().reshape(-1))
+        out.append(torch.cat(parts))
+    return out
+
+
+def load_state(
+    opt: torch.optim.Optimizer, params: list[torch.Tensor], flats: list[torch.Tensor]
+) -> None:
+    """Write ``flats`` (as :func:`state_tensors` returns them) into the optimizer's state
+    of ``params`` where the optimizer has that state (before its first step it has none,
+    and ``flats`` are the means of zeros and the partner's)."""
+    group = opt.param_groups[0]
+    keys = ["exp_avg", "exp_avg_sq"] if "betas" in group else ["momentum_buffer"]
+    for key, flat in zip(keys, flats):
+        off = 0
+        for p in params:
+            n = p.numel()
+            state = opt.state.get(p, {})
+            if state.get(key) is not None:
+                with torch.no_grad():
+                    state[key].copy_(flat[off : off + n].view_as(p))
+            elif key == "momentum_buffer" and flat[off : off + n].any():
+                state[key] = flat[off : off + n].view_as(p).clone()
+            off += n
 
 
 class GossipRuntime(WorkerLoop):
@@ -61,10 +121,15 @@ class GossipRuntime(WorkerLoop):
     def __init__(self, ctx: RankContext) -> None:
         super().__init__(ctx)
         opts = self.job.options
+        defaults = GossipOptions()
         self.p = self.job.workers
-        self.schedule = str(opts.get("schedule", "hypercube"))
-        self.rotation = str(opts.get("rotation", "singer"))
-        self.shuffle = bool(opts.get("shuffle", True)) and self.p > 1
+        self.schedule = str(opts.get("schedule", defaults.schedule))
+        self.rotation = str(opts.get("rotation", defaults.rotation))
+        self.exchange = str(opts.get("exchange", defaults.exchange))
+        self.by_weights = self.exchange == "weights"
+        self.copies = exchanged_copies(self.job.optimizer, self.exchange)
+        self.kind = WEIGHTS if self.by_weights else GRAD
+        self.shuffle = bool(opts.get("shuffle", defaults.shuffle)) and self.p > 1
         self.layers = {layer.index: layer for layer in self.setup.layers}
         self.optimizers = {
             i: make_optimizer(self.job, layer.params) for i, layer in self.layers.items()
@@ -85,19 +150,33 @@ class GossipRuntime(WorkerLoop):
         """A message's name in the timeline and its layer."""
         if kind == GRAD:
             return f"grad L{key % KEY_STRIDE}", key % KEY_STRIDE
+        if kind == WEIGHTS:
+            return f"weights L{key % KEY_STRIDE}", key % KEY_STRIDE
         return "batch", -1
 
     def _expected(self) -> Iterator[Expected]:
-        """Every message this worker gets, iteration by iteration: the partner's batch
-        (with shuffle), then its gradients in forward order (the order they are used)."""
+        """Every message this worker gets, iteration by iteration, in the order it uses
+        them: exchanging weights, the partner's layers in forward order (used at the next
+        iteration's start) and then its batch (with shuffle); otherwise the batch, then the
+        partner's layers in forward order (used before each layer's forward)."""
         for it in range(self.job.total_iterations):
             _send, src = self.partners_of(it)
-            if self.shuffle:
-                for key, t in enumerate(self.template):
-                    yield src, BATCH, it * KEY_STRIDE + key, it, torch.empty_like(t)
-            for layer in self.setup.layers:
-                buf = torch.empty(layer.numel, dtype=torch.float32)
-                yield src, GRAD, it * KEY_STRIDE + layer.index, it, buf
+            batches = [
+                (src, BATCH, it * KEY_STRIDE + key, it, torch.empty_like(t))
+                for key, t in enumerate(self.template)
+                if self.shuffle
+            ]
+            layers = [
+                (
+                    src,
+                    self.kind,
+                    it * KEY_STRIDE + layer.index,
+                    it,
+                    torch.empty(self.copies * layer.numel, dtype=torch.float32),
+                )
+                for layer in self.setup.layers
+            ]
+            yield from (layers + batches) if self.by_weights else (batches + layers)
 
     def _batch_tensors(self, rank: int, it: int) -> list[torch.Tensor]:
         inputs, labels = batch(self.job, rank, it, *self.label_spec)
@@ -124,6 +203,14 @@ class GossipRuntime(WorkerLoop):
 
     # ---- data ------------------------------------------------------------------------
     def inputs(self, it: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        if self.by_weights and self.p > 1:
+            if it > 0:
+                self._mix(it - 1)
+            send_to, _recv = self.partners_of(it)
+            for layer in self.setup.layers:
+                opt = self.optimizers[layer.index]
+                flat = torch.cat([layer.flat_values(), *state_tensors(opt, layer.params)])
+                self.link.send(send_to, WEIGHTS, it * KEY_STRIDE + layer.index, it, flat.cpu())
         if self.shuffle:
             send_to, _recv = self.partners_of(it)
             nxt = self.own_batch(it + 1)
@@ -140,35 +227,80 @@ class GossipRuntime(WorkerLoop):
         self.wait_span(start, "wait batch", it)
         return tuple(tensors[:-1]), tensors[-1]
 
-    # ---- gradients -------------------------------------------------------------------
+    # ---- exchanging weights ------------------------------------------------------------
+    def _mix(self, it: int) -> None:
+        """Average the partner's weights and optimizer state of iteration ``it`` into
+        every layer (exchange ``weights``)."""
+        for layer in self.setup.layers:
+            start = self.rec.now()
+            theirs = self.link.wait(WEIGHTS, it * KEY_STRIDE + layer.index)
+            self.wait_span(start, f"wait L{layer.index}", it + 1, layer.index)
+            start = self.rec.now()
+            opt = self.optimizers[layer.index]
+            n = layer.numel
+            device = layer.params[0].device
+            theirs = theirs.to(device)
+            layer.load_flat((layer.flat_values() + theirs[:n]) / 2)
+            mine = state_tensors(opt, layer.params)
+            load_state(
+                opt,
+                layer.params,
+                [(m + theirs[(k + 1) * n : (k + 2) * n]) / 2 for k, m in enumerate(mine)],
+            )
+            self.rec.span(
+                COMPUTE, UPDATE, f"average L{layer.index}", start, self.rec.now(), it + 1,
+                layer.index,
+            )  # fmt: skip
+        self.rec.end_iteration(it)  # the partner's messages of ``it`` are all here
+
+    def after_backward(self, it: int) -> None:
+        if not self.by_weights:
+            return
+        for layer in self.setup.layers:
+            start = self.rec.now()
+            self.optimizers[layer.index].step()
+            self.rec.span(
+                COMPUTE, UPDATE, f"update L{layer.index}", start, self.rec.now(), it, layer.index
+            )
+
+    # ---- exchanging gradients -----------------------------------------------------------
     def grad_ready(self, layer: RealLayer) -> None:
+        if self.by_weights:
+            return
         it = self.iteration
         flat = layer.flat_grad().detach().to("cpu", torch.float32)
         self.own[(layer.index, it)] = flat
         if self.p > 1:
             send_to, _recv = self.partners_of(it)
+            if self.exchange == "gradients+weights":
+                flat = torch.cat([flat, layer.flat_values().to("cpu", torch.float32)])
             self.link.send(send_to, GRAD, it * KEY_STRIDE + layer.index, it, flat)
 
     def before_layer(self, layer: RealLayer) -> None:
-        if self.iteration > 0:
+        if self.iteration > 0 and not self.by_weights:
             self._apply(layer, self.iteration - 1)
 
     def _apply(self, layer: RealLayer, it: int) -> None:
-        """Average ``layer``'s gradients of ``it`` with the partner's and step."""
+        """Average ``layer``'s gradients of ``it`` (and with ``gradients+weights`` its
+        weights) with the partner's and step."""
         if (layer.index, it) in self.updated:
             return
         self.updated.add((layer.index, it))
         g = self.own.pop((layer.index, it))
+        device = layer.params[0].device
         if self.p > 1:
             start = self.rec.now()
             theirs = self.link.wait(GRAD, it * KEY_STRIDE + layer.index)
             self.wait_span(start, f"wait L{layer.index}", self.iteration, layer.index)
-            g = (g + theirs) / 2
+            n = layer.numel
+            g = (g + theirs[:n]) / 2
+            if self.exchange == "gradients+weights":
+                layer.load_flat((layer.flat_values() + theirs[n:].to(device)) / 2)
             self.left[it] = self.left.get(it, len(self.layers)) - 1
             if self.left[it] == 0:  # the partner's gradients of ``it`` are all here
                 self.rec.end_iteration(it)
         start = self.rec.now()
-        layer.set_grad(g.to(layer.params[0].device))
+        layer.set_grad(g.to(device))
         self.optimizers[layer.index].step()
         for p in layer.params:  # this iteration's backward accumulates from zero
             p.grad = None
@@ -184,5 +316,9 @@ class GossipRuntime(WorkerLoop):
 
     def finish(self) -> None:
         last = self.job.total_iterations - 1
+        if self.by_weights:
+            if self.p > 1:
+                self._mix(last)
+            return
         for layer in self.setup.layers:
             self._apply(layer, last)

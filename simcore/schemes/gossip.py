@@ -1,9 +1,24 @@
 """``gossip``: GossipGraD (Daily et al., "GossipGraD: Scalable Deep Learning using Gossip
 Communication based Asynchronous Gradient Descent", 2018).
 
-Every iteration each worker exchanges its gradients with one partner instead of
-all-reducing them, so a worker sends one model's worth of bytes per iteration whatever
-the number of workers ``p`` (a power of two).
+Every iteration each worker exchanges its model state with one partner instead of
+all-reducing gradients, so a worker sends the same bytes per iteration whatever the
+number of workers ``p`` (a power of two).
+
+**What is exchanged** (``exchange``):
+
+* ``weights`` (default; the authors' final versions, matex-org's Caffe forks): at the
+  start of iteration ``t`` a worker sets its weights and its optimizer state (SGD's
+  momentum) to the mean of its own and those its partner of iteration ``t - 1`` sent at
+  the start of ``t - 1`` (one iteration old), then sends the result to its partner of
+  ``t``; it then trains ``t`` on its own gradient. A message carries the weights and the
+  optimizer state: twice the parameters with SGD momentum.
+* ``gradients``: each layer's gradient goes to the partner as backward produces it; just
+  before the layer's next forward the worker averages it with the partner's
+  (``g = (g + g_partner) / 2``) and steps the layer with its own optimizer state.
+* ``gradients+weights`` (the authors' version 1): as ``gradients``, and each message also
+  carries the layer's weights of the same iteration; before the step the worker sets the
+  layer's weights to the mean of its own and its partner's.
 
 **Partners.** Iteration ``t`` is step ``h = t mod log2(p)`` of cycle ``c = t div
 log2(p)`` and uses distance ``d = 2**h`` on *virtual* ranks ``v = pi_c(r)``:
@@ -11,6 +26,7 @@ log2(p)`` and uses distance ``d = 2**h`` on *virtual* ranks ``v = pi_c(r)``:
 * ``hypercube``: exchange with ``v XOR d`` (send to and receive from the same partner);
 * ``dissemination``: send to ``(v - d) mod p``, receive from ``(v + d) mod p``.
 
+Within a cycle both schedules average ``p`` models to their mean in ``log2(p)`` steps.
 After every cycle the virtual ranks rotate (``rotation``):
 
 * ``singer`` (default): ``pi_c(r) = r * x**c`` in the field GF(2**log2 p) (ranks read as
@@ -19,20 +35,27 @@ After every cycle the virtual ranks rotate (``rotation``):
   hypercube step then pairs ranks whose XOR is ``x**(h - c)``, so over ``p - log2(p)``
   cycles every pair has exchanged directly; the dissemination schedule was checked to do
   so within ``p - 1`` cycles for ``p`` up to 1024.
-* ``shift``: ``pi_c(r) = (r - c) mod p``, what the reference code does (matex-org's Caffe,
-  one MPI communicator per rotation). Partners then always differ by ``+-2**h (mod p)``:
-  for ``p >= 8`` some pairs (e.g. ranks 0 and 3) never meet directly, contrary to the
-  rotation's stated purpose; it only changes which of those pairs meet when.
+* ``random``: ``pi_c`` is permutation ``c mod p`` of a fixed list of ``p`` permutations,
+  the identity and ``p - 1`` drawn from a seeded generator (the same on every rank);
+  the authors' latest versions draw ``p - 1`` permutations on rank 0, broadcast them and
+  cycle through them.
+* ``shift``: ``pi_c(r) = (r - c) mod p``, the authors' early versions. Partners then
+  always differ by ``+-2**h (mod p)``: for ``p >= 8`` some pairs (e.g. ranks 0 and 3)
+  never meet directly, contrary to the rotation's stated purpose; it only changes which
+  of those pairs meet when.
 * ``none``: no rotation.
 
-**Timing.** Each layer's gradient is sent to the partner as soon as backward produces it,
-asynchronously with compute; nothing waits for the whole model. The partner's gradient of
-a layer is averaged into the local one and the layer updated just before the layer's next
-forward, which waits for it if it has not arrived (an op of ``3 + optimizer passes``
-weight-sized memory passes). With ``shuffle``, each worker also sends its input batch to
-its partner while it runs forward (GossipGraD's asynchronous sample shuffle); the batch
-received is the one the next iteration's forward waits for. An iteration of a worker ends
-when its backward is done and all of its partner's gradients are in.
+**Timing.** ``gradients`` and ``gradients+weights``: each layer's message is sent as soon
+as backward produces its gradient, asynchronously with compute; the partner's message of
+a layer is averaged in and the layer updated just before the layer's next forward, which
+waits for it if it has not arrived. ``weights``: at the start of an iteration the worker
+waits for its last partner's messages (one per layer), averages them in, sends its own,
+and runs forward, backward and its optimizer step; the messages travel during that
+compute and the next iteration's start waits for any still missing. With ``shuffle``,
+each worker also sends its input batch to its partner while it runs forward (GossipGraD's
+asynchronous sample shuffle); the batch received is the one the next iteration's forward
+waits for. An iteration of a worker ends when its own work is done and all of its
+partner's messages of the iteration are in.
 
 No barrier couples the workers: a worker only ever waits for its partner of the previous
 iteration, so a slow worker delays its partners and only them.
@@ -40,6 +63,7 @@ iteration, so a slow worker delays its partners and only them.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -57,11 +81,19 @@ from simcore.topology import Topology
 SCHEDULES = ("hypercube", "dissemination")
 """Partner schedules (see module docs)."""
 
-ROTATIONS = ("singer", "shift", "none")
+ROTATIONS = ("singer", "random", "shift", "none")
 """Rotations of the virtual ranks after each cycle (see module docs)."""
 
+EXCHANGES = ("weights", "gradients", "gradients+weights")
+"""What partners exchange and average (see module docs)."""
+
 AVERAGE_PASSES = 3
-"""Weight-sized memory passes to average a partner's gradient in: read both, write one."""
+"""Weight-sized memory passes to average one array with the partner's: read both, write
+one."""
+
+RANDOM_ROTATION_SEED = 20180219
+"""Seed of the ``random`` rotation's permutations (any fixed value: every rank and the
+simulator draw the same ones)."""
 
 
 @dataclass(frozen=True)
@@ -73,9 +105,16 @@ class GossipOptions:
         "partner schedule: exchange with rank XOR 2^h, or send to r-2^h and receive from r+2^h",
         choices=SCHEDULES,
     )
+    exchange: str = option(
+        "weights",
+        "what partners average: weights and optimizer state, one iteration old (the "
+        "authors' final versions); gradients; or gradients and weights (their version 1)",
+        choices=EXCHANGES,
+    )
     rotation: str = option(
         "singer",
-        "how virtual ranks rotate after each cycle of log2(p) steps (shift: the reference code's)",
+        "how virtual ranks rotate after each cycle of log2(p) steps (random: the authors' "
+        "latest versions, seeded; shift: their early ones)",
         choices=ROTATIONS,
     )
     shuffle: bool = option(
@@ -156,12 +195,25 @@ def primitive_polynomial(bits: int) -> int:
     raise ValueError(f"no primitive polynomial of degree {bits}")  # cannot happen
 
 
+@cache
+def random_permutation(p: int, k: int) -> tuple[int, ...]:
+    """Permutation ``k`` (``0 <= k < p``) of the ``random`` rotation: the identity for
+    ``k = 0``, else a shuffle of ``0..p-1`` drawn from :data:`RANDOM_ROTATION_SEED`,
+    ``p`` and ``k``."""
+    perm = list(range(p))
+    if k:
+        random.Random((RANDOM_ROTATION_SEED * 1_000_003 + p) * 1_000_033 + k).shuffle(perm)
+    return tuple(perm)
+
+
 def virtual_ranks(p: int, cycle: int, rotation: str = "singer") -> list[int]:
     """``pi_c``: the virtual rank of every rank ``0..p-1`` in cycle ``cycle``."""
     if rotation == "none" or p == 1:
         return list(range(p))
     if rotation == "shift":
         return [(r - cycle) % p for r in range(p)]
+    if rotation == "random":
+        return list(random_permutation(p, cycle % p))
     if rotation != "singer":
         raise ValueError(f"unknown rotation {rotation!r}; choose one of {', '.join(ROTATIONS)}")
     bits = p.bit_length() - 1
@@ -201,16 +253,17 @@ class Gossip(Scheme):
 
     name = "gossip"
     summary = (
-        "GossipGraD: per-layer gradient exchange with one rotating partner per "
+        "GossipGraD: partners average weights and momentum, one rotating partner per "
         "iteration (hypercube or dissemination), asynchronous"
     )
     Options = GossipOptions
 
     @classmethod
-    def step_passes(cls, optimizer: str, gpus: int) -> int:
-        """A worker steps layer by layer: the optimizer's passes, plus the average with
-        its partner's gradients when it has one."""
-        return OPTIMIZERS[optimizer][1] + (AVERAGE_PASSES if gpus > 1 else 0)
+    def step_passes(cls, optimizer: str, gpus: int, exchange: str = "weights") -> int:
+        """Weight-sized memory passes of a worker's updates in one iteration: the
+        optimizer's, plus, when it has a partner, the averages of what the partners
+        exchange (:func:`average_passes`)."""
+        return OPTIMIZERS[optimizer][1] + (average_passes(optimizer, exchange) if gpus > 1 else 0)
 
     @classmethod
     def check(cls, config: SimConfig, options: Any, topology: Topology) -> None:
@@ -251,9 +304,21 @@ class Gossip(Scheme):
             else 0
         )
         self.shuffle_slot = len(self.grads)  # the slot of the shuffled batch
-        passes = self.step_passes(ctx.config.optimizer, p)
+        optimizer = ctx.config.optimizer
+        self.exchange = opts.exchange if p > 1 else "gradients"  # alone: plain steps
+        self.by_weights = self.exchange == "weights"
+        self.copies = exchanged_copies(optimizer, self.exchange)
         bw = ctx.topology.gpu_spec.memory_bandwidth_bytes_per_s
-        self.update_s = {i: passes * trace.layers[i].param_bytes / bw for i in self.grads}
+        # weights: the average at the iteration's start and the step after backward are
+        # two ops; gradients (+weights): one op before the layer's next forward
+        step = OPTIMIZERS[optimizer][1]
+        mix = average_passes(optimizer, self.exchange) if p > 1 else 0
+        if self.by_weights:
+            self.update_s = {i: step * trace.layers[i].param_bytes / bw for i in self.grads}
+            self.average_s = {i: mix * trace.layers[i].param_bytes / bw for i in self.grads}
+        else:
+            self.update_s = {i: (step + mix) * trace.layers[i].param_bytes / bw for i in self.grads}
+            self.average_s = {}
         self._updates: dict[int, dict[int, tuple[Any, ...]]] = {}
         self._partners: dict[int, tuple[list[int], list[int]]] = {}
         net = ctx.net
@@ -278,8 +343,8 @@ class Gossip(Scheme):
             mem.alloc("weights", pb)
             mem.alloc("gradients", pb)
             mem.alloc("optimizer", ctx.optimizer_state_bytes(pb))
-            if p > 1:
-                mem.alloc("buffers", pb + self.shuffle_bytes)  # partner's gradient, batch
+            if p > 1:  # the partner's message, its batch
+                mem.alloc("buffers", self.copies * pb + self.shuffle_bytes)
             ctx.env.process(self._worker(r))
 
     def partners_of(self, it: int) -> tuple[list[int], list[int]]:
@@ -327,10 +392,20 @@ class Gossip(Scheme):
         gpu = ctx.gpus[r]
         mem = gpu.memory
         act = ctx.trace.activation_bytes
-        has_grad = self.slot.__contains__
+        by_weights = self.by_weights
+        has_grad = _never if by_weights else self.slot.__contains__
         for it in range(ctx.iterations):
-            # Forward: the batch shuffled in last iteration, then layer by layer, each
-            # layer with parameters after its averaged update of the last iteration.
+            if by_weights and self.p > 1:
+                # The last partner's weights and state averaged in, then ours sent.
+                if it > 0:
+                    for slot in range(len(self.grads)):
+                        yield from self._wait_for(r, it - 1, slot, gpu)
+                        self._use(r, it - 1, slot)
+                    yield gpu.compute_seq([self._average_op(layer, it) for layer in self.grads])
+                for slot in range(len(self.grads)):
+                    self._send(r, it, slot)
+            # Forward: the batch shuffled in last iteration, then layer by layer (with
+            # gradients, each layer after its averaged update of the last iteration).
             if self.shuffle_bytes:
                 self._send(r, it, self.shuffle_slot)
                 if it > 0:
@@ -344,23 +419,39 @@ class Gossip(Scheme):
                     gpu.enqueue([self._update_op(layer, it)])
                 gpu.enqueue(run)
             mem.alloc("activations", act)
-            # Backward: every layer's gradient goes to the partner as soon as it exists.
+            # Backward: with gradients, every layer's message goes to the partner as soon
+            # as its gradient exists.
             for layer, run in self.ops.backward_runs(it, has_grad):
                 yield gpu.compute_seq(run)
                 if layer >= 0 and self.p > 1:
                     self._send(r, it, self.slot[layer])
             mem.free("activations", act)
+            if by_weights:  # the optimizer step, layer by layer in forward order
+                yield gpu.compute_seq([self._update_op(layer, it) for layer in self.grads])
             self.bwd_end[(r, it)] = env.now
             self._maybe_done(r, it)
+
+    def _average_op(self, layer: int, it: int) -> tuple[Any, ...]:
+        """The op that averages the partner's weights and state of ``layer`` in at the
+        start of iteration ``it``."""
+        return (
+            self.average_s[layer],
+            UPDATE,
+            f"average {self.ctx.trace.layers[layer].name}",
+            it,
+            layer,
+            -1,
+        )
 
     def _update_op(self, layer: int, it: int) -> tuple[Any, ...]:
         ops = self._updates.setdefault(it, {})
         op = ops.get(layer)
         if op is None:
+            name = self.ctx.trace.layers[layer].name
             op = ops[layer] = (
                 self.update_s[layer],
                 UPDATE,
-                f"average+update {self.ctx.trace.layers[layer].name}",
+                f"update {name}" if self.by_weights else f"average+update {name}",
                 it,
                 layer,
                 -1,
@@ -402,9 +493,10 @@ class Gossip(Scheme):
                 self.held[key] = (r, it, slot)
                 return
             self.used.discard(key)  # one sender per receiver and slot: not needed again
-        # the next batch is handed to gloo by the rank's thread between two spans; the
-        # gradients from inside the backward, whose measured spans hold that time
-        self._move(r, it, slot, slot == self.shuffle_slot)
+        # the next batch (and, exchanging weights, the model) is handed to gloo by the
+        # rank's thread between two spans; gradients from inside the backward, whose
+        # measured spans hold that time
+        self._move(r, it, slot, slot == self.shuffle_slot or self.by_weights)
 
     def _move(self, r: int, it: int, slot: int, on_thread: bool = False) -> None:
         """Send rank ``r``'s ``slot`` of iteration ``it``: ``on_thread``, written by the
@@ -416,7 +508,8 @@ class Gossip(Scheme):
             nbytes, tag = self.shuffle_bytes, "shuffle"
         else:
             layer = self.grads[slot]
-            nbytes, tag = ctx.trace.layers[layer].param_bytes, f"gossip L{layer}"
+            nbytes = self.copies * ctx.trace.layers[layer].param_bytes
+            tag = f"gossip L{layer}"
         src_dev, dst_dev = ctx.topology.gpus[r], ctx.topology.gpus[dst]
         if self.post is not None:
             msg = self.post(src_dev, dst_dev, nbytes, tag, r, dst, it)
@@ -472,17 +565,42 @@ class Gossip(Scheme):
 
     def extra_metrics(self) -> dict[str, Any]:
         per_iteration = (
-            sum(self.ctx.trace.layers[i].param_bytes for i in self.grads) + self.shuffle_bytes
+            self.copies * sum(self.ctx.trace.layers[i].param_bytes for i in self.grads)
+            + self.shuffle_bytes
             if self.p > 1
             else 0
         )
         return {
+            "exchange": self.options.exchange,
             "schedule": self.options.schedule,
             "rotation": self.options.rotation,
             "exchange_bytes": per_iteration,
             "mean_field": self.mirror is not None,
             "simulated_workers": self.simulated,
         }
+
+
+def _never(_layer: int) -> bool:
+    return False
+
+
+def exchanged_copies(optimizer: str, exchange: str) -> int:
+    """Weight-sized arrays in a partner's message: the gradient (``gradients``), the
+    gradient and the weights (``gradients+weights``), or the weights and the optimizer's
+    state (``weights``: two with SGD momentum, three with Adam, one with plain SGD)."""
+    if exchange == "gradients":
+        return 1
+    if exchange == "gradients+weights":
+        return 2
+    if exchange == "weights":
+        return 1 + OPTIMIZERS[optimizer][0]
+    raise ValueError(f"unknown exchange {exchange!r}; choose one of {', '.join(EXCHANGES)}")
+
+
+def average_passes(optimizer: str, exchange: str) -> int:
+    """Weight-sized memory passes to average a partner's message in (read both, write
+    one, per array of :func:`exchanged_copies`)."""
+    return AVERAGE_PASSES * exchanged_copies(optimizer, exchange)
 
 
 MIRROR_MIN_MACHINES = 4
