@@ -2,8 +2,6 @@
 (``torch.distributed.pipelining`` 2.13) pass for pass, ZB-H1 against the zero-bubble
 paper, torch's action strings and CSV in and out, virtual stages in the validator."""
 
-from types import SimpleNamespace
-
 import pytest
 
 from simcore import pipeline_schedules as ps
@@ -20,47 +18,26 @@ from simcore.schedule import (
     with_comms,
 )
 
-TORCH_CLASS = {
-    "interleaved": "ScheduleInterleaved1F1B",
-    "looped-bfs": "ScheduleLoopedBFS",
-    "zb-interleaved": "ScheduleInterleavedZeroBubble",
-    "zbv": "ScheduleZBVZeroBubble",
-    "dualpipev": "ScheduleDualPipeV",
-}
 SHAPES = [(2, 4), (3, 6), (4, 8), (4, 12), (5, 10)]
 """(ranks, micro-batches) every schedule is compared at (DualPipeV needs M >= 2N)."""
+TORCH_SCHEMES = ["interleaved", "looped-bfs", "zb-interleaved", "zbv", "dualpipev"]
 
 
-def torch_order(cls_name: str, ranks: int, chunks: int, microbatches: int) -> list[list[str]]:
-    """The passes torch's generator gives each rank (its ``pipeline_order``; an
-    ``OVERLAP_F_B`` as its two passes, idle slots dropped). The schedule class only reads
-    the stages' sizes at construction, so stand-ins for the stages do."""
-    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
-    stages = [
-        SimpleNamespace(
-            num_stages=ranks * chunks, group_size=ranks, group_rank=0, stage_index=i, submod=None
-        )
-        for i in range(chunks)
-    ]
-    sched = getattr(schedules, cls_name)(stages, microbatches, loss_fn=lambda out, tgt: out)
-    out = []
-    for r in range(ranks):
-        row = []
-        for a in sched.pipeline_order[r]:
-            if a is not None:
-                row += [str(x) for x in a.sub_actions] if a.sub_actions else [str(a)]
-        out.append(row)
-    return out
+def torch_order(name: str, ranks: int, chunks: int, microbatches: int) -> list[list[str]]:
+    pytest.importorskip("torch.distributed.pipelining.schedules")
+    from realrun.torch_schedules import torch_order as order
+
+    return order(name, ranks, chunks, microbatches)
 
 
-@pytest.mark.parametrize("name", list(TORCH_CLASS))
+@pytest.mark.parametrize("name", TORCH_SCHEMES)
 @pytest.mark.parametrize(("ranks", "microbatches"), SHAPES)
 def test_generators_equal_torchs(name, ranks, microbatches):
     chunks_list = [ps.FIXED_CHUNKS[name]] if name in ps.FIXED_CHUNKS else [2, 3]
     for chunks in chunks_list:
         ours = ps.make(name, ranks, chunks, microbatches)
         ours.validate()
-        want = torch_order(TORCH_CLASS[name], ranks, chunks, microbatches)
+        want = torch_order(name, ranks, chunks, microbatches)
         assert [compute_passes(ours, r) for r in range(ranks)] == want
         # and torch's order read back is ours, sends and receives included
         assert (
@@ -76,7 +53,7 @@ def _passes(s: Schedule) -> list[list[Action]]:
 @pytest.mark.parametrize(("ranks", "microbatches"), [(2, 4), (3, 6), (4, 8), (4, 3)])
 def test_zb_h1_is_torchs_zero_bubble_on_one_stage_per_rank(ranks, microbatches):
     ours = ps.make("zb-h1", ranks, 1, microbatches)
-    want = torch_order("ScheduleInterleavedZeroBubble", ranks, 1, microbatches)
+    want = torch_order("zb-h1", ranks, 1, microbatches)
     assert [compute_passes(ours, r) for r in range(ranks)] == want
 
 
