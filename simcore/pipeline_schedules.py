@@ -1,6 +1,6 @@
 """Today's pipeline schedules as data: interleaved 1F1B, looped BFS, interleaved zero
-bubble, ZBV, DualPipeV (as ``torch.distributed.pipelining`` 2.13 orders them) and the
-zero-bubble paper's ZB-H1.
+bubble, ZBV, DualPipeV (as ``torch.distributed.pipelining`` 2.13 orders them), the
+zero-bubble paper's ZB-H1 and its baseline, synchronous 1F1B.
 
 Each generator returns, for ``N`` ranks and ``M`` micro-batches, the passes every rank runs
 in one iteration (``F``, ``B``, and the zero-bubble split of a backward into ``I``, the
@@ -21,6 +21,9 @@ torch's pass for pass (``tests/test_pipeline_schedules.py`` compares them). In w
   2401.10241): interleaved's order with warm-up ``(v-1)P + (N-1-r)``, every backward
   an ``I``, and after the ``j``-th ``I`` the ``W`` of the ``(j-r)``-th backward (rank ``r``
   holds ``r`` weight passes back, run at the very end).
+* **1f1b** (synchronous 1F1B, PipeDream-Flush; the baseline of the zero-bubble paper):
+  one stage per rank; rank ``r`` runs ``min(N-1-r, M)`` forwards, then one forward and
+  one full backward in turn, then the remaining backwards; a flush per iteration.
 * **zb-h1** (the paper's Figure 3, top): 1F1B (warm-up ``N-1-r`` forwards) with ``I``
   for ``B``, each rank delaying its ``W`` passes by ``r`` micro-batches so that every rank
   keeps ``N`` micro-batches in flight, as 1F1B's first rank does; the held-back ``W``
@@ -157,8 +160,9 @@ def looped_bfs(ranks: int, chunks: int, microbatches: int) -> Passes:
     return out
 
 
-def zb_h1(ranks: int, microbatches: int) -> Passes:
-    """The zero-bubble paper's ZB-H1 (see module docs): one stage per rank."""
+def _one_f_one_b(ranks: int, microbatches: int, split: bool) -> Passes:
+    """Synchronous 1F1B (``split``: with the backward split and rank ``r``'s weight
+    passes ``r`` micro-batches late, ZB-H1); see module docs."""
     out = []
     for r in range(ranks):
         warmup = min(ranks - 1 - r, microbatches)
@@ -166,12 +170,25 @@ def zb_h1(ranks: int, microbatches: int) -> Passes:
         for j in range(microbatches):
             if warmup + j < microbatches:
                 acts.append(Action(FORWARD, r, warmup + j))
-            acts.append(Action(INPUT_GRAD, r, j))
-            if j >= r:
+            acts.append(Action(INPUT_GRAD if split else BACKWARD, r, j))
+            if split and j >= r:
                 acts.append(Action(WEIGHT_GRAD, r, j - r))
-        acts += [Action(WEIGHT_GRAD, r, m) for m in range(max(0, microbatches - r), microbatches)]
+        if split:
+            acts += [
+                Action(WEIGHT_GRAD, r, m) for m in range(max(0, microbatches - r), microbatches)
+            ]
         out.append(acts)
     return out
+
+
+def one_f_one_b_flush(ranks: int, microbatches: int) -> Passes:
+    """Synchronous 1F1B with a flush (see module docs): one stage per rank."""
+    return _one_f_one_b(ranks, microbatches, False)
+
+
+def zb_h1(ranks: int, microbatches: int) -> Passes:
+    """The zero-bubble paper's ZB-H1 (see module docs): one stage per rank."""
+    return _one_f_one_b(ranks, microbatches, True)
 
 
 def zbv(ranks: int, microbatches: int) -> Passes:
@@ -273,6 +290,7 @@ def dualpipev(ranks: int, microbatches: int) -> Passes:
 
 
 SCHEDULES: dict[str, tuple[str, Callable[..., Passes]]] = {
+    "1f1b": ("loop", one_f_one_b_flush),
     "interleaved": ("loop", interleaved),
     "looped-bfs": ("loop", looped_bfs),
     "zb-interleaved": ("loop", zb_interleaved),
@@ -280,10 +298,10 @@ SCHEDULES: dict[str, tuple[str, Callable[..., Passes]]] = {
     "zbv": ("v", zbv),
     "dualpipev": ("v", dualpipev),
 }
-"""Each schedule's placement and generator (``zb-h1``, ``zbv`` and ``dualpipev`` take
-no chunk count: one stage per rank, two in a V)."""
+"""Each schedule's placement and generator (``1f1b``, ``zb-h1``, ``zbv`` and
+``dualpipev`` take no chunk count: one stage per rank, two in a V)."""
 
-FIXED_CHUNKS = {"zb-h1": 1, "zbv": 2, "dualpipev": 2}
+FIXED_CHUNKS = {"1f1b": 1, "zb-h1": 1, "zbv": 2, "dualpipev": 2}
 """Chunks per rank of the schedules that fix them."""
 
 

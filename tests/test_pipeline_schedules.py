@@ -3,6 +3,8 @@
 paper, torch's action strings and CSV in and out, virtual stages in the validator."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simcore import pipeline_schedules as ps
 from simcore.schedule import (
@@ -154,7 +156,7 @@ def test_validator_checks_the_split_backward():
         ("interleaved", 4, 2, 9, r"9 micro-batches do not split into 2 equal rounds.*8, 10"),
         ("zb-interleaved", 4, 2, 9, "equal rounds"),
         ("zbv", 4, 3, 8, "zbv runs 2 stage"),
-        ("gpipe", 4, 1, 8, "choose one of interleaved"),
+        ("gpipe", 4, 1, 8, "choose one of 1f1b, interleaved"),
     ],
 )
 def test_what_a_schedule_cannot_take_is_named(name, ranks, chunks, mbs, message):
@@ -170,3 +172,45 @@ def test_iterations_repeat_with_updates(name):
     assert compute_passes(s, 1, iteration=1) == compute_passes(s, 1, iteration=0)
     ups = [a for a in s.actions[0] if a.kind == "U"]
     assert len(ups) == 2 * chunks and {a.mb for a in ups} == {5, 11}
+
+
+@pytest.mark.parametrize(("ranks", "microbatches"), [(2, 4), (4, 8), (4, 2)])
+def test_1f1b_is_zb_h1_with_the_backward_whole(ranks, microbatches):
+    """Synchronous 1F1B: N-1-r warm-up forwards, then F and B in turn, then the drain;
+    ZB-H1 is the same order with each B split into I (and its W later)."""
+    ofob = ps.make("1f1b", ranks, 1, microbatches)
+    zb = ps.make("zb-h1", ranks, 1, microbatches)
+    ofob.validate()
+    for r in range(ranks):
+        whole = [p.replace("I", "B") for p in compute_passes(zb, r) if "W" not in p]
+        assert compute_passes(ofob, r) == whole
+    last = ranks - 1
+    assert compute_passes(ofob, last)[:4] == [f"{last}F0", f"{last}B0", f"{last}F1", f"{last}B1"]
+    if microbatches >= ranks:
+        assert compute_passes(ofob, 0)[ranks - 1 : ranks + 1] == [f"0F{ranks - 1}", "0B0"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(sorted(ps.SCHEDULES)),
+    ranks=st.integers(1, 6),
+    chunks=st.integers(1, 4),
+    microbatches=st.integers(1, 20),
+)
+def test_every_schedule_it_makes_is_sound(name, ranks, chunks, microbatches):
+    """Whatever shape a generator accepts, its schedule validates (each stage and
+    micro-batch: one F, then B or I and W; every send received; no deadlock), every rank
+    runs exactly its placed stages, and a shape it refuses is refused with a reason."""
+    chunks = ps.FIXED_CHUNKS.get(name, chunks)
+    try:
+        s = ps.make(name, ranks, chunks, microbatches)
+    except ScheduleError as exc:
+        assert str(exc)
+        return
+    s.validate()
+    style = ps.SCHEDULES[name][0]
+    assert s.stages == placement(ranks, chunks, style)
+    for r, mine in enumerate(s.local_stages()):
+        ran = {a.stage for a in s.actions[r] if a.kind == "F"}
+        assert ran == set(mine)
+        assert sum(a.kind == "F" for a in s.actions[r]) == len(mine) * microbatches

@@ -29,6 +29,7 @@ ORDER = (
     "gpipe",
     "pipedream",
     "spectrain",
+    "1f1b",
     "interleaved",
     "looped-bfs",
     "zb-h1",

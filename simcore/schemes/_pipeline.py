@@ -111,8 +111,8 @@ class MicrobatchOptions(PipelineOptions):
         0,
         "micro-batches per iteration (0: automatic; gpipe: 4 per "
         "stage, pipedream/spectrain: one per GPU rounded up to "
-        "whole rounds of every stage's replicas; at most the batch "
-        "size)",
+        "whole rounds of every stage's replicas, 1f1b and the virtual-stage and "
+        "zero-bubble schedules: 4 per GPU; at most the batch size)",
         minimum=0,
     )
 
