@@ -136,6 +136,12 @@ def plan(config: Any) -> dict[str, Any]:
             "scheme.microbatches"
         )
     tail = 0 if sim.feat.flush else -(-(gpus - 1) // m)
+    try:  # a micro-batch count the schedule cannot take is refused before any rank starts
+        cls.make_schedule(_placed(cls, opts, part.replicas), m, 1, opts)
+    except sch.ScheduleError as exc:
+        from simcore.config import ConfigError
+
+        raise ConfigError("scheme.microbatches", m, str(exc)) from None
     return {
         "stage_layers": [list(s.layers) for s in part.stages],
         "replicas": list(part.replicas),
@@ -160,12 +166,16 @@ def make_schedule(
 
     cls = get_scheme(scheme)
     opts = options_from_mapping(cls.Options, dict(options), prefix="scheme.")
+    return cls.make_schedule(_placed(cls, opts, replicas), microbatches, iterations, opts)
+
+
+def _placed(cls: Any, opts: Any, replicas: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """The ranks of every stage: consecutive replicas, or the scheme's placement of its
+    virtual stages (``replicas`` then has one entry per stage)."""
     feat = cls.features.for_options(opts)
     if feat.chunks > 1 or feat.placement != "loop":
-        stages = cls.place(sch.straight_stages(len(replicas) // feat.chunks), opts)
-    else:
-        stages = sch.stages_from_replicas(replicas)
-    return cls.make_schedule(stages, microbatches, iterations, opts)
+        return cls.place(sch.straight_stages(len(replicas) // feat.chunks), opts)
+    return sch.stages_from_replicas(replicas)
 
 
 def features(scheme: str, options: Mapping[str, Any]) -> Any:

@@ -136,9 +136,9 @@ def estimate(config: SimConfig) -> WorkEstimate:
     else:  # pipelines: stages (chunks per GPU x GPUs) x micro-batches
         from simcore.schemes import get_scheme
 
-        feat = get_scheme(scheme).features
-        v = _opt(config, "chunks", 0) or feat.chunks
-        m = _opt(config, "microbatches", 0) or (feat.microbatches_per_stage * p)
+        feat = getattr(get_scheme(scheme), "features", None)  # a pipeline's, or none
+        v = _opt(config, "chunks", 0) or (feat.chunks if feat else 1)
+        m = _opt(config, "microbatches", 0) or ((feat.microbatches_per_stage if feat else 1) * p)
         compute = its * m * 2 * n_layers + its * m * p * v
         messages = its * m * 2 * p * v
         moved = its * m * 2.0 * sum(x.activation_bytes for x in layers) / n_layers * p

@@ -457,3 +457,10 @@ def test_a_rank_waiting_for_a_posted_receive_is_waiting_not_hung():
     assert waits_for_others(dump("realrun/runtime.py", "realrun/schemes/ps.py"))
     assert not waits_for_others(dump("realrun/worker.py", "realrun/pipeline.py"))
     assert not waits_for_others("")
+
+
+def test_a_micro_batch_count_a_schedule_cannot_take_is_refused_before_any_rank_starts():
+    from simcore.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"scheme.microbatches: 3 .*DualPipeV.*use 4 or more"):
+        plan("mlp_small", 6, 2, "dualpipev", {"microbatches": 3})
