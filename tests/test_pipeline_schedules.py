@@ -60,10 +60,12 @@ def test_zb_h1_is_torchs_zero_bubble_on_one_stage_per_rank(ranks, microbatches):
 
 
 def test_zb_h1_is_the_papers_figure():
-    """Figure 3 (top) of the zero-bubble paper (arXiv 2401.10241), 4 stages, 8
-    micro-batches, F = I = W = one step: the last stage runs 1F1B with B split and holds
-    its first three W back; the first holds none. 3M + (N - 1) steps: the bubble is
-    N - 1 steps per rank, a third of 1F1B's 3(N - 1)."""
+    """ZB-H1 as the zero-bubble paper (arXiv 2401.10241, section 2.1 and Figure 3, top)
+    describes it, 4 stages, 8 micro-batches, F = I = W = one step, the grid written out
+    here from its rule (1F1B's order, stage i's W passes delayed by the i warm-up
+    micro-batches it has fewer than the first): the last stage holds its first three W
+    back, the first none. 3M + (N - 1) steps: the bubble is N - 1 steps per rank, a third
+    of 1F1B's 3(N - 1), the paper's number."""
     s = ps.make("zb-h1", 4, 1, 8)
     rows = [line.split()[1:] for line in s.grid().splitlines()[1:]]
     assert " ".join(rows[3]) == (
