@@ -194,6 +194,23 @@ def _vs_baseline_table(df: Any, present: Sequence[str], across: str) -> str:
     return md_table([across] + [f"{s} (samples/s)" for s in present], rows)
 
 
+def _zero_bubble_table(df: Any, present: Sequence[str]) -> str:
+    """Per model: each schedule's throughput (and its ratio to the first, 1F1B) and its
+    peak memory per GPU."""
+    base = present[0]
+    rows = []
+    for model in dict.fromkeys(df["model"]):
+        b = _value(df, {"model": model, "scheme": base}, "throughput_samples_s")
+        row: list[Any] = [model]
+        for s in present:
+            t = _value(df, {"model": model, "scheme": s}, "throughput_samples_s")
+            mem = _value(df, {"model": model, "scheme": s}, "peak_memory_bytes") / 2**30
+            ratio = "" if s == base or not b > 0 or t != t else f" ({t / b:.2f}x)"
+            row.append(f"{_num(t)}{ratio}, {_num(mem, 2)} GiB")
+        rows.append(row)
+    return md_table(["model"] + [f"{s} (samples/s, peak memory)" for s in present], rows)
+
+
 def _scheme_bars(df: Any, across: str | None) -> Any:
     return xy_plot(df, "scheme", "throughput_samples_s", col=across, kind="bar")
 
@@ -302,6 +319,24 @@ def sections() -> list[Section]:
             },
             figure=lambda df: _scheme_bars(df, "model"),
             table=lambda df, present: _vs_baseline_table(df, present, "model"),
+        ),
+        Section(
+            key="zero-bubble",
+            title="Zero-bubble schedules against 1F1B and interleaved 1F1B, 4 GPUs",
+            claim="The zero-bubble paper: splitting the backward into input- and "
+            "weight-gradient passes, ZB-H1 cuts 1F1B's bubble to about a third at 1F1B's "
+            "peak memory, and ZB-V removes it at 1F1B's memory; DualPipeV (DeepSeek) and "
+            "ZB-V are compared with interleaved 1F1B on two chunks per GPU.",
+            schemes=("1f1b", "zb-h1", "interleaved", "zb-interleaved", "zbv", "dualpipev"),
+            setup="4 GPUs in one PCIe box (preset pcie), the seed models, automatic "
+            "micro-batches (four per GPU); interleaved schedules on two chunks per GPU.",
+            base={"topology": "pcie", "gpus": 4},
+            axes=lambda quick: {
+                "model": ("gnmt",) if quick else ("vgg16", "alexnet", "gnmt", "resnet50"),
+                "iterations": (2 if quick else 3,),
+            },
+            figure=lambda df: _scheme_bars(df, "model"),
+            table=_zero_bubble_table,
         ),
     ]
 

@@ -68,7 +68,9 @@ from simcore.units import parse_rate
 from traces.atomic import write_text
 
 SCHEMES = ("dp", "ps", "p3", "gossip", "mp", "gpipe", "pipedream", "spectrain")
-"""Every scheme with a real runtime (the same list as :data:`realrun.job.REAL_SCHEMES`)."""
+"""The schemes the validation matrices cover: every one with a real runtime
+(:data:`realrun.job.REAL_SCHEMES`) up to ``spectrain``; the pipeline schedules of
+:mod:`simcore.pipeline_schedules` run for real but are not in the matrices yet."""
 
 PIPELINES = ("mp", "gpipe", "pipedream", "spectrain")
 

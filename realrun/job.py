@@ -28,12 +28,24 @@ CLUSTERS = ("local", "netns")
 its own network namespace, links shaped with ``tc`` (see :mod:`realrun.netns`)."""
 
 PS_SCHEMES = ("ps", "p3")
-PIPELINE_SCHEMES = ("mp", "gpipe", "pipedream", "spectrain")
+PIPELINE_SCHEMES = (
+    "mp",
+    "gpipe",
+    "pipedream",
+    "spectrain",
+    "1f1b",
+    "zb-h1",
+    "interleaved",
+    "looped-bfs",
+    "zb-interleaved",
+    "zbv",
+    "dualpipev",
+)
 """Schemes whose ranks are the stages of a pipeline (:mod:`realrun.pipeline`); their job
 carries the plan (``pipeline``)."""
 """Schemes with parameter-server ranks."""
 
-REAL_SCHEMES = ("dp", "ps", "p3", "gossip", "mp", "gpipe", "pipedream", "spectrain")
+REAL_SCHEMES = ("dp", "ps", "p3", "gossip", *PIPELINE_SCHEMES)
 """Schemes the real runtime executes."""
 
 DATASETS = ("digits",)
@@ -137,10 +149,11 @@ class Job:
                 raise JobError(
                     f"scheme: {self.scheme} needs a pipeline plan (realrun.pipeline.plan)"
                 )
-            if sum(self.pipeline["replicas"]) != self.workers:
+            chunks = int(self.pipeline.get("chunks", 1))
+            if sum(self.pipeline["replicas"]) != self.workers * chunks:
                 raise JobError(
                     f"gpus: {self.workers} ranks, but the plan's stages take "
-                    f"{sum(self.pipeline['replicas'])}"
+                    f"{sum(self.pipeline['replicas']) // chunks}"
                 )
         if self.input_shape is not None:
             object.__setattr__(self, "input_shape", tuple(int(d) for d in self.input_shape))

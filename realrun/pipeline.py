@@ -1,5 +1,14 @@
-"""The pipeline schemes (``mp``, ``gpipe``, ``pipedream``, ``spectrain``) for real: one
-runtime that executes the simulator's :class:`~simcore.schedule.Schedule`.
+"""The pipeline schemes (``mp``, ``gpipe``, ``pipedream``, ``spectrain``, ``1f1b``,
+``zb-h1``, and the virtual-stage schemes ``interleaved``, ``looped-bfs``,
+``zb-interleaved``, ``zbv``, ``dualpipev``) for real: one runtime that executes the
+simulator's :class:`~simcore.schedule.Schedule`.
+
+**Virtual stages.** A rank may run several stages (the schedule's placement): it keeps a
+module, weights, optimizer, gradient sums, weight version and kept micro-batches per
+stage and makes an action's stage the current one before running it
+(:meth:`PipelineRuntime._use`). Messages are keyed by the receiving stage; between two
+stages on the same rank (a V's turn) the outputs and input gradients are handed over in
+memory, as the schedule has no send for them.
 
 **Plan** (:func:`plan`, made once by ``sim real`` or a test and stored in the job): the
 same partition call ``sim run`` makes, on an analytic trace of the real model (same layer
@@ -25,6 +34,11 @@ their gradients.
   respect to the stage's inputs and the weights its pass used; weight gradients add up
   in place until the next ``U`` (the sum is timed as part of the backward: allocating a
   new sum per micro-batch cost gpipe ~2 ms an iteration on ``mlp_medium``);
+* ``I``/``W`` (the zero-bubble split, ``zb-h1``): ``I`` takes ``torch.autograd.grad`` of
+  the kept output with respect to the stage's inputs only, keeping the graph, and the
+  gradients leave with the next ``SG``; ``W`` later takes the gradients with respect to
+  the weights from the same graph and output gradients and adds them up as ``B`` does;
+  the micro-batch's saved activations are released at ``W``;
 * ``R``: re-run the forward (``gpipe`` with ``recompute``: ``F`` then ran without
   autograd and kept only the stage input);
 * ``U``: the optimizer step with the summed gradients (the stage's version goes up);
@@ -122,12 +136,19 @@ def plan(config: Any) -> dict[str, Any]:
             "scheme.microbatches"
         )
     tail = 0 if sim.feat.flush else -(-(gpus - 1) // m)
+    try:  # a micro-batch count the schedule cannot take is refused before any rank starts
+        cls.make_schedule(_placed(cls, opts, part.replicas), m, 1, opts)
+    except sch.ScheduleError as exc:
+        from simcore.config import ConfigError
+
+        raise ConfigError("scheme.microbatches", m, str(exc)) from None
     return {
         "stage_layers": [list(s.layers) for s in part.stages],
         "replicas": list(part.replicas),
         "microbatches": m,
         "tail": tail,
         "partition": part.method,
+        "chunks": sim.feat.chunks,
     }
 
 
@@ -138,13 +159,23 @@ def make_schedule(
     microbatches: int,
     iterations: int,
 ) -> sch.Schedule:
-    """The simulator scheme's schedule for these stages (``make_schedule`` of its class)."""
+    """The simulator scheme's schedule for these stages (``make_schedule`` of its class;
+    with virtual stages, ``replicas`` has one entry per stage and the scheme places them)."""
     from simcore.config import options_from_mapping
     from simcore.schemes import get_scheme
 
     cls = get_scheme(scheme)
     opts = options_from_mapping(cls.Options, dict(options), prefix="scheme.")
-    return cls.make_schedule(sch.stages_from_replicas(replicas), microbatches, iterations, opts)
+    return cls.make_schedule(_placed(cls, opts, replicas), microbatches, iterations, opts)
+
+
+def _placed(cls: Any, opts: Any, replicas: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """The ranks of every stage: consecutive replicas, or the scheme's placement of its
+    virtual stages (``replicas`` then has one entry per stage)."""
+    feat = cls.features.for_options(opts)
+    if feat.chunks > 1 or feat.placement != "loop":
+        return cls.place(sch.straight_stages(len(replicas) // feat.chunks), opts)
+    return sch.stages_from_replicas(replicas)
 
 
 def features(scheme: str, options: Mapping[str, Any]) -> Any:
@@ -162,24 +193,24 @@ def prescribed_versions(schedule: sch.Schedule, rank: int) -> list[tuple[int, st
     prescribes: the updates before the pass (before the forward, for a backward after a
     ``L``), plus the :func:`~simcore.schedule.version_difference` of a predicted pass."""
     n = len(schedule.stages)
-    updates = 0
-    at_forward: dict[int, int] = {}
+    updates: dict[int, int] = {}
+    at_forward: dict[tuple[int, int], int] = {}
     load = predict = False
     out = []
     for a in schedule.actions[rank]:
         if a.kind == sch.UPDATE:
-            updates += 1
+            updates[a.stage] = updates.get(a.stage, 0) + 1
         elif a.kind == sch.LOAD:
             load = True
         elif a.kind == sch.PREDICT:
             predict = True
-        elif a.kind in (sch.FORWARD, sch.BACKWARD):
+        elif a.kind in (sch.FORWARD, sch.BACKWARD, sch.INPUT_GRAD, sch.WEIGHT_GRAD):
             fwd = a.kind == sch.FORWARD
-            v = at_forward[a.mb] if (load and not fwd) else updates
+            v = at_forward[(a.stage, a.mb)] if (load and not fwd) else updates.get(a.stage, 0)
             if predict:
                 v += sch.version_difference(a.stage, n, fwd)
             if fwd:
-                at_forward[a.mb] = v
+                at_forward[(a.stage, a.mb)] = v
             out.append((a.mb, a.kind, v))
             load = predict = False
     return out
@@ -267,6 +298,23 @@ def accumulate(sums: list[torch.Tensor | None], grads: Sequence[torch.Tensor | N
             total.add_(g)
 
 
+def _per_input(
+    x: Sequence[torch.Tensor], got: Sequence[torch.Tensor | None]
+) -> list[torch.Tensor | None]:
+    """The gradient to send back for each stage input: ``got`` in order for the inputs
+    that require one (zeros where the outputs do not depend on it), ``None`` for the
+    others."""
+    it_x = iter(got)
+    out: list[torch.Tensor | None] = []
+    for t in x:
+        if t.requires_grad:
+            g = next(it_x)
+            out.append(torch.zeros_like(t) if g is None else g)
+        else:
+            out.append(None)
+    return out
+
+
 class PipelineRuntime:
     """One rank of a pipeline scheme (see module docs)."""
 
@@ -282,13 +330,16 @@ class PipelineRuntime:
         self.schedule = make_schedule(
             job.scheme, job.options, pipe["replicas"], self.M, job.total_iterations + self.tail
         )
-        self.stage = self.schedule.stage_of()[self.rank]
+        self.local = self.schedule.local_stages()[self.rank]
+        self.rank_of = [ranks[0] for ranks in self.schedule.stages]
+        self.stage = self.local[0]
         self.n_stages = len(self.schedule.stages)
         micro = job.batch_size // self.M
         split = split_model(
             ctx.setup.model, pipe["stage_layers"], job_model(job).example_inputs(micro, "meta")
         )
-        self.mod: StageModule = split.stages[self.stage]
+        self.mods: dict[int, StageModule] = {s: split.stages[s] for s in self.local}
+        self.mod: StageModule = self.mods[self.stage]
         self.params = self.mod.stage_parameters()
         self.names = self.mod.param_names
         self.optimizer = make_optimizer(job, self.params) if self.params else None
@@ -301,9 +352,9 @@ class PipelineRuntime:
                 if self.rank in ranks:
                     self.group = g
         self.replicas = len(self.schedule.stages[self.stage])
-        self.inbox: dict[tuple[int, int, int], torch.Tensor] = {}
+        self.inbox: dict[tuple[int, int, int, int], torch.Tensor] = {}
         # every message the rank receives is in its action list: receives are posted ahead
-        per_mb = len(self.mod.inputs) + len(self.mod.outputs or ())
+        per_mb = sum(len(m.inputs) + len(m.outputs or ()) for m in self.mods.values())
         self.link = PostedLink(
             self.rank,
             job.world_size,
@@ -320,6 +371,18 @@ class PipelineRuntime:
         self.stash_users: dict[int, int] = {}
         self.grads: list[torch.Tensor | None] = [None] * len(self.params)
         self.passes: list[list[int | str]] = []
+        self.chunks: dict[int, dict[str, Any]] = {}
+        for s in self.local[1:]:  # the other stages this rank runs (virtual stages)
+            params = self.mods[s].stage_parameters()
+            self.chunks[s] = {
+                "mod": self.mods[s],
+                "params": params,
+                "names": self.mods[s].param_names,
+                "optimizer": make_optimizer(job, params) if params else None,
+                "grads": [None] * len(params),
+                "version": 0,
+                "kept": {},
+            }
         self.losses: list[list[float]] = []  # last stage: [mb, loss] per forward
         self.stash_peak = 0
         self.act_held = 0
@@ -345,25 +408,48 @@ class PipelineRuntime:
         """The messages this rank receives, in the order its actions consume them."""
         for a in self.schedule.actions[self.rank]:
             it = self.schedule.iteration_of(a)
+            mod = self.mods[a.stage]
             if a.kind == sch.RECV_ACT:
-                for j, c in enumerate(self.mod.inputs):
+                for j, c in enumerate(mod.inputs):
                     buf = torch.empty(c.shape, dtype=c.dtype)
-                    yield a.peer, ACT, a.mb * KEY_STRIDE + j, it, buf
+                    yield a.peer, ACT, self._key(a.stage, a.mb, j), it, buf
             elif a.kind == sch.RECV_GRAD:
-                for j, c in enumerate(self.mod.outputs or ()):
+                for j, c in enumerate(mod.outputs or ()):
                     if c.differentiable:
                         buf = torch.empty(c.shape, dtype=c.dtype)
-                        yield a.peer, ACT_GRAD, a.mb * KEY_STRIDE + j, it, buf
+                        yield a.peer, ACT_GRAD, self._key(a.stage, a.mb, j), it, buf
+
+    def _key(self, stage: int, mb: int, j: int) -> int:
+        """The message key of boundary tensor ``j`` of micro-batch ``mb`` for ``stage``
+        (the receiving stage)."""
+        return (mb * self.n_stages + stage) * KEY_STRIDE + j
 
     def _label(self, kind: int, key: int) -> tuple[str, int]:
         what = "act" if kind == ACT else "grad"
-        return f"{what} mb{key // KEY_STRIDE}.{key % KEY_STRIDE}", -1
+        mb, stage = divmod(key // KEY_STRIDE, self.n_stages)
+        suffix = f" stage{stage}" if len(self.local) > 1 else ""
+        return f"{what} mb{mb}.{key % KEY_STRIDE}{suffix}", -1
 
     def _take(self, kind: int, mb: int, j: int) -> torch.Tensor:
-        return self.inbox.pop((kind, mb, j))
+        return self.inbox.pop((kind, self.stage, mb, j))
 
     def _receive(self, kind: int, mb: int, j: int) -> None:
-        self.inbox[(kind, mb, j)] = self.link.wait(kind, mb * KEY_STRIDE + j)
+        key = self._key(self.stage, mb, j)
+        self.inbox[(kind, self.stage, mb, j)] = self.link.wait(kind, key)
+
+    _CHUNK_STATE = ("mod", "params", "names", "optimizer", "grads", "version", "kept")
+    """What a rank keeps per stage it runs (see :meth:`_use`)."""
+
+    def _use(self, stage: int) -> None:
+        """Make ``stage`` the current one: its module, weights, optimizer, gradient sums,
+        version and kept micro-batches (a rank with virtual stages switches between
+        them; one with a single stage never does)."""
+        if stage == self.stage:
+            return
+        self.chunks[self.stage] = {k: getattr(self, k) for k in self._CHUNK_STATE}
+        for k, v in self.chunks.pop(stage).items():
+            setattr(self, k, v)
+        self.stage = stage
 
     # ---- weights -----------------------------------------------------------------------
     def _current(self) -> dict[str, torch.Tensor]:
@@ -556,14 +642,7 @@ class PipelineRuntime:
                 end = marks[i + 1][1] if i + 1 < len(marks) else self.rec.now()
                 self.rec.span(COMPUTE, BACKWARD, name, bstart if i == 0 else t, end, it, index)
             self._grad_marks = []
-        in_grads: list[torch.Tensor | None] = []
-        it_x = iter(got[: len(x_req)])
-        for t in k["x"]:
-            if t.requires_grad:
-                g = next(it_x)
-                in_grads.append(torch.zeros_like(t) if g is None else g)
-            else:
-                in_grads.append(None)
+        in_grads = _per_input(k["x"], got[: len(x_req)])
         self._hold(-k["held"])
         if self.feat.stash and self.async_ and k["out"] is not None:
             self._unstash(k["version"])
@@ -571,6 +650,61 @@ class PipelineRuntime:
         if not self.record_layers:
             self.rec.span(COMPUTE, BACKWARD, f"stage{self.stage} mb{mb}", start, self.rec.now(), it)
         return in_grads
+
+    def _split_outputs(
+        self, mb: int, out: Sequence[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """The outputs of micro-batch ``mb`` that need a gradient, and their gradients
+        (received, or ``None`` for the loss of the last stage)."""
+        out_grads = None
+        if not self.mod.is_last:
+            out_grads = [
+                self._take(ACT_GRAD, mb, j) if c.differentiable else None
+                for j, c in enumerate(self.mod.outputs or ())
+            ]
+        outs, gouts = [], []
+        for j, o in enumerate(out):
+            if o.requires_grad:
+                outs.append(o)
+                gouts.append(None if out_grads is None else out_grads[j])
+        return outs, gouts
+
+    def _backward_input(self, mb: int, it: int) -> list[torch.Tensor | None]:
+        """``I``: the gradients of the stage's inputs only; the graph and the output
+        gradients stay for the ``W`` pass (see module docs)."""
+        k = self.kept[mb]
+        outs, gouts = self._split_outputs(mb, k["out"])
+        start = self.rec.now()
+        x_req = [t for t in k["x"] if t.requires_grad]
+        got = (
+            torch.autograd.grad(outs, x_req, gouts, retain_graph=True, allow_unused=True)
+            if outs and x_req
+            else [None] * len(x_req)
+        )
+        k["grad_of"] = (outs, gouts)
+        in_grads = _per_input(k["x"], got)
+        self.passes.append([mb, sch.INPUT_GRAD, k["version"]])
+        name = f"stage{self.stage} mb{mb} input grad"
+        self.rec.span(COMPUTE, BACKWARD, name, start, self.rec.now(), it)
+        return in_grads
+
+    def _backward_weight(self, mb: int, it: int) -> None:
+        """``W``: the weight gradients of micro-batch ``mb`` from the graph its ``I``
+        kept, added to the iteration's sums; its activations are released."""
+        k = self.kept.pop(mb)
+        outs, gouts = k.pop("grad_of")
+        start = self.rec.now()
+        w = [k["weights"][n] for n in self.names]
+        got = (
+            torch.autograd.grad(outs, w, gouts, allow_unused=True)
+            if outs and w
+            else [None] * len(w)
+        )
+        accumulate(self.grads, got)
+        self._hold(-k["held"])
+        self.passes.append([mb, sch.WEIGHT_GRAD, k["version"]])
+        name = f"stage{self.stage} mb{mb} weight grad"
+        self.rec.span(COMPUTE, BACKWARD, name, start, self.rec.now(), it)
 
     def _hold(self, nbytes: int) -> None:
         self.act_held += nbytes
@@ -632,14 +766,16 @@ class PipelineRuntime:
         for it in marks.pop(-1, []):
             self.rec.end_iteration(it)
         started: set[int] = set()
-        in_grads: dict[int, list[torch.Tensor | None]] = {}
-        outputs: dict[int, tuple[torch.Tensor, ...]] = {}
+        in_grads: dict[tuple[int, int], list[torch.Tensor | None]] = {}
+        outputs: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+        last_stage = self.n_stages - 1
         for i, a in enumerate(acts):
             it = self.schedule.iteration_of(a)
             if it not in started and it < self.job.total_iterations:
                 started.add(it)
                 self.ctx.beat(it)
             kind, mb = a.kind, a.mb
+            self._use(a.stage)
             if kind == sch.RECV_ACT:
                 start = self.rec.now()
                 for j in range(len(self.mod.inputs)):
@@ -653,12 +789,15 @@ class PipelineRuntime:
                 self._wait_span(start, f"wait grad mb{mb}", it)
             elif kind == sch.FORWARD:
                 out = self._forward(mb, it)
-                if not self.mod.is_last:
-                    outputs[mb] = out
+                if a.stage < last_stage and self.rank_of[a.stage + 1] == self.rank:
+                    for j, t in enumerate(out):  # the next stage is this rank's: no message
+                        self.inbox[(ACT, a.stage + 1, mb, j)] = t
+                elif not self.mod.is_last:
+                    outputs[(a.stage, mb)] = out
             elif kind == sch.SEND_ACT:
-                out = outputs.pop(mb)
+                out = outputs.pop((a.stage, mb))
                 for j, t in enumerate(out):
-                    self.link.send(a.peer, ACT, mb * KEY_STRIDE + j, it, t)
+                    self.link.send(a.peer, ACT, self._key(a.stage + 1, mb, j), it, t)
             elif kind == sch.RECOMPUTE:
                 self._recompute(mb, it)
             elif kind == sch.LOAD:
@@ -672,12 +811,21 @@ class PipelineRuntime:
                 self.rec.span(
                     COMPUTE, PREDICT, f"predict stage{self.stage}", start, self.rec.now(), it
                 )
-            elif kind == sch.BACKWARD:
-                in_grads[mb] = self._backward(mb, it)
+            elif kind in (sch.BACKWARD, sch.INPUT_GRAD):
+                back = self._backward if kind == sch.BACKWARD else self._backward_input
+                grads = back(mb, it)
+                if a.stage > 0 and self.rank_of[a.stage - 1] == self.rank:
+                    for j, g in enumerate(grads):  # the previous stage is this rank's
+                        if g is not None:
+                            self.inbox[(ACT_GRAD, a.stage - 1, mb, j)] = g
+                else:
+                    in_grads[(a.stage, mb)] = grads
+            elif kind == sch.WEIGHT_GRAD:
+                self._backward_weight(mb, it)
             elif kind == sch.SEND_GRAD:
-                for j, g in enumerate(in_grads.pop(mb)):
+                for j, g in enumerate(in_grads.pop((a.stage, mb))):
                     if g is not None:
-                        self.link.send(a.peer, ACT_GRAD, mb * KEY_STRIDE + j, it, g)
+                        self.link.send(a.peer, ACT_GRAD, self._key(a.stage - 1, mb, j), it, g)
             elif kind == sch.ALLREDUCE:
                 self._allreduce(it)
             elif kind == sch.UPDATE:
@@ -686,11 +834,14 @@ class PipelineRuntime:
                 self.rec.end_iteration(done)
                 self.ctx.beat(done, 3)
         self.link.close()
+        self._use(self.local[0])
+        names = [n for s in self.local for n in (self.mods[s].param_names)]
         self.ctx.extra.update(
             {
                 "stage": self.stage,
+                "stages": list(self.local),
                 "passes": self.passes,
-                "stage_params": list(self.names),
+                "stage_params": names,
                 "stash_peak_bytes": self.stash_peak,
                 "activation_peak_bytes": self.act_peak,
                 "microbatches": self.M,

@@ -133,10 +133,14 @@ def estimate(config: SimConfig) -> WorkEstimate:
     elif scheme == "gossip":
         messages = its * p * (n_params + 1)
         moved = its * float(pbytes) * p
-    else:  # pipelines: stages x micro-batches
-        m = _opt(config, "microbatches", 0) or (4 * p if scheme == "gpipe" else p)
-        compute = its * m * 2 * n_layers + its * m * p
-        messages = its * m * 2 * p
+    else:  # pipelines: stages (chunks per GPU x GPUs) x micro-batches
+        from simcore.schemes import get_scheme
+
+        feat = getattr(get_scheme(scheme), "features", None)  # a pipeline's, or none
+        v = _opt(config, "chunks", 0) or (feat.chunks if feat else 1)
+        m = _opt(config, "microbatches", 0) or ((feat.microbatches_per_stage if feat else 1) * p)
+        compute = its * m * 2 * n_layers + its * m * p * v
+        messages = its * m * 2 * p * v
         moved = its * m * 2.0 * sum(x.activation_bytes for x in layers) / n_layers * p
     transfers = messages
     if detailed:

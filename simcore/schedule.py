@@ -14,7 +14,22 @@ point-to-point transfers: ``0F3`` (stage 0, forward of micro-batch 3), ``1B0``,
 ``1SG0>0``, ``0RG0<1``, ``0U7`` (weight update after micro-batch 7), ``1L2`` (load the
 weight version micro-batch 2's forward used), ``2P5`` (predict weights before a pass of
 micro-batch 5), ``0R4`` (recompute the forward of micro-batch 4), ``0AR6`` (all-reduce
-the gradients of the round of micro-batches starting at 6 among the stage's replicas).
+the gradients of the round of micro-batches starting at 6 among the stage's replicas),
+and the zero-bubble split of a backward: ``1I3`` (the gradient with respect to the
+stage's input only) and ``1W3`` (its weight gradient, later).
+
+**Virtual stages.** A rank may run several stages (model chunks): ``stages`` then lists a
+rank more than once, looped (rank ``s mod N`` runs stage ``s``) or V-shaped (ranks
+``0..N-1`` then back ``N-1..0``; see :func:`placement`). Activations between two stages on
+the same rank need no send. Every stage and micro-batch has one forward and either one
+full backward ``B`` or one ``I`` followed later by one ``W``.
+
+**torch's vocabulary.** :func:`to_torch` / :func:`from_torch` write and read the action
+strings of ``torch.distributed.pipelining`` (``2F0``, ``1I3``, ``0W1``, ``1B0``,
+``0SEND_F1``, ``1RECV_F1``, ``1SEND_B0``, ``0RECV_B0``; DualPipeV's
+``(0F3;1B2)OVERLAP_F_B`` reads as its two passes in order) and :func:`to_torch_csv` /
+:func:`from_torch_csv` its CSV (one row per rank), so a schedule goes from torch to us and
+back.
 
 :meth:`Schedule.validate` checks each forward comes before its backward on the same rank,
 every micro-batch passes every stage exactly once, every send has its receive, every
@@ -35,12 +50,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 FORWARD, BACKWARD, RECOMPUTE, UPDATE = "F", "B", "R", "U"
+INPUT_GRAD, WEIGHT_GRAD = "I", "W"
 LOAD, PREDICT, ALLREDUCE = "L", "P", "AR"
 SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD = "SA", "RA", "SG", "RG"
 
-COMPUTE_KINDS = (FORWARD, BACKWARD, RECOMPUTE, UPDATE, PREDICT)
+COMPUTE_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE, UPDATE, PREDICT)
 """Actions that occupy the rank's compute stream."""
-PASS_KINDS = (FORWARD, BACKWARD, RECOMPUTE)
+PASS_KINDS = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE)
 """Passes over the stage's layers: one step each in the dry run (updates and weight
 prediction are short vector operations and take none there)."""
 SEND_KINDS = (SEND_ACT, SEND_GRAD)
@@ -48,7 +64,7 @@ RECV_KINDS = (RECV_ACT, RECV_GRAD)
 KINDS = (*COMPUTE_KINDS, LOAD, ALLREDUCE, *SEND_KINDS, *RECV_KINDS)
 
 _MATCH = {SEND_ACT: RECV_ACT, SEND_GRAD: RECV_GRAD}
-_TOKEN = re.compile(r"^(\d+)(AR|SA|RA|SG|RG|F|B|R|U|L|P)(\d+)(?:([<>])(\d+))?$")
+_TOKEN = re.compile(r"^(\d+)(AR|SA|RA|SG|RG|F|B|I|W|R|U|L|P)(\d+)(?:([<>])(\d+))?$")
 
 
 class ScheduleError(ValueError):
@@ -130,12 +146,22 @@ class Schedule:
         return len(self.actions)
 
     def stage_of(self) -> list[int]:
-        """Stage of each rank."""
-        out = [-1] * self.ranks
+        """Stage of each rank (its first, for a rank that runs several)."""
+        return [st[0] if st else -1 for st in self.local_stages()]
+
+    def local_stages(self) -> list[tuple[int, ...]]:
+        """The stages each rank runs, in stage order (one, or several virtual stages)."""
+        out: list[list[int]] = [[] for _ in range(self.ranks)]
         for s, ranks in enumerate(self.stages):
             for r in ranks:
-                out[r] = s
-        return out
+                if 0 <= r < self.ranks:
+                    out[r].append(s)
+        return [tuple(x) for x in out]
+
+    @property
+    def virtual(self) -> bool:
+        """Whether some rank runs more than one stage."""
+        return len(self.stages) > self.ranks
 
     def iteration_of(self, action: Action) -> int:
         """Iteration an action belongs to."""
@@ -143,10 +169,12 @@ class Schedule:
 
     # ---- text form -------------------------------------------------------------------
     def to_text(self) -> str:
-        """One line per rank: ``rank R (stage S): 0F0 0SA0>1 ...``."""
-        stage = self.stage_of()
+        """One line per rank: ``rank R (stage S): 0F0 0SA0>1 ...`` (``stages S,T`` for a
+        rank with virtual stages)."""
+        local = self.local_stages()
         return "\n".join(
-            f"rank {r} (stage {stage[r]}): " + " ".join(map(str, acts))
+            f"rank {r} ({'stages' if len(local[r]) > 1 else 'stage'} "
+            f"{','.join(map(str, local[r]))}): " + " ".join(map(str, acts))
             for r, acts in enumerate(self.actions)
         )
 
@@ -158,12 +186,14 @@ class Schedule:
         actions: list[tuple[Action, ...]] = []
         stages: dict[int, list[int]] = {}
         for lineno, line in enumerate(text.strip().splitlines(), start=1):
-            m = re.match(r"^rank (\d+) \(stage (\d+)\):(.*)$", line.strip())
+            m = re.match(r"^rank (\d+) \(stages? (\d+(?:,\d+)*)\):(.*)$", line.strip())
             if not m or int(m.group(1)) != len(actions):
                 raise ScheduleError(
-                    f"line {lineno}: expected 'rank {len(actions)} (stage S): ACTIONS'"
+                    f"line {lineno}: expected 'rank {len(actions)} (stage S): ACTIONS' "
+                    "or 'rank R (stages S,T,...): ACTIONS'"
                 )
-            stages.setdefault(int(m.group(2)), []).append(len(actions))
+            for st in m.group(2).split(","):
+                stages.setdefault(int(st), []).append(len(actions))
             actions.append(tuple(Action.parse(t) for t in m.group(3).split()))
         if sorted(stages) != list(range(len(stages))):
             raise ScheduleError(f"stages must be numbered 0..{len(stages) - 1}")
@@ -189,31 +219,24 @@ class Schedule:
         return _draw(cells, max_steps)
 
     def _static_checks(self) -> None:
-        stage = self.stage_of()
-        if any(s < 0 for s in stage):
-            raise ScheduleError(f"rank {stage.index(-1)} belongs to no stage")
+        local = self.local_stages()
+        if any(not st for st in local):
+            raise ScheduleError(f"rank {[bool(st) for st in local].index(False)} runs no stage")
         sends: Counter[tuple[str, int, int, int, int]] = Counter()
         recvs: Counter[tuple[str, int, int, int, int]] = Counter()
         passes: Counter[tuple[str, int, int]] = Counter()
         for r, acts in enumerate(self.actions):
-            state: dict[int, str] = {}  # micro-batch -> last pass seen
+            state: dict[tuple[int, int], str] = {}  # (stage, micro-batch) -> last pass seen
             for i, a in enumerate(acts):
                 where = f"rank {r}, step {i} ({a})"
-                if a.stage != stage[r]:
-                    raise ScheduleError(f"{where}: rank {r} runs stage {stage[r]}, not {a.stage}")
-                if a.kind in (FORWARD, BACKWARD):
-                    before = FORWARD if a.kind == BACKWARD else None
-                    if state.get(a.mb) != before:
-                        raise ScheduleError(
-                            f"{where}: "
-                            + (
-                                f"second forward of micro-batch {a.mb}"
-                                if a.kind == FORWARD
-                                else f"backward of micro-batch {a.mb} without a "
-                                "forward before it on this rank"
-                            )
-                        )
-                    state[a.mb] = a.kind
+                if a.stage not in local[r]:
+                    runs = ", ".join(map(str, local[r]))
+                    raise ScheduleError(f"{where}: rank {r} runs stage {runs}, not {a.stage}")
+                if a.kind in _AFTER:
+                    key = (a.stage, a.mb)
+                    if state.get(key) not in _AFTER[a.kind]:
+                        raise ScheduleError(f"{where}: {_misplaced(a, state.get(key))}")
+                    state[key] = a.kind
                     passes[(a.kind, a.stage, a.mb)] += 1
                 elif a.kind in SEND_KINDS + RECV_KINDS:
                     if not 0 <= a.peer < self.ranks:
@@ -222,17 +245,26 @@ class Schedule:
                         sends[(a.kind, r, a.peer, a.mb, a.stage)] += 1
                     else:
                         recvs[(a.kind, a.peer, r, a.mb, a.stage)] += 1
-            open_ = [m for m, k in state.items() if k == FORWARD]
+            open_ = [(st, m, k) for (st, m), k in state.items() if k in (FORWARD, INPUT_GRAD)]
             if open_:
-                raise ScheduleError(f"rank {r}: forward of micro-batch {open_[0]} has no backward")
+                st, m, k = open_[0]
+                what = "backward" if k == FORWARD else "weight-gradient pass (W)"
+                raise ScheduleError(
+                    f"rank {r}: stage {st}'s micro-batch {m} has no {what} after its {k}"
+                )
         for s in range(len(self.stages)):
             for m in range(self.microbatches):
-                for kind, word in ((FORWARD, "forward"), (BACKWARD, "backward")):
-                    n = passes[(kind, s, m)]
-                    if n != 1:
-                        raise ScheduleError(
-                            f"stage {s}: micro-batch {m} has {n} {word} passes (expected 1)"
-                        )
+                n = passes[(FORWARD, s, m)]
+                if n != 1:
+                    raise ScheduleError(
+                        f"stage {s}: micro-batch {m} has {n} forward passes (expected 1)"
+                    )
+                full, split = passes[(BACKWARD, s, m)], passes[(WEIGHT_GRAD, s, m)]
+                if full + split != 1:
+                    raise ScheduleError(
+                        f"stage {s}: micro-batch {m} has {full} full backward (B) and "
+                        f"{split} split (I then W) passes (expected one of them)"
+                    )
         for (kind, src, dst, mb, st), n in sends.items():
             to = st + (1 if kind == SEND_ACT else -1)
             if recvs[(_MATCH[kind], src, dst, mb, to)] != n:
@@ -251,12 +283,38 @@ class Schedule:
                 f"rank {dst}: {st}{kind}{mb}<{src} has no matching send on rank {src}"
             )
         for s, ranks in enumerate(self.stages):
-            rounds = [[a.mb for a in self.actions[r] if a.kind == ALLREDUCE] for r in ranks]
+            rounds = [
+                [a.mb for a in self.actions[r] if a.kind == ALLREDUCE and a.stage == s]
+                for r in ranks
+            ]
             if any(x != rounds[0] for x in rounds):
                 raise ScheduleError(
                     f"stage {s}: its replicas {list(ranks)} do not join the "
                     "same all-reduces in the same order"
                 )
+
+
+_AFTER: dict[str, tuple[str | None, ...]] = {
+    FORWARD: (None,),
+    BACKWARD: (FORWARD,),
+    INPUT_GRAD: (FORWARD,),
+    WEIGHT_GRAD: (INPUT_GRAD,),
+}
+"""The pass that must come last before each pass of a (stage, micro-batch) on its rank."""
+
+
+def _misplaced(a: Action, last: str | None) -> str:
+    """Why pass ``a`` may not follow ``last`` for its stage and micro-batch."""
+    if a.kind == FORWARD:
+        return f"second forward of micro-batch {a.mb}"
+    if a.kind == WEIGHT_GRAD:
+        return (
+            f"weight-gradient pass (W) of micro-batch {a.mb} without its "
+            "input-gradient pass (I) before it on this rank"
+        )
+    if last is None:
+        return f"backward of micro-batch {a.mb} without a forward before it on this rank"
+    return f"second backward of micro-batch {a.mb}"
 
 
 def _dry_run(s: Schedule, strict: bool) -> tuple[list[list[str]], int]:
@@ -265,12 +323,12 @@ def _dry_run(s: Schedule, strict: bool) -> tuple[list[list[str]], int]:
     Returns the grid cells per rank and the number of steps; with ``strict`` a deadlock
     raises :class:`ScheduleError`."""
     n = s.ranks
+    virtual = s.virtual
     pos = [0] * n
     cells: list[list[str]] = [[] for _ in range(n)]
-    posted: Counter[tuple[str, int, int, int]] = Counter()
+    posted: Counter[tuple[str, int, int, int, int]] = Counter()
     arrived: dict[tuple[int, int], set[int]] = {}
     done_ar: set[tuple[int, int]] = set()
-    stage = s.stage_of()
     step = 0
     while any(pos[r] < len(s.actions[r]) for r in range(n)):
         moved = True
@@ -282,17 +340,18 @@ def _dry_run(s: Schedule, strict: bool) -> tuple[list[list[str]], int]:
                 while pos[r] < len(acts):
                     a = acts[pos[r]]
                     if a.kind in SEND_KINDS:
-                        posted[(_MATCH[a.kind], r, a.peer, a.mb)] += 1
+                        to = a.stage + (1 if a.kind == SEND_ACT else -1)
+                        posted[(_MATCH[a.kind], r, a.peer, a.mb, to)] += 1
                     elif a.kind in RECV_KINDS:
-                        key = (a.kind, a.peer, r, a.mb)
+                        key = (a.kind, a.peer, r, a.mb, a.stage)
                         if posted[key] <= 0:
                             break
                         posted[key] -= 1
                     elif a.kind == ALLREDUCE:
-                        key2 = (stage[r], a.mb)
+                        key2 = (a.stage, a.mb)
                         if key2 not in done_ar:
                             arrived.setdefault(key2, set()).add(r)
-                            if len(arrived[key2]) < len(s.stages[stage[r]]):
+                            if len(arrived[key2]) < len(s.stages[a.stage]):
                                 break
                             done_ar.add(key2)
                     elif a.kind not in (LOAD, UPDATE, PREDICT):
@@ -302,7 +361,8 @@ def _dry_run(s: Schedule, strict: bool) -> tuple[list[list[str]], int]:
         for r in range(n):  # one compute action per rank
             acts = s.actions[r]
             if pos[r] < len(acts) and acts[pos[r]].kind in PASS_KINDS:
-                cells[r].append(acts[pos[r]].label)
+                a = acts[pos[r]]
+                cells[r].append(str(a) if virtual else a.label)
                 pos[r] += 1
                 progress = True
             else:
@@ -527,3 +587,170 @@ def stages_from_replicas(replicas: Sequence[int]) -> tuple[tuple[int, ...], ...]
         out.append(tuple(range(r, r + k)))
         r += k
     return tuple(out)
+
+
+# ---- virtual stages and torch's vocabulary ----------------------------------------------
+
+PLACEMENTS = ("loop", "v")
+"""How virtual stages sit on ranks: ``loop`` (stage ``s`` on rank ``s mod N``) or ``v``
+(stages ``0..N-1`` on ranks ``0..N-1``, stages ``N..2N-1`` back on ``N-1..0``, and so on)."""
+
+
+def placement(ranks: int, chunks: int, style: str = "loop") -> tuple[tuple[int, ...], ...]:
+    """The rank of each of ``ranks * chunks`` stages (as :attr:`Schedule.stages`)."""
+    if style not in PLACEMENTS:
+        raise ScheduleError(f"placement {style!r} is not one of {', '.join(PLACEMENTS)}")
+    out = []
+    for s in range(ranks * chunks):
+        lap, pos = divmod(s, ranks)
+        out.append((pos if style == "loop" or lap % 2 == 0 else ranks - 1 - pos,))
+    return tuple(out)
+
+
+def with_comms(
+    name: str,
+    stages: Sequence[Sequence[int]],
+    compute: Sequence[Sequence[Action]],
+    microbatches: int,
+    iterations: int = 1,
+    updates: bool = True,
+) -> Schedule:
+    """A whole schedule from per-rank lists of passes (``F``, ``B``, ``I``, ``W``) of one
+    iteration over virtual stages: each pass gets the receive it needs right before it
+    and its send right after it (none between two stages on the same rank), and, with
+    ``updates``, each rank ends an iteration with one weight update per stage it runs.
+    ``iterations`` repeats the lists with micro-batches ``iM .. (i+1)M - 1``."""
+    rank_of = [st[0] for st in stages]
+    last = len(stages) - 1
+    out: list[list[Action]] = [[] for _ in compute]
+    for it in range(iterations):
+        base = it * microbatches
+        for r, passes_ in enumerate(compute):
+            acts = out[r]
+            for p in passes_:
+                s, m = p.stage, p.mb + base
+                if p.kind == FORWARD:
+                    if s > 0 and rank_of[s - 1] != r:
+                        acts.append(Action(RECV_ACT, s, m, rank_of[s - 1]))
+                    acts.append(Action(FORWARD, s, m))
+                    if s < last and rank_of[s + 1] != r:
+                        acts.append(Action(SEND_ACT, s, m, rank_of[s + 1]))
+                elif p.kind in (BACKWARD, INPUT_GRAD):
+                    if s < last and rank_of[s + 1] != r:
+                        acts.append(Action(RECV_GRAD, s, m, rank_of[s + 1]))
+                    acts.append(Action(p.kind, s, m))
+                    if s > 0 and rank_of[s - 1] != r:
+                        acts.append(Action(SEND_GRAD, s, m, rank_of[s - 1]))
+                elif p.kind == WEIGHT_GRAD:
+                    acts.append(Action(WEIGHT_GRAD, s, m))
+                else:
+                    raise ScheduleError(f"rank {r}: {p} is not a pass (F, B, I or W)")
+            if updates:
+                mine = sorted({p.stage for p in passes_})
+                acts.extend(Action(UPDATE, s, base + microbatches - 1) for s in mine)
+    return Schedule(
+        name,
+        tuple(tuple(st) for st in stages),
+        microbatches * iterations,
+        microbatches,
+        tuple(tuple(a) for a in out),
+    )
+
+
+_TORCH_KIND = {SEND_ACT: "SEND_F", RECV_ACT: "RECV_F", SEND_GRAD: "SEND_B", RECV_GRAD: "RECV_B"}
+_FROM_TORCH = {v: k for k, v in _TORCH_KIND.items()}
+_TORCH_TOKEN = re.compile(
+    r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD|F|I|W|B)(\d*)$"
+)
+TORCH_SKIPPED = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
+"""torch actions :func:`from_torch` leaves out: FSDP's parameter sharding and gradient
+reduction bookkeeping, which these pipelines do not have."""
+
+
+def to_torch(a: Action) -> str:
+    """``a`` in torch's action form (``2F0``, ``1I3``, ``0SEND_F1``, ``1RECV_B0``)."""
+    if a.kind in (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD):
+        return f"{a.stage}{a.kind}{a.mb}"
+    if a.kind in _TORCH_KIND:
+        return f"{a.stage}{_TORCH_KIND[a.kind]}{a.mb}"
+    raise ScheduleError(f"{a} has no torch action (torch's schedules have F, I, W, B, SEND/RECV)")
+
+
+def to_torch_rows(s: Schedule, compute_only: bool = False) -> list[list[str]]:
+    """Each rank's actions in torch's form (``compute_only``: its passes alone, torch's
+    ``pipeline_order``); weight updates are left out (torch steps the optimizer outside
+    its schedule)."""
+    keep = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD) if compute_only else None
+    return [
+        [to_torch(a) for a in acts if a.kind != UPDATE and (keep is None or a.kind in keep)]
+        for acts in s.actions
+    ]
+
+
+def to_torch_csv(s: Schedule, compute_only: bool = False) -> str:
+    """:func:`to_torch_rows` as torch's schedule CSV (one row per rank)."""
+    return "\n".join(",".join(row) for row in to_torch_rows(s, compute_only)) + "\n"
+
+
+def _torch_passes(token: str) -> list[tuple[int, str, int]]:
+    """The ``(stage, kind, micro-batch)`` of one torch action string (two for an
+    ``OVERLAP_F_B``; none for an empty cell or a skipped kind)."""
+    token = token.strip()
+    if not token:
+        return []
+    m = re.match(r"^\((.*)\)OVERLAP_F_B$", token)
+    if m:
+        return [p for sub in m.group(1).split(";") for p in _torch_passes(sub)]
+    m = _TORCH_TOKEN.match(token)
+    if not m or (m.group(2) not in TORCH_SKIPPED and not m.group(3)):
+        raise ScheduleError(
+            f"cannot read torch action {token!r}; expected e.g. 2F0, 1I3, 0W1, 1B0, "
+            "0SEND_F1, 1RECV_B0 or (0F3;1B2)OVERLAP_F_B"
+        )
+    if m.group(2) in TORCH_SKIPPED:
+        return []
+    return [(int(m.group(1)), m.group(2), int(m.group(3)))]
+
+
+def from_torch(rows: Sequence[Sequence[str]], name: str = "torch", iterations: int = 1) -> Schedule:
+    """A schedule from torch's per-rank action strings (its ``pipeline_order`` or
+    ``pipeline_order_with_comms`` as strings, or :func:`from_torch_csv`'s rows).
+
+    The rank of each stage is where its passes are. The passes keep their order; the sends
+    and receives are :func:`with_comms`'s (no weight updates): torch posts its receives
+    ahead and waits for them at the pass that needs them, ours wait right before that pass,
+    which is the same order of work. ``iterations`` repeats the lists."""
+    parsed = [[p for tok in row for p in _torch_passes(tok)] for row in rows]
+    parsed = [[p for p in row if p[1] not in _FROM_TORCH] for row in parsed]
+    rank_of: dict[int, int] = {}
+    for r, row in enumerate(parsed):
+        for st, _kind, _m in row:
+            if rank_of.setdefault(st, r) != r:
+                raise ScheduleError(f"stage {st} has passes on ranks {rank_of[st]} and {r}")
+    if sorted(rank_of) != list(range(len(rank_of))):
+        raise ScheduleError(f"the passes name stages {sorted(rank_of)}, not 0..{len(rank_of) - 1}")
+    stages = tuple((rank_of[s],) for s in range(len(rank_of)))
+    mbs = 1 + max((m for row in parsed for _s, _k, m in row), default=-1)
+    compute = [[Action(k, s, m) for s, k, m in row] for row in parsed]
+    return with_comms(name, stages, compute, mbs, iterations, updates=False)
+
+
+def from_torch_csv(text: str, name: str = "torch") -> Schedule:
+    """A schedule from torch's schedule CSV (see :func:`from_torch`); cells are action
+    strings, an ``OVERLAP_F_B`` cell's sub-actions separated by ``;``."""
+    rows = [[c for c in line.split(",")] for line in text.strip().splitlines()]
+    return from_torch(rows, name)
+
+
+def compute_passes(s: Schedule, rank: int, iteration: int | None = None) -> list[str]:
+    """Rank ``rank``'s passes (``F``, ``B``, ``I``, ``W``) in torch's form, optionally of
+    one iteration only (micro-batches numbered from 0 within it)."""
+    out = []
+    for a in s.actions[rank]:
+        if a.kind not in (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD):
+            continue
+        if iteration is not None and s.iteration_of(a) != iteration:
+            continue
+        mb = a.mb - (iteration or 0) * s.per_iteration
+        out.append(f"{a.stage}{a.kind}{mb}")
+    return out

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_every_scheme_has_a_section_in_docs_schemes_md():
     text = (ROOT / "docs" / "schemes.md").read_text(encoding="utf-8")
-    headings = set(re.findall(r"^## \d+\. (\w+):", text, flags=re.M))
+    headings = set(re.findall(r"^## \d+\. ([\w-]+):", text, flags=re.M))
     assert set(scheme_names()) <= headings
 
 

@@ -189,6 +189,14 @@ def test_accumulated_gradients_stay_apart_when_autograd_shares_one() -> None:
         ("gpipe", 2, "cnn_small", 8, {}),
         ("gpipe", 3, "mlp_small", 12, {"recompute": True}),
         ("gpipe", 2, "resnet18", 2, {"microbatches": 2}),  # two tensors cross the cut
+        ("1f1b", 3, "mlp_small", 12, {}),
+        ("zb-h1", 3, "mlp_small", 12, {}),  # I and W apart, W held back on the last ranks
+        # several stages per rank: looped, and in a V (the turn stays on the rank)
+        ("interleaved", 2, "mlp_small", 8, {}),
+        ("looped-bfs", 2, "mlp_small", 8, {}),
+        ("zb-interleaved", 2, "mlp_small", 8, {}),
+        ("zbv", 2, "mlp_small", 8, {}),
+        ("dualpipev", 2, "mlp_small", 8, {}),
     ],
 )
 def test_mp_and_gpipe_equal_accumulated_sgd(
@@ -261,17 +269,20 @@ def test_replicated_stage_replicas_stay_identical_and_equal_the_replay(tmp_path:
 
 
 @pytest.mark.parametrize(
-    "scheme, options",
+    "scheme, options, gpus",
     [
-        ("gpipe", {}),
-        ("pipedream", {"straight": True}),
-        ("spectrain", {}),
+        ("gpipe", {}, 3),
+        ("pipedream", {"straight": True}, 3),
+        ("spectrain", {}, 3),
+        ("zb-h1", {}, 3),
+        ("interleaved", {}, 2),
+        ("zbv", {}, 2),  # the V's turn stays on rank 1: no message
     ],
 )
 def test_bytes_and_stash_memory_equal_the_simulators(
-    tmp_path: Path, scheme: str, options: dict[str, Any]
+    tmp_path: Path, scheme: str, options: dict[str, Any], gpus: int
 ) -> None:
-    records, real, job = run(tmp_path, scheme, 3, "mlp_small", 12, options)
+    records, real, job = run(tmp_path, scheme, gpus, "mlp_small", 4 * gpus, options)
     sim = simulate_same(tmp_path, job)
     # the ranks' records share one zero: no message is received before it was sent
     from realrun.runtime import RECV, SEND
@@ -339,9 +350,14 @@ def test_cli_pipedream_json_and_trace(tmp_path: Path) -> None:
     assert {("forward", "head"), ("backward", "head"), ("backward", "body.0")} <= names
 
 
-def test_gpipe_equals_torch_pipelining_on_the_same_split(tmp_path: Path) -> None:
-    """torch.distributed.pipelining's own GPipe over the same stages: same micro-batch
-    losses, and (one SGD step) the same weights, so the same gradients."""
+@pytest.mark.parametrize(
+    "scheme",
+    ["gpipe", "1f1b", "zb-h1", "interleaved", "looped-bfs", "zb-interleaved", "zbv", "dualpipev"],
+)
+def test_pipelines_equal_torch_pipelining_on_the_same_split(tmp_path: Path, scheme: str) -> None:
+    """torch.distributed.pipelining's own schedule over the same stages (GPipe,
+    Schedule1F1B, ScheduleInterleavedZeroBubble for ZB-H1's split backward): same
+    micro-batch losses, and (one SGD step) the same weights, so the same gradients."""
     import os
     import socket
     import subprocess
@@ -349,7 +365,7 @@ def test_gpipe_equals_torch_pipelining_on_the_same_split(tmp_path: Path) -> None
 
     records, _result, job = run(
         tmp_path,
-        "gpipe",
+        scheme,
         2,
         "mlp_small",
         8,
@@ -384,8 +400,13 @@ def test_gpipe_equals_torch_pipelining_on_the_same_split(tmp_path: Path) -> None
     for t in theirs:
         for n, w in t["weights"].items():
             torch.testing.assert_close(ours[n], w, atol=1e-6, rtol=1e-5, msg=n)
-    last = next(r for r in records["ranks"] if r["stage"] == 1)
-    assert [x for _mb, x in last["losses"]] == pytest.approx(theirs[1]["losses"], rel=1e-6)
+    assert sorted(n for t in theirs for n in t["weights"]) == sorted(ours)
+    end = len(job.pipeline["replicas"]) - 1  # the last stage: rank 1, or rank 0 in a V
+    last = next(r for r in records["ranks"] if end in r["stages"])
+    assert theirs[last["rank"]]["losses"]
+    assert [x for _mb, x in last["losses"]] == pytest.approx(
+        theirs[last["rank"]]["losses"], rel=1e-6
+    )
 
 
 @pytest.mark.parametrize(
@@ -436,3 +457,10 @@ def test_a_rank_waiting_for_a_posted_receive_is_waiting_not_hung():
     assert waits_for_others(dump("realrun/runtime.py", "realrun/schemes/ps.py"))
     assert not waits_for_others(dump("realrun/worker.py", "realrun/pipeline.py"))
     assert not waits_for_others("")
+
+
+def test_a_micro_batch_count_a_schedule_cannot_take_is_refused_before_any_rank_starts():
+    from simcore.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"scheme.microbatches: 3 .*DualPipeV.*use 4 or more"):
+        plan("mlp_small", 6, 2, "dualpipev", {"microbatches": 3})

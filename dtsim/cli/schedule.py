@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 from click.core import ParameterSource
 
@@ -29,7 +31,9 @@ def pipeline_schemes() -> tuple[str, ...]:
     type=click.IntRange(min=1),
     default=4,
     show_default=True,
-    help="Pipeline stages (one GPU each unless --replicas says otherwise).",
+    help="Pipeline stages (one GPU each unless --replicas says otherwise); for the "
+    "virtual-stage schemes the GPUs, each running the scheme's chunks (--set chunks=V for "
+    "interleaved, looped-bfs, zb-interleaved; two in a V for zbv and dualpipev).",
 )
 @click.option(
     "--replicas",
@@ -68,6 +72,21 @@ def pipeline_schemes() -> tuple[str, ...]:
 )
 @click.option("--actions", is_flag=True, help="Print each rank's action list too.")
 @click.option(
+    "--torch",
+    "torch_form",
+    is_flag=True,
+    help="With --actions: print the lists in torch.distributed.pipelining's action strings "
+    "(CSV, one row per rank: 2F0, 1I3, 0SEND_F1, ...).",
+)
+@click.option(
+    "--compare-torch",
+    "compare_torch",
+    is_flag=True,
+    help="Also lay out torch's own generator for the scheme (interleaved, looped-bfs, "
+    "zb-interleaved, zb-h1, zbv, dualpipev; needs torch) and say whether every rank's "
+    "passes are the same.",
+)
+@click.option(
     "--steps",
     type=click.IntRange(min=1),
     default=None,
@@ -82,6 +101,8 @@ def schedule(
     settings: tuple[str, ...],
     from_file: str | None,
     actions: bool,
+    torch_form: bool,
+    compare_torch: bool,
     steps: int | None,
 ) -> None:
     """Print a pipeline schedule as a rank-by-step grid, after validating it.
@@ -96,6 +117,9 @@ def schedule(
       sim schedule --scheme pipedream --stages 4 --microbatches 8
       sim schedule --scheme gpipe --stages 4 --microbatches 4 --set recompute=true
       sim schedule --scheme pipedream --replicas 2,1,1 --microbatches 6 --actions
+      sim schedule --scheme zbv --stages 4 --microbatches 8 --compare-torch
+      sim schedule --scheme interleaved --set chunks=3 --actions --torch
+      sim schedule --from-file torch_schedule.csv
     """
     from dtsim.spec import parse_set
     from simcore.config import ConfigError, options_from_mapping
@@ -111,7 +135,12 @@ def schedule(
                 from traces.errors import unreadable
 
                 raise ConfigError("--from-file", from_file, unreadable(exc)) from None
-            s = Schedule.from_text(text, name=from_file)
+            from simcore.schedule import from_torch_csv
+
+            if "(stage" in text:
+                s = Schedule.from_text(text, name=from_file)
+            else:  # torch's CSV
+                s = from_torch_csv(text, name=from_file)
         else:
             if replicas:
                 try:
@@ -142,17 +171,67 @@ def schedule(
                 microbatches = fixed
             given = {k.removeprefix("scheme."): v for k, v in parse_set(settings).items()}
             opts = options_from_mapping(cls.Options, given, prefix="--set ")
-            s = cls.make_schedule(stages_from_replicas(reps), microbatches, iterations, opts)
+            placed = cls.place(stages_from_replicas(reps), opts)
+            s = cls.make_schedule(placed, microbatches, iterations, opts)
         s.validate()
     except ScheduleError as exc:
         lines = str(exc).splitlines()
         if len(lines) > 1:
             click.echo("\n".join(lines[1:]), err=True)
         raise click.UsageError(f"invalid schedule: {lines[0]}") from None
-    shape = "+".join(str(len(r)) for r in s.stages)
     mbs = "micro-batch" if s.microbatches == 1 else "micro-batches"
-    click.echo(f"{s.name}: {len(s.stages)} stages ({shape} GPUs), {s.microbatches} {mbs}, valid")
+    if s.virtual:
+        on = "; ".join(
+            f"GPU {r}: {','.join(map(str, st))}" for r, st in enumerate(s.local_stages())
+        )
+        shape = f"on {s.ranks} GPUs, {on}"
+    else:
+        shape = "+".join(str(len(r)) for r in s.stages) + " GPUs"
+    click.echo(f"{s.name}: {len(s.stages)} stages ({shape}), {s.microbatches} {mbs}, valid")
     click.echo(s.grid(steps))
     if actions:
         click.echo("")
-        click.echo(s.to_text())
+        if torch_form:
+            from simcore.schedule import to_torch_csv
+
+            click.echo(to_torch_csv(s), nl=False)
+        else:
+            click.echo(s.to_text())
+    if compare_torch:
+        _compare_torch(s, scheme if not from_file else "", steps)
+
+
+def _compare_torch(ours: Any, scheme: str, steps: int | None) -> None:
+    """Print torch's grid for the same shape and whether its passes equal ours, per rank
+    (the first iteration's; exit 2 where torch has no such schedule or refuses the shape)."""
+    from dtsim.cli.errors import BadInput
+    from realrun.torch_schedules import TORCH_CLASSES, torch_order
+    from simcore.schedule import ScheduleError, compute_passes, from_torch
+
+    if scheme not in TORCH_CLASSES:
+        raise BadInput(
+            f"--compare-torch: torch has no generator for {scheme or 'a file'}; "
+            f"it has {', '.join(TORCH_CLASSES)}"
+        )
+    ranks = ours.ranks
+    chunks = len(ours.stages) // ranks
+    try:
+        rows = torch_order(scheme, ranks, chunks, ours.per_iteration)
+        theirs = from_torch(rows, f"torch {TORCH_CLASSES[scheme]}")
+    except (ValueError, RuntimeError, ScheduleError) as exc:
+        raise BadInput(f"--compare-torch: torch refuses this shape: {exc}") from None
+    click.echo("")
+    click.echo(f"{theirs.name} (torch {_torch_version()}):")
+    click.echo(theirs.grid(steps))
+    differ = [r for r in range(ranks) if compute_passes(ours, r, 0) != rows[r]]
+    click.echo("")
+    if differ:
+        click.echo(f"passes differ from torch's on ranks {differ}")
+        raise SystemExit(1)
+    click.echo(f"every rank's passes equal torch's ({sum(map(len, rows))} passes)")
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)

@@ -1,6 +1,7 @@
 """Training schemes, one module and one class per scheme, registered by name.
 
-The registry key is the module name and the CLI string (``sim run --scheme dp``). A scheme
+The registry key is the module name and the CLI string (``sim run --scheme dp``), with
+``-`` for ``_`` (module ``zb_h1`` is scheme ``zb-h1``). A scheme
 module defines a :class:`~simcore.schemes.base.Scheme` subclass with ``name`` equal to the
 module name; adding a module here is all it takes to add a scheme. Because the module
 name is the scheme name, :func:`scheme_names` lists the schemes without importing them
@@ -19,7 +20,23 @@ from simcore.schemes.base import Scheme
 
 _NOT_SCHEMES = {"base"}
 
-ORDER = ("dp", "ps", "p3", "gossip", "mp", "gpipe", "pipedream", "spectrain")
+ORDER = (
+    "dp",
+    "ps",
+    "p3",
+    "gossip",
+    "mp",
+    "gpipe",
+    "pipedream",
+    "spectrain",
+    "1f1b",
+    "interleaved",
+    "looped-bfs",
+    "zb-h1",
+    "zb-interleaved",
+    "zbv",
+    "dualpipev",
+)
 """Display order of the schemes (others follow by name)."""
 
 
@@ -27,7 +44,7 @@ ORDER = ("dp", "ps", "p3", "gossip", "mp", "gpipe", "pipedream", "spectrain")
 def scheme_names() -> tuple[str, ...]:
     """The names of all schemes, in display order, without importing their modules."""
     found = {
-        mod.name
+        mod.name.replace("_", "-")
         for mod in pkgutil.iter_modules(__path__)
         if not mod.name.startswith("_") and mod.name not in _NOT_SCHEMES
     }
@@ -40,7 +57,7 @@ def get_scheme(name: str) -> type[Scheme]:
     names = scheme_names()
     if name not in names:
         raise ConfigError("scheme", name, f"choose one of: {', '.join(names)}")
-    module = importlib.import_module(f"{__name__}.{name}")
+    module = importlib.import_module(f"{__name__}.{name.replace('-', '_')}")
     for obj in vars(module).values():
         if (
             isinstance(obj, type)
@@ -50,7 +67,10 @@ def get_scheme(name: str) -> type[Scheme]:
         ):
             return obj
     raise ConfigError(
-        "scheme", name, f"module simcore.schemes.{name} defines no Scheme subclass named {name!r}"
+        "scheme",
+        name,
+        f"module simcore.schemes.{name.replace('-', '_')} defines no Scheme subclass "
+        f"named {name!r}",
     )
 
 

@@ -1,5 +1,7 @@
 """The runner shared by the pipeline schemes (``mp``, ``gpipe``, ``pipedream``,
-``spectrain``): partition the model, make a schedule, execute it.
+``spectrain``, and the virtual-stage and zero-bubble schedules ``interleaved``,
+``looped-bfs``, ``zb-interleaved``, ``zb-h1``, ``zbv``, ``dualpipev``): partition the
+model, make a schedule, execute it.
 
 A pipeline scheme only says how it partitions (straight or with replicated stages) and
 which :class:`~simcore.schedule.Schedule` it runs; this module turns the schedule's
@@ -8,6 +10,10 @@ per-rank action lists into one SimPy process per rank:
 * ``F``/``B``/``R``: the stage's layers, forward, backward or forward again
   (re-materialisation), at micro-batch size (the trace's per-batch times over the number
   of micro-batches), issued layer by layer on the GPU's compute stream;
+* ``I``/``W``: the backward split in two (zero bubble): ``I`` the gradient with respect to
+  each layer's input, ``W`` the one with respect to its weights. A layer with weights
+  spends :data:`WEIGHT_GRAD_SHARE` of its backward in ``W`` (two matrix products of the
+  forward's size, one for each gradient), one without weights all of it in ``I``;
 * ``SA``/``SG``: the activations (gradients) crossing the stage boundary for one
   micro-batch leave over the topology's links (non-blocking: the rank goes on);
   ``RA``/``RG`` wait until they have arrived;
@@ -30,8 +36,15 @@ iteration out of the drain. The lead and tail iterations' traffic counts in the
 communication totals; their spans carry negative (lead) or too-large (tail) iteration
 numbers.
 
-**Memory per GPU.** Weights, gradients and optimizer state of its stage; the activations
-of every micro-batch between its forward and its backward (with re-materialisation only
+**Virtual stages.** A scheme with ``chunks`` > 1 (or a V placement) has the partitioner cut
+the model into ``chunks x N`` stages, balanced like any other stages, and places them on
+the ranks as its schedule says (:func:`simcore.schedule.placement`); a rank runs, keeps
+the weights of and updates every stage it holds. Activations between two stages on the
+same rank are not sent.
+
+**Memory per GPU.** Weights, gradients and optimizer state of its stages; the activations
+of every micro-batch between its forward and its backward, or its ``W`` pass for a split
+backward (the weight gradient needs each layer's input) (with re-materialisation only
 the stage's input is kept, and one micro-batch's activations exist during a forward or a
 recompute); with weight stashing one weight copy per distinct older version still needed
 by a micro-batch in flight (PipeDream: up to ``N - k - 1`` at stage ``k`` besides the
@@ -60,6 +73,10 @@ from simcore.topology import Topology
 
 PREDICT_PASSES = 3
 """Weight-sized memory passes of SpecTrain's prediction (read W and v, write W_hat)."""
+WEIGHT_GRAD_SHARE = 0.5
+"""Share of a layer's backward that computes its weight gradient (``W``) when the backward
+is split: the input gradient and the weight gradient are one matrix product each, of the
+forward's size (the zero-bubble paper's T_B = T_W)."""
 
 
 @dataclass(frozen=True)
@@ -94,8 +111,8 @@ class MicrobatchOptions(PipelineOptions):
         0,
         "micro-batches per iteration (0: automatic; gpipe: 4 per "
         "stage, pipedream/spectrain: one per GPU rounded up to "
-        "whole rounds of every stage's replicas; at most the batch "
-        "size)",
+        "whole rounds of every stage's replicas, 1f1b and the virtual-stage and "
+        "zero-bubble schedules: 4 per GPU; at most the batch size)",
         minimum=0,
     )
 
@@ -122,6 +139,9 @@ class PipelineFeatures:
         microbatches_per_stage: automatic micro-batches: this many per stage ...
         microbatches_per_gpu: ... or, if set, this many per GPU (rounded up to a
             multiple of every stage's replicas).
+        chunks: stages (model chunks) per rank; more than one: virtual stages.
+        placement: how the ``chunks x N`` stages sit on the ranks, ``loop`` or ``v``
+            (:func:`simcore.schedule.placement`).
     """
 
     straight: bool = True
@@ -132,6 +152,8 @@ class PipelineFeatures:
     microbatches: int = 0
     microbatches_per_stage: int = 1
     microbatches_per_gpu: int = 0
+    chunks: int = 1
+    placement: str = "loop"
 
     def for_options(self, options: Any) -> PipelineFeatures:
         """These features with the values of ``options``' fields of the same names."""
@@ -153,6 +175,8 @@ class StagePlan:
         param_bytes: weights of the stage.
         act_bytes: activations of all its layers (kept for backward).
         in_bytes, out_bytes: activations crossing into / out of the stage.
+        bwd_input, bwd_weight: ``bwd`` split into the input-gradient (``I``) and the
+            weight-gradient (``W``) pass (see :data:`WEIGHT_GRAD_SHARE`).
     """
 
     ranks: tuple[int, ...]
@@ -162,6 +186,8 @@ class StagePlan:
     act_bytes: float
     in_bytes: float
     out_bytes: float
+    bwd_input: list[tuple[float, str, int]] = dataclasses.field(default_factory=list)
+    bwd_weight: list[tuple[float, str, int]] = dataclasses.field(default_factory=list)
 
     @property
     def forward_s(self) -> float:
@@ -190,12 +216,20 @@ class PipelineScheme(Scheme):
         layers = sum(1 for layer in trace.layers if layer.kind != "input")
         n = topology.num_gpus
         features = cls.features.for_options(options)
-        if features.straight and n > layers:
+        v = features.chunks
+        if features.straight and n * v > layers:
+            if v > 1 and any(f.name == "chunks" for f in dataclasses.fields(options)):
+                raise ConfigError(
+                    "scheme.chunks",
+                    v,
+                    f"at most {layers // n} with {n} GPUs: model {trace.meta.model!r} has "
+                    f"{layers} layers to split into {n} x {v} stages",
+                )
             raise ConfigError(
                 "gpus",
                 n,
-                f"at most {layers}: model {trace.meta.model!r} has "
-                f"{layers} layers to split into stages",
+                f"at most {layers // v}: model {trace.meta.model!r} has "
+                f"{layers} layers to split into {v} stage(s) per GPU",
             )
         m = features.microbatches
         batch = config.effective_batch_size
@@ -220,7 +254,7 @@ class PipelineScheme(Scheme):
         try:
             return partition(
                 ctx.trace,
-                n,
+                n * self.feat.chunks,
                 bw,
                 method=self.options.partition,
                 straight=straight,
@@ -255,7 +289,7 @@ class PipelineScheme(Scheme):
                 )
             m = -(-feat.microbatches_per_gpu * part.gpus // lcm) * lcm
             return min(m, batch // lcm * lcm)
-        m = feat.microbatches_per_stage * len(part.stages)
+        m = feat.microbatches_per_stage * self.ctx.num_ranks
         return max(1, min(m, batch))
 
     @classmethod
@@ -265,6 +299,20 @@ class PipelineScheme(Scheme):
         """The schedule of ``iterations`` iterations with these ``options`` (overridden by
         each scheme; ``sim schedule`` calls it too)."""
         raise ScheduleError(f"scheme {cls.name!r} defines no schedule")
+
+    @classmethod
+    def place(
+        cls, stages: tuple[tuple[int, ...], ...], options: Any
+    ) -> tuple[tuple[int, ...], ...]:
+        """The ranks of every stage the schedule runs, from the ranks of one stage each
+        (``stages``): unchanged, or with the scheme's ``chunks`` stages per rank placed
+        ``loop`` or ``v`` (``sim schedule`` calls it too)."""
+        feat = cls.features.for_options(options)
+        if feat.chunks == 1 and feat.placement == "loop":
+            return stages
+        if any(len(ranks) > 1 for ranks in stages):
+            raise ScheduleError(f"{cls.name} has no replicated stages")
+        return sch.placement(len(stages), feat.chunks, feat.placement)
 
     def replicas(self) -> int:
         """One model replica: the whole pipeline processes ``batch_size`` per iteration."""
@@ -278,7 +326,10 @@ class PipelineScheme(Scheme):
         """The features of this run (the scheme's, with its options applied)."""
         self.part = self.make_partition()
         self.microbatches_per_iteration = mbs = self.microbatches(self.part)
-        stages = stages_from_replicas(self.part.replicas)
+        if feat.chunks > 1 or feat.placement != "loop":
+            stages = self.place(sch.straight_stages(ctx.num_ranks), opts)
+        else:
+            stages = stages_from_replicas(self.part.replicas)
         for k, ranks in enumerate(stages):
             if mbs % len(ranks):
                 raise ConfigError(
@@ -298,7 +349,7 @@ class PipelineScheme(Scheme):
         self.plans = [
             self._plan(k, st, ranks) for k, (st, ranks) in enumerate(zip(self.part.stages, stages))
         ]
-        self.stage_of = self.schedule.stage_of()
+        self.local = self.schedule.local_stages()
         self.mail: dict[tuple[int, str, int], Event] = {}
         self.joined: dict[tuple[int, int], list[Any]] = {}
         self.version = [0] * len(self.plans)
@@ -307,31 +358,40 @@ class PipelineScheme(Scheme):
         self.stash_peak = [0] * ctx.num_ranks
         opt_copies = ctx.optimizer_state_bytes(1)
         for r, gpu in enumerate(ctx.gpus):
-            plan = self.plans[self.stage_of[r]]
             mem = gpu.memory
-            mem.alloc("weights", plan.param_bytes)
-            mem.alloc("gradients", plan.param_bytes)
-            mem.alloc("optimizer", opt_copies * plan.param_bytes)
-            if feat.predict:
-                mem.alloc("buffers", plan.param_bytes)
+            for s in self.local[r]:
+                plan = self.plans[s]
+                mem.alloc("weights", plan.param_bytes)
+                mem.alloc("gradients", plan.param_bytes)
+                mem.alloc("optimizer", opt_copies * plan.param_bytes)
+                if feat.predict:
+                    mem.alloc("buffers", plan.param_bytes)
             ctx.env.process(self._rank(r))
 
     def _plan(self, k: int, stage: Any, ranks: tuple[int, ...]) -> StagePlan:
         trace, m = self.ctx.trace, self.microbatches_per_iteration
         run = [i for i in stage.layers if trace.layers[i].kind != "input"]
         prev = self.part.stages[k - 1].out_bytes if k else 0
+        lay = trace.layers
+        share = [WEIGHT_GRAD_SHARE if lay[i].param_bytes > 0 else 0.0 for i in run]
         return StagePlan(
             ranks=ranks,
             # a micro-batch pass: each layer's fixed part whole, the rest in proportion
-            fwd=[(trace.layers[i].forward_share_s(1 / m), trace.layers[i].name, i) for i in run],
-            bwd=[
-                (trace.layers[i].backward_share_s(1 / m), trace.layers[i].name, i)
-                for i in reversed(run)
-            ],
+            fwd=[(lay[i].forward_share_s(1 / m), lay[i].name, i) for i in run],
+            bwd=[(lay[i].backward_share_s(1 / m), lay[i].name, i) for i in reversed(run)],
             param_bytes=stage.param_bytes,
             act_bytes=stage.activation_bytes / m,
             in_bytes=prev / m,
             out_bytes=stage.out_bytes / m,
+            bwd_input=[
+                (lay[i].backward_share_s(1 / m) * (1 - w), lay[i].name, i)
+                for i, w in reversed(list(zip(run, share)))
+            ],
+            bwd_weight=[
+                (lay[i].backward_share_s(1 / m) * w, lay[i].name, i)
+                for i, w in reversed(list(zip(run, share)))
+                if w > 0
+            ],
         )
 
     # ---- execution ---------------------------------------------------------------------
@@ -339,8 +399,6 @@ class PipelineScheme(Scheme):
         ctx = self.ctx
         gpu = ctx.gpus[r]
         mem = gpu.memory
-        s = self.stage_of[r]
-        plan = self.plans[s]
         sched = self.schedule
         acts = sched.actions[r]
         marks = self._marks(r)
@@ -348,39 +406,45 @@ class PipelineScheme(Scheme):
             ctx.mark_iteration(r, it)
             if it == ctx.iterations - 1:
                 return
-        update_s = ctx.update_s(plan.param_bytes)
         gpu_spec = ctx.topology.gpu_spec
-        predict_s = (
-            gpu_spec.predict_overhead_s
-            + PREDICT_PASSES * plan.param_bytes / gpu_spec.memory_bandwidth_bytes_per_s
-        )
+        update_s = {s: ctx.update_s(self.plans[s].param_bytes) for s in self.local[r]}
+        predict_s = {
+            s: gpu_spec.predict_overhead_s
+            + PREDICT_PASSES * self.plans[s].param_bytes / gpu_spec.memory_bandwidth_bytes_per_s
+            for s in self.local[r]
+        }
         dev = ctx.topology.gpus
         lead = self.lead
+        recompute = self.feat.recompute
         for i, a in enumerate(acts):
-            kind, mb = a.kind, a.mb
+            kind, mb, s = a.kind, a.mb, a.stage
+            plan = self.plans[s]
+            held = plan.act_bytes + (plan.in_bytes if recompute else 0)
             it = mb // sched.per_iteration - lead
             if kind == sch.FORWARD:
                 self._on_forward(r, s, mb)
-                mem.alloc(
-                    "activations", plan.act_bytes + (plan.in_bytes if self.feat.recompute else 0)
-                )
+                mem.alloc("activations", held)
                 yield self._pass(gpu, plan.fwd, FORWARD, it, mb)
-                if self.feat.recompute:
+                if recompute:
                     mem.free("activations", plan.act_bytes)
             elif kind == sch.BACKWARD:
                 yield self._pass(gpu, plan.bwd, BACKWARD, it, mb)
-                mem.free(
-                    "activations", plan.act_bytes + (plan.in_bytes if self.feat.recompute else 0)
-                )
-                self._on_backward(r, mb)
+                mem.free("activations", held)
+                self._on_backward(r, s, mb)
+            elif kind == sch.INPUT_GRAD:
+                yield self._pass(gpu, plan.bwd_input, BACKWARD, it, mb)
+            elif kind == sch.WEIGHT_GRAD:
+                yield self._pass(gpu, plan.bwd_weight, BACKWARD, it, mb)
+                mem.free("activations", held)
+                self._on_backward(r, s, mb)
             elif kind == sch.RECOMPUTE:
                 mem.alloc("activations", plan.act_bytes)
                 yield self._pass(gpu, plan.fwd, RECOMPUTE, it, mb)
             elif kind == sch.UPDATE:
-                yield gpu.compute(update_s, UPDATE, f"update stage {s}", it, -1, mb)
+                yield gpu.compute(update_s[s], UPDATE, f"update stage {s}", it, -1, mb)
                 self._on_update(s)
             elif kind == sch.PREDICT:
-                yield gpu.compute(predict_s, PREDICT, f"predict stage {s}", it, -1, mb)
+                yield gpu.compute(predict_s[s], PREDICT, f"predict stage {s}", it, -1, mb)
             elif kind in sch.SEND_KINDS:
                 act = kind == sch.SEND_ACT
                 ctx.net.send(
@@ -392,14 +456,19 @@ class PipelineScheme(Scheme):
                     rank_src=r,
                     rank_dst=a.peer,
                     iteration=it,
-                    payload=(a.peer, sch.RECV_ACT if act else sch.RECV_GRAD, mb),
+                    payload=(
+                        a.peer,
+                        sch.RECV_ACT if act else sch.RECV_GRAD,
+                        mb,
+                        s + 1 if act else s - 1,
+                    ),
                     # posted ahead, moved by the transport (realrun.p2p): no sender
                     # thread; the stage's own writes it (its receive is posted)
                     p2p=False,
                     on_thread=True,
                 )
             elif kind in sch.RECV_KINDS:
-                yield self._box((r, kind, mb))
+                yield self._box((r, kind, mb, s))
             elif kind == sch.ALLREDUCE:
                 yield self._allreduce(s, mb, it)
             # LOAD takes no time: the stashed version was kept since the forward
@@ -432,7 +501,7 @@ class PipelineScheme(Scheme):
             out.setdefault(prev, []).append(it)
         return out
 
-    def _box(self, key: tuple[int, str, int]) -> Event:
+    def _box(self, key: tuple[int, str, int, int]) -> Event:
         ev = self.mail.get(key)
         if ev is None:
             ev = self.mail[key] = self.ctx.env.event()
@@ -468,10 +537,10 @@ class PipelineScheme(Scheme):
             self.used[r][mb] = self.version[s]
             self._restash(r, s)
 
-    def _on_backward(self, r: int, mb: int) -> None:
+    def _on_backward(self, r: int, s: int, mb: int) -> None:
         if self.feat.stash:
             self.used[r].pop(mb, None)
-            self._restash(r, self.stage_of[r])
+            self._restash(r, s)
 
     def _on_update(self, s: int) -> None:
         self.version[s] += 1
@@ -510,6 +579,13 @@ class PipelineScheme(Scheme):
                 max((p.forward_s + p.backward_s) / len(p.ranks) for p in self.plans)
             ),
             "stash_peak_bytes": list(self.stash_peak),
+            "chunks": self.feat.chunks,
+            "placement": self.feat.placement,
+            "rank_stages": [list(st) for st in self.local],
+            "rank_time_s": [
+                _g9(sum(self.plans[s].forward_s + self.plans[s].backward_s for s in st))
+                for st in self.local
+            ],
         }
 
 
