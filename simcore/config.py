@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from simcore.scheme_names import scheme_names
 from simcore.settings import (
     TYPE_WORDS,
     ConfigError,
@@ -85,9 +86,7 @@ describe_options = describe
 
 
 def _scheme_names() -> tuple[str, ...]:
-    from simcore.schemes import scheme_names
-
-    return tuple(scheme_names())
+    return scheme_names()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -141,6 +141,7 @@ def real(
 def make_job(spec: Any, *, profile: bool = False) -> Job:
     """The :class:`Job` for a run spec (``BadInput`` naming what cannot run for real)."""
     from realrun import zoo
+    from realrun.usermodel import resolve_model
     from simcore.config import options_from_mapping
     from simcore.schemes import get_scheme
     from simcore.schemes.gossip import is_power_of_two
@@ -157,12 +158,14 @@ def make_job(spec: Any, *, profile: bool = False) -> Job:
             f"itself, not a trace); choose one of: {', '.join(zoo.names())}, or give "
             "FILE.py:NAME or package.module:NAME"
         )
-    resolved = zoo.resolve_model(model, spec.input_shape)  # ConfigError: one line
+    resolved = resolve_model(model, spec.input_shape)  # ConfigError: one line
     model, input_shape = resolved.ref, resolved.input_shape
     scheme = get_scheme(spec.scheme)
     options = options_from_mapping(scheme.Options, spec.scheme_options, prefix="scheme.")
     opts = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
-    workers = spec.gpus
+    from realrun.spec import default_workers
+
+    workers = spec.gpus or default_workers()
     if spec.scheme == "gossip" and not is_power_of_two(workers):
         lower = 1 << (workers.bit_length() - 1)
         raise BadInput(
