@@ -7,12 +7,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from realrun import zoo
 from realrun.job import BACKENDS, CLUSTERS, DEFAULT_REAL_BATCH
 from realrun.options import INPUT_SHAPE_HELP
 from simcore.settings import setting
 from simcore.spec import RunSpec
 
 MAX_DEFAULT_WORKERS = 8
+
+DEFAULT_REAL_MODEL = "resnet18"
+"""The zoo model of a real run (and of its profile) when none is named."""
 
 
 def default_workers(cores: int | None = None) -> int:
@@ -45,9 +49,9 @@ class RealSpec(RunSpec):
 
     model: str | None = setting(
         None,
-        "zoo model (sim profile --help lists them), or your own: FILE.py:NAME or "
+        f"zoo model ({', '.join(zoo.names())}), or your own: FILE.py:NAME or "
         "package.module:NAME, a callable returning an nn.Module or (module, example_input)",
-        auto="resnet18",
+        auto=DEFAULT_REAL_MODEL,
         flag=3,
         metavar="NAME|FILE.py:NAME",
     )

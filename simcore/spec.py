@@ -57,16 +57,6 @@ class RunSpec(RunSettings):
         flag=4,
         metavar="NAME|FILE",
     )
-    batch_size: int | None = setting(
-        None,
-        "samples per model replica per iteration (per GPU for data parallelism)",
-        kind="int",
-        minimum=1,
-        auto=f"{DEFAULT_MODEL_BATCH} for the default model, whose profile's batch of 128 "
-        "does not fit a 16 GiB V100; for any other model the trace's",
-        auto_zero=True,
-        flag=6,
-    )
     bandwidth: float | None = setting(
         None,
         "inter-node link rate in bytes/s, or with a unit: 10Gbps, 100Gb/s, 25GB/s",

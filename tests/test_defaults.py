@@ -37,7 +37,7 @@ def test_a_model_named_keeps_its_traces_batch():
 
 def test_the_help_says_why_the_default_batch_is_what_it_is():
     out = " ".join(invoke("run", "--help").split())
-    assert f"[default: {DEFAULT_MODEL_BATCH} for the default model" in out
+    assert f"{DEFAULT_MODEL_BATCH} for the default model" in out
     assert "does not fit a 16 GiB V100" in out
 
 
