@@ -256,7 +256,8 @@ def build_config(spec: RunSpec, *, record_spans: bool = True) -> SimConfig:
         options=options,
         compute_scale=scale,
         record_spans=record_spans,
-        **{n: getattr(spec, n) for n in SHARED},
+        **{n: getattr(spec, n) for n in SHARED if n != "batch_size"},
+        batch_size=spec.effective_batch_size,
     )
 
 

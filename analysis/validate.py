@@ -245,6 +245,7 @@ def check_model(model: str, input_shape: tuple[int, ...] | None = None) -> str:
     file made absolute, ``NAME`` checked to exist and to build a module, with
     ``input_shape`` where it needs one). ``ConfigError`` (field ``models``) otherwise."""
     from realrun import zoo
+    from realrun.usermodel import resolve_model
 
     if zoo.is_zoo(model):
         return model
@@ -256,7 +257,7 @@ def check_model(model: str, input_shape: tuple[int, ...] | None = None) -> str:
             f"({', '.join(zoo.names())}), FILE.py:NAME or package.module:NAME",
         )
     try:
-        return str(zoo.resolve_model(model, input_shape).ref)
+        return str(resolve_model(model, input_shape).ref)
     except ConfigError as exc:
         raise ConfigError("models", model, f"{exc.field}: {exc.allowed}") from None
 

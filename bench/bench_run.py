@@ -1,7 +1,11 @@
-"""Benchmark ``sim run --gpus 8 --scheme dp``: wall time and simulated event rate.
+"""Benchmark the main job, ``sim run --gpus 8 --scheme p3``: wall time and event rate.
 
 1. End to end: runs the command as a user would (a fresh process each time, start-up
-   included) and reports the median and best wall time.
+   included) and reports the median and best wall time, and its ratio to the bare
+   interpreter's start (a fresh Python importing simpy, numpy, yaml and click), the two
+   run in turn so that each pair sees the same machine; the ratio is the median over
+   the pairs, so a machine faster or slower than another reads the same; in wall time
+   and in CPU time (which other jobs on a shared machine change least).
 2. Event rates of ``simulate()`` in-process on the same configuration, per second of its
    wall time (set-up, run and metrics included), two ways:
    - *model events*: the events of the simulated system, every compute op finishing and
@@ -16,13 +20,14 @@
 Prints the ratios of (2) to (3): the median over the back-to-back pairs (robust to a
 machine whose speed drifts) and best over best. Usage::
 
-    python bench/bench_run.py [--repeats 7] [--args "--gpus 8 --scheme dp"]
+    python bench/bench_run.py [--repeats 7] [--args "--gpus 8 --scheme p3"]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -46,15 +51,34 @@ def sim_executable() -> list[str]:
     )
 
 
-def end_to_end(args: list[str], repeats: int) -> list[float]:
-    """Wall seconds of ``sim run ARGS`` in fresh processes."""
+BARE_START = [sys.executable, "-c", "import simpy, numpy, yaml, click"]
+"""The bare interpreter's start: what any simulator in Python with these libraries pays."""
+
+
+def _timed(cmd: list[str]) -> tuple[float, float]:
+    """``(wall seconds, CPU seconds)`` of running ``cmd`` in a fresh process; the CPU time
+    (user and system, from the children's resource usage) is what a machine shared with
+    other jobs changes least."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def end_to_end(
+    args: list[str], repeats: int
+) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """``(wall, cpu)`` seconds of ``sim run ARGS`` and of the bare start, in fresh
+    processes, in turn: ``(sim_times, bare_times)``."""
     cmd = [*sim_executable(), "run", *args]
-    times = []
+    _timed(BARE_START)  # the first start reads the files from disk
+    times, bare = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        times.append(time.perf_counter() - t)
-    return times
+        bare.append(_timed(BARE_START))
+        times.append(_timed(cmd))
+    return times, bare
 
 
 def raw_simpy_rate(n: int = 200_000) -> float:
@@ -86,13 +110,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument(
         "--args",
-        default="--gpus 8 --scheme dp",
+        default="--gpus 8 --scheme p3",
         help="arguments of 'sim run' (simple --flag value pairs)",
     )
     opts = ap.parse_args()
     args = shlex.split(opts.args)
 
-    e2e = end_to_end(args, opts.repeats)
+    e2e, bare = end_to_end(args, opts.repeats)
     config = build_config(spec_from_args(args), record_spans=False)
     simulate(config)  # warm caches (trace, routes are per run anyway)
     model_rates, sched_rates, raw_rates = [], [], []
@@ -104,9 +128,19 @@ def main() -> None:
         raw_rates.append(raw_simpy_rate())
     med = statistics.median
     print(f"command            sim run {' '.join(args)}")
+    wall, cpu = [w for w, _ in e2e], [c for _, c in e2e]
+    bare_wall, bare_cpu = [w for w, _ in bare], [c for _, c in bare]
     print(
-        f"end to end         median {med(e2e):.3f} s, best {min(e2e):.3f} s "
-        f"over {opts.repeats} fresh processes"
+        f"end to end         median {med(wall):.3f} s, best {min(wall):.3f} s "
+        f"over {opts.repeats} fresh processes; CPU median {med(cpu):.3f} s"
+    )
+    print(
+        f"bare start         median {med(bare_wall):.3f} s, CPU {med(bare_cpu):.3f} s "
+        "(python -c 'import simpy, numpy, yaml, click')"
+    )
+    print(
+        f"end to end / bare  {med(x / y for x, y in zip(wall, bare_wall)):.2f}x wall, "
+        f"{med(x / y for x, y in zip(cpu, bare_cpu)):.2f}x CPU (medians of the pairs)"
     )
     print(
         f"simulate()         median {med(r.events / x for x in sched_rates) * 1e3:.1f} ms "

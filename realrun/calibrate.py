@@ -321,10 +321,9 @@ def fit_shaped_link(
     :func:`fit_latency_bandwidth`, whose slope the large messages set, and the latency
     read directly, the shortest of the median one-way times of the sizes of at most
     :data:`LATENCY_MAX_BYTES` (tbf's bucket passes them at once; another process on the
-    machine only ever lengthens a time). The fit's free intercept is pulled about by the
-    medium sizes (16-256 KiB, slower than the bucket model by up to a few hundred
-    microseconds): on this machine it has come out 130 to 660 us from four calibrations
-    of one link whose tiny messages took 0.10-0.15 ms each time. ``fit`` is the line
+    machine only ever lengthens a time). The fit's free intercept is not used as the
+    latency, since the medium sizes (16-256 KiB, slower than the bucket model) pull it
+    about from one calibration to the next (docs/emulated_cluster.md). ``fit`` is the line
     with that latency; without such small sizes, the plain fit."""
     latency, goodput, fit = fit_latency_bandwidth(sizes_bytes, one_way_s, burst_bytes, sigma_s)
     sizes = np.asarray(sizes_bytes, dtype=float)
@@ -371,11 +370,10 @@ def segment_bytes(preset: Mapping[str, Any]) -> int:
     ``network.burst``; here and in ``sim validate``). The kernel hands tbf 64 KiB segments
     (:data:`SEGMENT_BYTES`); tbf passes a segment whole when its bucket holds one and
     otherwise cuts it into frames, which the receiver's shaped hop then forwards frame by
-    frame: 16 KiB chunks then (:data:`FRAME_CHUNK_BYTES`). 64 KiB chunks, stored and
-    forwarded at that second hop, made a 256 KiB or 1 MiB message at 200 Mbit/s (a 47 KB
-    bucket) 0.7 ms slower than the calibration measured it; 16 KiB chunks are within 0.1
-    ms, as close as frame-sized ones, at a tenth of their events (2026-11-24). A link
-    without a bucket (unshaped) carries whole segments."""
+    frame: 16 KiB chunks then (:data:`FRAME_CHUNK_BYTES`), which store-and-forward at
+    that second hop about as frames would, at a tenth of their events
+    (docs/emulated_cluster.md). A link without a bucket (unshaped) carries whole
+    segments."""
     from simcore.units import parse_size
 
     burst = parse_size((preset.get("network") or {}).get("burst", 0) or 0)

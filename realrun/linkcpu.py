@@ -4,17 +4,13 @@ A ``tc tbf`` link holds packets to its rate and releases them from a timer, one 
 at a time, in the kernel's soft interrupts; the receiving end handles each frame there
 too. No process is charged for that work, and the machine's busy counters (kept in
 scheduler ticks, which stop on idle cores) barely see it; but it runs on the same cores
-as the ranks. At 200 Mbit/s on this 2-core machine, two ranks exchanging 1 MiB messages
-both ways at the link's rate took 0.8-0.9 cores from two computing processes, of which
-the ranks' own CPU time was a third (2026-11-25: 6.0-7.0 ns per byte and end beyond the
-ranks'; at 1 Gbit/s 0.3 ns, the bucket then releases many frames per timer, which
-is near what the benchmark can tell from its spinners' noise: a calibration two hours
-later read 0 and 0.06 ns).
+as the ranks. This module measures it as the CPU that computing processes lose while
+two ranks exchange at the link's rate, beyond the ranks' own CPU time, per byte and end
+(docs/cpu_hosts.md has the values measured at 200 Mbit/s and 1 Gbit/s).
 
-The work does not grow in step with the bytes at 200 Mbit/s: two pairs of hosts
-exchanging at once carried 1.9 times the bytes of one pair for 1.5 times the cores
-beyond the ranks' (5.0-5.2 ns); at 1 Gbit/s about in step (0.26-0.27 ns). So the
-benchmark measures both loads.
+The work need not grow in step with the bytes (at a low rate two pairs of hosts
+exchanging at once cost less per byte than one pair), so the benchmark measures both
+loads.
 
 :func:`measure` runs it on a four-host emulated cluster: ``cores`` spinning processes
 (plain Python, counting loops) alone, then beside one pair of gloo ranks that exchange
@@ -46,10 +42,9 @@ MESSAGE_BYTES = 1 << 20
 """Size of the messages the two ranks exchange (each way at once, back to back)."""
 
 ROUNDS = 7
-"""Rounds of the benchmark; the median round's cost is kept. Since the spinners wait for
-the ranks to be exchanging (:data:`WARM_MESSAGES`), single rounds agree within about
-10% (2026-11-25); before, when the ranks' start-up could fall inside the spinners'
-window, they ranged 3.0-7.6 ns a byte at 200 Mbit/s within one calibration."""
+"""Rounds of the benchmark; the median round's cost is kept. The spinners wait for the
+ranks to be exchanging (:data:`WARM_MESSAGES`), so the ranks' start-up never falls inside
+a round."""
 
 PORT = 29533
 """The rendezvous port of the two ranks, inside the benchmark's own namespaces."""

@@ -486,11 +486,8 @@ def messenger_cpu_s_per_message(
     main thread's (compute, charged as such) and the scheme's handling of received
     messages (a server's aggregation and update, charged as such): the messenger's own
     threads and gloo's, which move the bytes of posted sends and receives on threads of
-    their own. The messenger threads' clocks alone missed gloo's threads: a ``p3`` run of
-    cnn_medium at 200 Mbit/s on 3 workers spent 35 ms of CPU per worker per iteration
-    outside its main thread, 19 ms of it in the messenger's threads (2026-11-24), and
-    every ``p3`` case of a full validation came out too fast. Records made before the
-    process clock was kept fall back to the messenger threads' clocks."""
+    their own (the messenger threads' clocks alone would miss gloo's). Records made before
+    the process clock was kept fall back to the messenger threads' clocks."""
     cpu = messages = nbytes = 0
     for r in records["ranks"]:
         m = r.get("messenger")
@@ -519,8 +516,7 @@ def posted_cpu_s_per_end(
     every received message (the receiving end's work the simulator charges), over the
     message ends (sends and receives), never below zero. ``None`` for a scheme that is
     not a pipeline, a run without messages in the measured iterations, or records made
-    before the main thread's clock was kept. Measured (2026-11-25): PipeDream's runs
-    spent 0.1-0.5 ms a message end there, 2-7 times the calibrated copies."""
+    before the main thread's clock was kept."""
     job = records["job"]
     if job["scheme"] not in PIPELINE_SCHEMES:
         return None
@@ -558,9 +554,8 @@ def server_step_overhead_s(
     was clocked. A server updates every shard it keeps once an iteration (its placement:
     ``[layer, server, bytes]`` rows, servers numbered from the first rank after the
     workers); warm-up iterations count, as the handling is clocked over the whole run.
-    Measured: 0.4 ms a shard with 2 workers at 1 Gbit/s, 1.8-2.2 ms with 3-4 workers at
-    200 Mbit/s (2026-11-24), against 0.05 ms of passes: the per-shard calls, not the
-    bytes, are what a server costs."""
+    The per-shard calls, more than the bytes, are what a server costs
+    (docs/validation.md)."""
     job = records["job"]
     total_its = int(job["warmup_iterations"]) + int(job["iterations"])
     workers = int(job["workers"])

@@ -7,9 +7,8 @@ keeps a run queue per core: a thread that wakes goes to an idle core if there is
 else back to the core it last ran on, and a core that runs out of threads takes one over
 from a busier core only at its next load balancing, milliseconds later. Threads that
 block and wake all the time (a training step waiting for messages) leave cores idle
-beside queued work: three processes computing 8 ms and sleeping 4 ms in turn on this
-2-core machine kept it 19.9% idle and each waited 2.9 ms per cycle in a run queue
-(2026-11-24; docs/cpu_hosts.md has the table, ``bench/scheduler.py`` reruns it).
+beside queued work (docs/cpu_hosts.md has a table of it; ``bench/scheduler.py`` reruns
+it on the machine at hand).
 
 :func:`measure` runs that benchmark (``cores + 1`` processes, each spinning
 :data:`CYCLES` ``compute`` seconds of CPU time then sleeping ``sleep`` seconds, for

@@ -4,23 +4,54 @@ flags of ``sim real``, keys of ``--config`` files and of ``--set`` alike. No tor
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+from realrun import zoo
 from realrun.job import BACKENDS, CLUSTERS, DEFAULT_REAL_BATCH
 from realrun.options import INPUT_SHAPE_HELP
 from simcore.settings import setting
 from simcore.spec import RunSpec
+
+MAX_DEFAULT_WORKERS = 8
+
+DEFAULT_REAL_MODEL = "resnet18"
+"""The zoo model of a real run (and of its profile) when none is named."""
+
+
+def default_workers(cores: int | None = None) -> int:
+    """Worker ranks of a real run when none are asked for: one per core this process may
+    use (``cores``, else the machine's), at least 2 so that something is distributed and
+    at most :data:`MAX_DEFAULT_WORKERS`, rounded down to a power of two (gossip needs one).
+    A rank that computes while another shares its core takes twice as long, so more
+    workers than cores measure the machine's scheduler rather than the scheme."""
+    if cores is None:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+    n = max(2, min(MAX_DEFAULT_WORKERS, cores))
+    return 1 << (n.bit_length() - 1)
 
 
 @dataclass(frozen=True, kw_only=True)
 class RealSpec(RunSpec):
     """A real run, as a person describes it."""
 
+    gpus: int | None = setting(
+        None,
+        "number of worker ranks (ps and p3 add their servers)",
+        kind="int",
+        minimum=1,
+        auto=f"one per core of this machine, 2 to {MAX_DEFAULT_WORKERS}, a power of two",
+        flag=2,
+    )
+
     model: str | None = setting(
         None,
-        "zoo model (sim profile --help lists them), or your own: FILE.py:NAME or "
+        f"zoo model ({', '.join(zoo.names())}), or your own: FILE.py:NAME or "
         "package.module:NAME, a callable returning an nn.Module or (module, example_input)",
-        auto="resnet18",
+        auto=DEFAULT_REAL_MODEL,
         flag=3,
         metavar="NAME|FILE.py:NAME",
     )

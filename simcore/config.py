@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from simcore.scheme_names import scheme_names
 from simcore.settings import (
     TYPE_WORDS,
     ConfigError,
@@ -85,9 +86,7 @@ describe_options = describe
 
 
 def _scheme_names() -> tuple[str, ...]:
-    from simcore.schemes import scheme_names
-
-    return tuple(scheme_names())
+    return scheme_names()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +97,9 @@ class RunSettings:
     Attributes:
         scheme: registry name of the training scheme (``dp``, ``ps``, ...).
         batch_size: samples per model replica per iteration (per GPU for data-parallel
-            schemes, per pipeline for pipeline schemes); ``None`` keeps the trace's.
+            schemes, per pipeline for pipeline schemes); ``None`` keeps the trace's (a
+            person's :class:`~simcore.spec.RunSpec` that names no model asks for
+            :data:`~simcore.spec.DEFAULT_MODEL_BATCH`).
         iterations: measured iterations (after the warm-up ones).
         warmup_iterations: iterations simulated first and left out of the metrics.
         seed: seeds the random generator (used when ``compute_jitter > 0``).
@@ -118,7 +119,8 @@ class RunSettings:
         "samples per model replica per iteration (per GPU for data parallelism)",
         kind="int",
         minimum=1,
-        auto="the trace's",
+        auto="the trace's; 64 for the default model, whose profile's batch of 128 does not "
+        "fit a 16 GiB V100",
         auto_zero=True,
         flag=6,
     )

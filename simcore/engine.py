@@ -12,7 +12,7 @@ from typing import Any
 from simpy import Environment
 from simpy.core import EmptySchedule
 
-from simcore import metrics
+import simcore.metrics as metrics
 from simcore.clock import scheduled_events
 from simcore.collectives import Collectives
 from simcore.config import ConfigError, SimConfig

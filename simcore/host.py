@@ -14,8 +14,8 @@ tasks each progress at ``min(1, C / n)`` core-seconds per second. With a run que
 core (``balance_s`` > 0, as Linux keeps them) the tasks of one core share it, a woken
 thread goes to an idle core if there is one and else back to its own, and an idle core
 takes over work queued elsewhere only after ``balance_s``: cores can idle beside queued
-work, as measured on this machine (:mod:`realrun.scheduler`, docs/cpu_hosts.md). A task
-needs one core at most (one thread).
+work (:mod:`realrun.scheduler` measures the delay; docs/cpu_hosts.md). A task needs one
+core at most (one thread).
 :class:`CpuStream` is one thread's work: tasks run one at a time in the order they were
 queued, each one runnable on the pool while it is at the head. :class:`CpuRank` is a
 rank whose compute stream is such a thread; it offers :class:`~simcore.device.Gpu`'s

@@ -663,7 +663,10 @@ class DetailedNetwork(Network):
         start = st.free_at
         if start < now:
             start = now
-        end = self._transmit(st, msg, hop, start, size)
+        if st.burst_s <= 0.0:  # a plain link: nothing held, no bucket to update
+            end = start + size * st.service
+        else:
+            end = self._transmit(st, msg, hop, start, size)
         st.free_at = end
         st.sent_bytes += size
         self._at(end + st.latency, _ChunkArrival(self._on_fifo_arrival, msg, hop + 1, size))
@@ -712,7 +715,10 @@ class DetailedNetwork(Network):
         if msg.start_s < 0:
             msg.start_s = start
         st.sent_bytes += size
-        end = self._transmit(st, msg, hop, start, size)
+        if st.burst_s <= 0.0:  # a plain link: nothing held, no bucket to update
+            end = start + size * st.service
+        else:
+            end = self._transmit(st, msg, hop, start, size)
         st.free_at = end
         self._at(end + st.latency, _ChunkArrival(self._on_prio_arrival, msg, hop + 1, size))
 

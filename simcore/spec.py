@@ -33,6 +33,10 @@ from simcore.settings import ConfigError, convert, normalise, setting
 
 DEFAULT_TOPOLOGY = "pcie"
 DEFAULT_GPUS = 8
+DEFAULT_MODEL_BATCH = 64
+"""Batch size of the default model (ResNet-50) when none is given: its built-in profile
+was taken at batch 128, whose activations need 18.1 GiB per GPU in ``sim run --gpus 8
+--scheme p3``, more than the default topology's 16 GiB V100; at 64 it needs 9.2 GiB."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +84,14 @@ class RunSpec(RunSettings):
         normalise(self)
         if not isinstance(self.scheme_options, MappingProxyType):
             object.__setattr__(self, "scheme_options", MappingProxyType(dict(self.scheme_options)))
+
+    @property
+    def effective_batch_size(self) -> int | None:
+        """``batch_size``, or :data:`DEFAULT_MODEL_BATCH` when neither the model nor the
+        batch is given; ``None`` leaves the trace's."""
+        if self.batch_size is None and self.model is None:
+            return DEFAULT_MODEL_BATCH
+        return self.batch_size
 
     def replace(self, **changes: Any) -> RunSpec:
         """A copy with ``changes`` applied (validated like :func:`apply_settings`)."""

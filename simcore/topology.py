@@ -419,6 +419,12 @@ class Topology:
         """Bottleneck bandwidth on the route, bytes/s (``inf`` for ``src == dst``)."""
         return min((link.bandwidth_bytes_per_s for link in self.route(src, dst)), default=math.inf)
 
+    def stage_bandwidth(self) -> float:
+        """The bandwidth a pipeline's stages are cut for, bytes/s: the route's between the
+        first two GPUs, or a GPU's memory bandwidth where there is one GPU."""
+        bw = self.path_bandwidth(self.gpus[0], self.gpus[1]) if len(self.gpus) > 1 else math.inf
+        return bw if math.isfinite(bw) else self.gpu_spec.memory_bandwidth_bytes_per_s
+
     def _compute_route(self, src: int, dst: int) -> tuple[Link, ...]:
         if src == dst:
             return ()

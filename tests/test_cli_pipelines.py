@@ -13,7 +13,9 @@ from tests.test_cli import run_main
 
 
 def test_partition_prints_stages_bottleneck_and_speedups(capsys):
-    code, out, err = run_main(capsys, "partition", "--model", "vgg16", "--gpus", "4")
+    code, out, err = run_main(
+        capsys, "partition", "--model", "vgg16", "--gpus", "4", "--topology", "ethernet"
+    )
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == (
@@ -41,6 +43,23 @@ def test_partition_json_has_the_promised_keys(capsys):
     assert len(layers) == len(set(layers)) == 177
 
 
+def test_partition_cuts_for_the_bandwidth_sim_runs_pipelines_use(capsys):
+    from analysis.resolve import load_preset
+    from simcore.topology import TopologySpec, build_topology
+    from simcore.units import format_rate
+
+    pcie = build_topology(TopologySpec(preset=load_preset("pcie"), gpus=4)).stage_bandwidth()
+    _, by_default, _ = run_main(capsys, "partition", "--model", "vgg16", "--gpus", "4")
+    assert f"at {format_rate(pcie)}, batch 128" in by_default.splitlines()[0]
+    _, given, _ = run_main(
+        capsys, "partition", "--model", "vgg16", "--gpus", "4", "--bandwidth", "10Gbps"
+    )
+    assert "at 10 Gbps, batch 128" in given.splitlines()[0]
+    _, defaults, _ = run_main(capsys, "partition", "--json")  # sim run's model and GPUs
+    d = json.loads(defaults)
+    assert sum(s["replicas"] for s in d["stages"]) <= 8 and len(d["stages"]) > 1
+
+
 @pytest.mark.parametrize("method", ["layers", "params", "compute"])
 def test_partition_baselines_are_never_better(capsys, method):
     _, best, _ = run_main(
@@ -61,6 +80,8 @@ def test_partition_baselines_are_never_better(capsys, method):
         (["--model", "vgg16", "--bandwidth", "fast"], "--bandwidth: 'fast' is not allowed"),
         (["--model", "vgg16", "--memory-limit", "1GiB"], "within the memory limit"),
         (["--model", "nonesuch"], "--model: 'nonesuch' is not allowed"),
+        (["--gpus", "0"], "--gpus: 0 is not allowed"),
+        (["--topology", "nonesuch"], "--topology: 'nonesuch'"),
     ],
 )
 def test_partition_errors_are_one_line(capsys, args, message):

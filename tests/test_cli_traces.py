@@ -171,7 +171,7 @@ def test_profile_out_in_a_missing_folder(tmp_path: Path) -> None:
         (["--model", "snn", "--analytic"], "--device-flops"),
         (["--model", "snn", "--analytic", "--device-flops", "fast"], "'fast'"),
         (["--model", "snn", "--device-flops", "1e12"], "--analytic"),
-        (["--model", "snn", "--batch-size", "0"], "--batch-size"),
+        (["--model", "snn", "--batch-size", "-1"], "--batch-size"),
         (
             [
                 "--model",

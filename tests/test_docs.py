@@ -30,3 +30,21 @@ def test_nothing_refers_to_design_files_outside_the_repository():
         and outside.search((ROOT / f).read_text(encoding="utf-8", errors="replace"))
     ]
     assert not hits, hits
+
+
+def test_the_readme_is_short_and_every_file_it_links_exists():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) < 500
+    targets = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text)
+    assert targets, "the README links its docs"
+    missing = [t for t in targets if not (ROOT / t).exists()]
+    assert not missing, missing
+
+
+def test_docs_link_only_to_files_that_exist():
+    missing = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text("utf-8")):
+            if not (page.parent / target).exists():
+                missing.append(f"{page.name}: {target}")
+    assert not missing, missing

@@ -85,23 +85,32 @@ def test_imports_point_down(path):
     assert not wrong, f"{pkg} may import only {sorted(ALLOWED[pkg])}; this imports {wrong}"
 
 
-def test_no_import_cycles_between_modules():
-    """No module reaches itself through the first-party imports (``a -> b -> a``)."""
-    names = {module_name(p): p for p in modules()}
+def import_graph(imports: dict[str, set[str]], packages: set[str]) -> dict[str, set[str]]:
+    """Module -> the first-party modules importing it runs: ``imports`` maps each module
+    to the names it imports; ``packages`` names the modules that are packages'
+    ``__init__``. Importing ``a.b.c`` runs ``a`` and ``a.b`` first, so an edge to it is
+    also one to them (except to the importer's own packages, which Python runs first)."""
+    names = set(imports)
 
     def resolve(m: str) -> str | None:
         while m and m not in names:
             m = m.rpartition(".")[0]
         return m or None
 
-    graph = {n: {r for m in imported(p) if (r := resolve(m)) and r != n} for n, p in names.items()}
-    # packages' __init__ re-exports are how a package is entered; leave them out
-    graph = {
-        n: {m for m in deps if not _is_package(names[m])}
-        for n, deps in graph.items()
-        if not _is_package(names[n])
-    }
-    cycles = []
+    graph = {n: {r for m in deps if (r := resolve(m)) and r != n} for n, deps in imports.items()}
+    for n, deps in graph.items():
+        for m in list(deps):
+            parent = m.rpartition(".")[0]
+            while parent:
+                if parent in packages and parent != n and not n.startswith(parent + "."):
+                    deps.add(parent)
+                parent = parent.rpartition(".")[0]
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Every cycle a depth-first walk of ``graph`` closes, as ``a -> b -> a``."""
+    cycles: list[str] = []
     state: dict[str, int] = {}
 
     def visit(n: str, stack: list[str]) -> None:
@@ -116,8 +125,36 @@ def test_no_import_cycles_between_modules():
     for n in sorted(graph):
         if n not in state:
             visit(n, [n])
+    return cycles
+
+
+def test_the_cycle_check_sees_packages_init_modules():
+    # pkg/__init__ imports pkg.a lazily; pkg.b imports pkg.sub.c, which runs pkg.sub first
+    imports = {
+        "pkg": {"pkg.a"},
+        "pkg.a": {"pkg.b"},
+        "pkg.b": {"pkg.sub.c"},
+        "pkg.sub": {"pkg.a"},
+        "pkg.sub.c": set(),
+    }
+    cycles = find_cycles(import_graph(imports, {"pkg", "pkg.sub"}))
+    assert cycles == ["pkg.a -> pkg.b -> pkg.sub -> pkg.a"]
+    # a module importing a sibling does not import its own package again: it is running
+    assert (
+        find_cycles(import_graph({"pkg": {"pkg.a"}, "pkg.a": {"pkg.b"}, "pkg.b": set()}, {"pkg"}))
+        == []
+    )
+    # but one that takes a name from its package's __init__ does, while that runs
+    assert find_cycles(import_graph({"pkg": {"pkg.a"}, "pkg.a": {"pkg"}}, {"pkg"})) == [
+        "pkg -> pkg.a -> pkg"
+    ]
+
+
+def test_no_import_cycles_between_modules():
+    """No module reaches itself through the first-party imports (``a -> b -> a``),
+    packages' ``__init__`` modules included."""
+    paths = {module_name(p): p for p in modules()}
+    imports = {n: imported(p) for n, p in paths.items()}
+    packages = {n for n, p in paths.items() if p.name == "__init__.py"}
+    cycles = find_cycles(import_graph(imports, packages))
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
-
-
-def _is_package(path: Path) -> bool:
-    return path.name == "__init__.py"

@@ -12,6 +12,7 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
+import simcore.scheme_names
 import simcore.schemes
 from dtsim.cli import cli
 
@@ -64,6 +65,9 @@ def new_schemes(tmp_path, monkeypatch):
     (tmp_path / "zzdp.py").write_text(textwrap.dedent(DP_MODULE))
     (tmp_path / "zzpipe.py").write_text(textwrap.dedent(PIPE_MODULE))
     monkeypatch.setattr(simcore.schemes, "__path__", [*simcore.schemes.__path__, str(tmp_path)])
+    monkeypatch.setattr(
+        simcore.scheme_names, "SCHEME_PATHS", [*simcore.scheme_names.SCHEME_PATHS, str(tmp_path)]
+    )
     _clear_caches()
     yield ("zzdp", "zzpipe")
     _clear_caches()

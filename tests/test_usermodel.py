@@ -114,14 +114,20 @@ def test_a_module_with_its_example_and_integer_inputs(models: Path) -> None:
     assert t.inputs[0].high <= 50
 
 
-def test_the_zoo_functions_take_references(models: Path) -> None:
+def test_one_resolver_takes_zoo_names_and_references_and_the_zoo_only_its_own(
+    models: Path,
+) -> None:
     from realrun import zoo
 
-    assert isinstance(zoo.build(f"{models}:cnn_with_example"), torch.nn.Sequential)
-    x = zoo.example_inputs(f"{models}:mlp", 3, input_shape=(12,))
+    built = resolve_model(f"{models}:cnn_with_example").build()
+    assert isinstance(built, torch.nn.Sequential)
+    x = resolve_model(f"{models}:mlp", (12,)).example_inputs(3)
     assert x[0].shape == (3, 12)
+    assert isinstance(resolve_model("mlp_small").build(), torch.nn.Module)
     with pytest.raises(KeyError):
         zoo.build("resnet51")
+    with pytest.raises(KeyError):  # the zoo knows its registry, not the user's files
+        zoo.build(f"{models}:cnn_with_example")
 
 
 def test_a_relative_path_becomes_absolute(models: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,9 @@ from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 
-from traces import jsonfmt, kineto, pipedream
+import traces.jsonfmt as jsonfmt
+import traces.kineto as kineto
+import traces.pipedream as pipedream
 from traces.errors import TraceFormatError, UnknownModelError
 from traces.model import Trace
 

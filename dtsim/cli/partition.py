@@ -6,23 +6,14 @@ import json
 
 import click
 
-from dtsim.spec import DEFAULT_GPUS
+from dtsim.cli.options import setting_option
+from simcore.spec import FIELDS
 
 
 @click.command("partition")
-@click.option(
-    "--model",
-    default="",
-    metavar="NAME|FILE",
-    help="Built-in model (see 'sim models') or trace file. [default: resnet50]",
-)
-@click.option(
-    "--gpus",
-    type=click.IntRange(min=1),
-    default=DEFAULT_GPUS,
-    show_default=True,
-    help="GPUs to use, exactly.",
-)
+@setting_option(FIELDS["model"])
+@setting_option(FIELDS["gpus"])
+@setting_option(FIELDS["topology"])
 @click.option(
     "--method",
     type=click.Choice(["antichain", "layers", "params", "compute"]),
@@ -38,10 +29,10 @@ from dtsim.spec import DEFAULT_GPUS
 )
 @click.option(
     "--bandwidth",
-    default="10Gbps",
-    show_default=True,
+    default=None,
     metavar="RATE",
-    help="Bandwidth between stages and among a stage's replicas.",
+    help="Bandwidth between stages and among a stage's replicas: 10Gbps, 100Gb/s, 25GB/s. "
+    "[default: the --topology's between its first two GPUs, which sim run's pipelines use]",
 )
 @click.option(
     "--activations",
@@ -58,11 +49,12 @@ from dtsim.spec import DEFAULT_GPUS
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 def partition(
-    model: str,
-    gpus: int,
+    model: str | None,
+    gpus: int | None,
+    topology: str | None,
     method: str,
     straight: bool,
-    bandwidth: str,
+    bandwidth: str | None,
     activations: bool,
     memory_limit: str,
     as_json: bool,
@@ -71,19 +63,25 @@ def partition(
 
     Prints each stage's layers, replicas, compute time, parameter bytes and the activation
     bytes crossing its output boundary, the bottleneck, and the predicted speedup over one
-    GPU and over data parallelism on the same GPUs.
+    GPU and over data parallelism on the same GPUs. With no --bandwidth the stages are
+    cut for the links between the first two GPUs of --topology, as 'sim run' cuts its
+    pipelines on the same topology.
 
     \b
     Examples:
       sim partition --model vgg16 --gpus 4
+      sim partition --model vgg16 --gpus 4 --topology ethernet --bandwidth 10Gbps
       sim partition --model inception_v3 --gpus 8 --straight --json
       sim partition --model resnet50 --gpus 8 --method compute
     """
+    from analysis.resolve import load_preset
     from dtsim.cli.output import table
     from dtsim.resolve import resolve_trace
     from simcore.config import parse_quantity
     from simcore.partition import PartitionError
     from simcore.partition import partition as run_partition
+    from simcore.spec import RunSpec
+    from simcore.topology import TopologySpec, build_topology
     from simcore.units import (
         format_bytes,
         format_rate,
@@ -92,9 +90,21 @@ def partition(
         parse_size,
     )
 
-    bw = parse_quantity(parse_rate, bandwidth, "bandwidth")
+    spec = RunSpec().replace(
+        **{
+            k: v
+            for k, v in {"model": model, "gpus": gpus, "topology": topology}.items()
+            if v is not None
+        }
+    )
+    gpus = spec.gpus
     limit = parse_quantity(parse_size, memory_limit, "--memory-limit") if memory_limit else None
-    trace = resolve_trace(model)
+    trace = resolve_trace(spec.model)
+    if bandwidth is not None:
+        bw = parse_quantity(parse_rate, bandwidth, "bandwidth")
+    else:
+        topo = build_topology(TopologySpec(preset=load_preset(spec.topology), gpus=gpus))
+        bw = topo.stage_bandwidth()
     try:
         p = run_partition(
             trace,

@@ -9,28 +9,21 @@ from typing import Any
 import click
 
 from dtsim.cli.errors import BadInput
+from dtsim.cli.options import setting_option
 from dtsim.cli.output import check_output
-from realrun import zoo
-from realrun.options import DEFAULT_EFFICIENCY, DEVICES, DTYPES, INPUT_SHAPE_HELP
+from realrun.options import DEFAULT_EFFICIENCY, DEVICES, DTYPES
+from realrun.spec import RealSpec
+from simcore.spec import ordered_fields
+
+REAL_FIELDS = ordered_fields(RealSpec)
+"""The settings of a real run: a profile takes its model, input shape and batch size
+declared once there, with the same defaults as 'sim real'."""
 
 
 @click.command("profile")
-@click.option(
-    "--model",
-    "model_name",
-    required=True,
-    metavar="NAME|FILE.py:NAME",
-    help=f"Zoo model ({', '.join(zoo.names())}), or your own: FILE.py:NAME or "
-    "package.module:NAME, a callable returning an nn.Module or (module, example_input).",
-)
-@click.option("--input-shape", default=None, metavar="SHAPE", help=INPUT_SHAPE_HELP + ".")
-@click.option(
-    "--batch-size",
-    type=click.IntRange(min=1),
-    default=32,
-    show_default=True,
-    help="Samples in the profiled batch.",
-)
+@setting_option(REAL_FIELDS["model"])
+@setting_option(REAL_FIELDS["input_shape"])
+@setting_option(REAL_FIELDS["batch_size"])
 @click.option(
     "--fit-batch",
     type=click.IntRange(min=0),
@@ -128,9 +121,9 @@ from realrun.options import DEFAULT_EFFICIENCY, DEVICES, DTYPES, INPUT_SHAPE_HEL
     help="Show a progress bar on stderr.",
 )
 def profile(
-    model_name: str,
+    model: str | None,
     input_shape: str | None,
-    batch_size: int,
+    batch_size: str | None,
     fit_batch: int,
     device: str,
     dtype: str,
@@ -148,10 +141,11 @@ def profile(
 ) -> None:
     """Profile a model of the zoo, or your own, into a layer trace (dtsim JSON).
 
-    Every layer of the model's torch.fx graph is timed on its own, forward and backward
-    (warm-up, then the median of repeats), with its parameter bytes, output activation
-    bytes and FLOPs. With --analytic nothing runs: the graph is built on the meta device and
-    times come from FLOPs at --efficiency of --device-flops.
+    The model and batch default to those of 'sim real', so that the trace describes the
+    run 'sim real' makes. Every layer of the model's torch.fx graph is timed on its own,
+    forward and backward (warm-up, then the median of repeats), with its parameter bytes,
+    output activation bytes and FLOPs. With --analytic nothing runs: the graph is built on
+    the meta device and times come from FLOPs at --efficiency of --device-flops.
 
     With --fit-batch N each layer's times are also measured at N samples and split into
     a part that does not grow with the batch and a part per sample, so that 'sim run' at
@@ -169,21 +163,15 @@ def profile(
     model on CUDA, a hardware fingerprint, the date and time); 'sim run' warns when the
     topology claims another device or a measurement more than a day apart.
     """
+    from realrun.job import DEFAULT_REAL_BATCH
     from realrun.options import parse_flop_rate
+    from realrun.spec import DEFAULT_REAL_MODEL
     from simcore.units import format_bytes, format_time, parse_rate
 
     if analytic and not device_flops:
         raise BadInput("--analytic needs --device-flops RATE (e.g. 15.7e12 for a V100)")
     if not analytic and (device_flops or memory_bandwidth):
         raise BadInput("--device-flops and --memory-bandwidth only apply with --analytic")
-    fit_batch = fit_batch or 0
-    if fit_batch and analytic:
-        raise BadInput("--fit-batch: an analytic trace has no fixed parts to fit; drop it")
-    if fit_batch >= batch_size:
-        raise BadInput(
-            f"--fit-batch: {fit_batch} must be smaller than --batch-size {batch_size} "
-            "(or 0 for no fit)"
-        )
     flops_rate = parse_flop_rate(device_flops) if device_flops else 0.0
     mem_rate = parse_rate(memory_bandwidth) if memory_bandwidth else 0.0
     if fmt == "chakra":
@@ -193,7 +181,17 @@ def profile(
 
         if not available():
             raise BadInput(f"--format chakra needs the chakra extra: {INSTALL_HINT}")
-    resolved = _resolve(model_name, input_shape)
+    given = {"model": model, "input_shape": input_shape, "batch_size": batch_size}
+    spec = RealSpec().replace(**{k: v for k, v in given.items() if v is not None})
+    batch_size = spec.batch_size or DEFAULT_REAL_BATCH
+    if fit_batch and analytic:
+        raise BadInput("--fit-batch: an analytic trace has no fixed parts to fit; drop it")
+    if fit_batch >= batch_size:
+        raise BadInput(
+            f"--fit-batch: {fit_batch} must be smaller than --batch-size {batch_size} "
+            "(or 0 for no fit)"
+        )
+    resolved = _resolve(spec.model or DEFAULT_REAL_MODEL, spec.input_shape)
     model_name, shape = resolved.ref, resolved.input_shape
     stem = f"{resolved.name}-{'analytic' if analytic else device}-b{batch_size}"
     path = out or (f"{stem}.0.et" if fmt == "chakra" else f"{stem}.json")

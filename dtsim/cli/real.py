@@ -199,6 +199,8 @@ def check_ranks(job: Job | None, workers: int = 0) -> None:
 def make_job(spec: Any, *, profile: bool = False) -> Job:
     """The :class:`Job` for a run spec (``BadInput`` naming what cannot run for real)."""
     from realrun import zoo
+    from realrun.spec import DEFAULT_REAL_MODEL, default_workers
+    from realrun.usermodel import resolve_model
     from simcore.config import options_from_mapping
     from simcore.schemes import get_scheme
     from simcore.schemes.gossip import is_power_of_two
@@ -208,19 +210,19 @@ def make_job(spec: Any, *, profile: bool = False) -> Job:
             f"--scheme: {spec.scheme!r} has no real runtime yet; choose one of: "
             f"{', '.join(REAL_SCHEMES)}"
         )
-    model = spec.model or "resnet18"
+    model = spec.model or DEFAULT_REAL_MODEL
     if not zoo.is_zoo(model) and not zoo.looks_like_reference(model):
         raise BadInput(
             f"--model: {model!r} is not a zoo model (a real run needs the model "
             f"itself, not a trace); choose one of: {', '.join(zoo.names())}, or give "
             "FILE.py:NAME or package.module:NAME"
         )
-    resolved = zoo.resolve_model(model, spec.input_shape)  # ConfigError: one line
+    resolved = resolve_model(model, spec.input_shape)  # ConfigError: one line
     model, input_shape = resolved.ref, resolved.input_shape
     scheme = get_scheme(spec.scheme)
     options = options_from_mapping(scheme.Options, spec.scheme_options, prefix="scheme.")
     opts = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
-    workers = spec.gpus
+    workers = spec.gpus or default_workers()
     if spec.scheme == "gossip" and not is_power_of_two(workers):
         lower = 1 << (workers.bit_length() - 1)
         raise BadInput(

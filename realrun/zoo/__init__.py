@@ -205,13 +205,10 @@ def get(name: str) -> ZooModel:
 
 
 def build(name: str) -> Any:
-    """A fresh ``torch.nn.Module`` for zoo model ``name`` (or a user's model reference,
-    ``FILE.py:NAME`` or ``package.module:NAME``), on the current default device (use
-    ``with torch.device("meta"):`` for a model without memory)."""
-    if name not in REGISTRY and looks_like_reference(name):
-        from realrun.usermodel import build_reference
-
-        return build_reference(name)
+    """A fresh ``torch.nn.Module`` for zoo model ``name``, on the current default device
+    (use ``with torch.device("meta"):`` for a model without memory). A user's model
+    (``FILE.py:NAME``) is built by :func:`realrun.usermodel.resolve_model`, which knows
+    both kinds."""
     entry = get(name)
     module = importlib.import_module(f"realrun.zoo.{entry.module}")
     return getattr(module, entry.constructor)()
@@ -229,28 +226,15 @@ def looks_like_reference(ref: str) -> bool:
     return bool(sep and left and name)
 
 
-def resolve_model(ref: str, input_shape: Any = None) -> Any:
-    """The model a reference names (a zoo name, ``FILE.py:NAME`` or
-    ``package.module:NAME``): :func:`realrun.usermodel.resolve_model`."""
-    from realrun.usermodel import resolve_model as resolve
-
-    return resolve(ref, input_shape)
-
-
 def example_inputs(
     name: str,
     batch_size: int,
     device: Any = "cpu",
     seed: int = 0,
-    input_shape: tuple[int, ...] | None = None,
 ) -> tuple[Any, ...]:
-    """A batch of ``batch_size`` random inputs for zoo model ``name`` (or a user's model
-    reference, with ``input_shape`` where it needs one) on ``device`` (reproducible for a
-    given ``seed``; the meta device gets shapes only)."""
+    """A batch of ``batch_size`` random inputs for zoo model ``name`` on ``device``
+    (reproducible for a given ``seed``; the meta device gets shapes only)."""
     import torch
-
-    if name not in REGISTRY and looks_like_reference(name):
-        return resolve_model(name, input_shape).example_inputs(batch_size, device, seed)
 
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")

@@ -12,43 +12,13 @@ partitioner and numpy, which ``sim run --scheme dp`` does not need).
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from functools import cache
 
 from simcore.config import ConfigError
+from simcore.scheme_names import ORDER, scheme_names
 from simcore.schemes.base import Scheme
 
-_NOT_SCHEMES = {"base"}
-
-ORDER = (
-    "dp",
-    "ps",
-    "p3",
-    "gossip",
-    "mp",
-    "gpipe",
-    "pipedream",
-    "spectrain",
-    "1f1b",
-    "interleaved",
-    "looped-bfs",
-    "zb-h1",
-    "zb-interleaved",
-    "zbv",
-    "dualpipev",
-)
-"""Display order of the schemes (others follow by name)."""
-
-
-@cache
-def scheme_names() -> tuple[str, ...]:
-    """The names of all schemes, in display order, without importing their modules."""
-    found = {
-        mod.name.replace("_", "-")
-        for mod in pkgutil.iter_modules(__path__)
-        if not mod.name.startswith("_") and mod.name not in _NOT_SCHEMES
-    }
-    return tuple([n for n in ORDER if n in found] + sorted(found - set(ORDER)))
+__all__ = ["ORDER", "Scheme", "get_scheme", "registry", "scheme_names"]
 
 
 @cache

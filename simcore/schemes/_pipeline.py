@@ -244,11 +244,8 @@ class PipelineScheme(Scheme):
         """The stages for this run: the chosen method over all GPUs, with the
         inter-stage bandwidth of the topology (between the first two GPUs)."""
         ctx = self.ctx
-        topo = ctx.topology
         n = ctx.num_ranks
-        bw = topo.path_bandwidth(topo.gpus[0], topo.gpus[1]) if n > 1 else math.inf
-        if not math.isfinite(bw):
-            bw = topo.gpu_spec.memory_bandwidth_bytes_per_s
+        bw = ctx.topology.stage_bandwidth()
         straight = self.feat.straight
         cuts = [c.strip() for c in self.options.stages.split(",") if c.strip()]
         try:
