@@ -49,6 +49,12 @@ from typing import Any
 import numpy as np
 
 from realrun import linkcpu, scheduler
+from realrun.calibrated import (
+    TCP_PAYLOAD_BYTES,
+    burst_payload_bytes,
+    format_rate_text,
+    knob_sources,
+)
 from realrun.owner import temp_dir
 from simcore.units import format_bytes, format_rate, parse_rate, parse_size
 
@@ -95,8 +101,6 @@ MATMUL_N = 512
 #: gloo's all-reduce segment (``kMaxSegmentSize`` in gloo/allreduce.h) and worker threads.
 GLOO_SEGMENT = "1MiB"
 GLOO_THREADS = 2
-#: TCP payload of a full 1514-byte frame (1500-byte MTU, TCP timestamps on).
-TCP_PAYLOAD_BYTES = 1448
 #: Messages up to this size are repeated SMALL_FACTOR times as often (they take
 #: microseconds, and a busy machine's scheduling noise needs more samples to average out).
 MESSENGER_SIZES_BYTES = (1 * KiB, 64 * KiB, 256 * KiB, 1 * MiB)
@@ -378,17 +382,6 @@ def segment_bytes(preset: Mapping[str, Any]) -> int:
 
     burst = parse_size((preset.get("network") or {}).get("burst", 0) or 0)
     return FRAME_CHUNK_BYTES if 0 < burst < SEGMENT_BYTES else SEGMENT_BYTES
-
-
-def burst_payload_bytes(rate_bytes_per_s: float | None) -> float:
-    """Payload bytes that fit in the tbf bucket of a link shaped to ``rate_bytes_per_s``
-    (``sim real``'s shaping, :func:`realrun.netns.shape_for_rate`; full-size TCP segments:
-    1448 payload bytes per 1514-byte frame); 0 for an unshaped link."""
-    if rate_bytes_per_s is None:
-        return 0.0
-    from realrun.netns import FRAME_BYTES, shape_for_rate
-
-    return shape_for_rate(rate_bytes_per_s).burst_bytes * TCP_PAYLOAD_BYTES / FRAME_BYTES
 
 
 def tcp_send_buffer_bytes() -> int:
@@ -693,14 +686,6 @@ def _median(values: Sequence[float]) -> float:
 
 # ---------------------------------------------------------------------------------------
 # Text forms the preset parsers read back (simcore.units)
-
-
-def format_rate_text(bytes_per_s: float) -> str:
-    """A rate as ``parse_rate`` reads it, four significant digits: ``119.6MB/s``."""
-    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if bytes_per_s >= scale:
-            return f"{bytes_per_s / scale:.4g}{prefix}B/s"
-    return f"{bytes_per_s:.4g}B/s"
 
 
 def _time_text(seconds: float) -> str:
@@ -1398,8 +1383,6 @@ def _preset(
         measured["wakeup"] = wake_rows
         fits["wakeup_s"] = wake
         fits["wakeup_residual_s_max"] = wake_residual
-    from realrun.calibrated import knob_sources
-
     measured["sources"] = knob_sources(preset)  # each setting's unit and source: KNOBS
     return preset
 

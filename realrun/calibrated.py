@@ -12,7 +12,7 @@ protocol and moves only what the rate sets (:func:`at_rate`):
 
 * the goodput: the new rate times the measured share;
 * the bucket: the one ``sim real`` shapes at the new rate
-  (:func:`realrun.calibrate.burst_payload_bytes`);
+  (:func:`burst_payload_bytes`);
 * ``measured.tbf_rate`` becomes the new rate, and ``measured.moved_from`` records the rate
   the calibration was measured at.
 
@@ -148,6 +148,29 @@ def _measured(preset: Mapping[str, Any]) -> Mapping[str, Any]:
     return m if isinstance(m, Mapping) else {}
 
 
+TCP_PAYLOAD_BYTES = 1448
+"""TCP payload of a full 1514-byte frame (1500-byte MTU, TCP timestamps on)."""
+
+
+def burst_payload_bytes(rate_bytes_per_s: float | None) -> float:
+    """Payload bytes that fit in the tbf bucket of a link shaped to ``rate_bytes_per_s``
+    (``sim real``'s shaping, :func:`realrun.netns.shape_for_rate`; full-size TCP segments:
+    1448 payload bytes per 1514-byte frame); 0 for an unshaped link."""
+    if rate_bytes_per_s is None:
+        return 0.0
+    from realrun.netns import FRAME_BYTES, shape_for_rate
+
+    return shape_for_rate(rate_bytes_per_s).burst_bytes * TCP_PAYLOAD_BYTES / FRAME_BYTES
+
+
+def format_rate_text(bytes_per_s: float) -> str:
+    """A rate as ``parse_rate`` reads it, four significant digits: ``119.6MB/s``."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.4g}{prefix}B/s"
+    return f"{bytes_per_s:.4g}B/s"
+
+
 def is_calibrated(preset: Mapping[str, Any]) -> bool:
     """Whether ``preset`` was written by ``sim calibrate`` (it has the fitted goodput)."""
     fits = _measured(preset).get("fits")
@@ -173,7 +196,6 @@ def goodput_share(preset: Mapping[str, Any]) -> tuple[float, str]:
     share = fits.get("goodput_share_of_tbf_rate") if isinstance(fits, Mapping) else None
     if share:
         return float(share), "calibration:shaped ping-pong"
-    from realrun.calibrate import TCP_PAYLOAD_BYTES
     from realrun.netns import FRAME_BYTES
 
     return TCP_PAYLOAD_BYTES / FRAME_BYTES, "constant"
@@ -184,7 +206,6 @@ def at_rate(preset: Mapping[str, Any], rate_bytes_per_s: float) -> dict[str, Any
     ``rate_bytes_per_s`` (tbf's rate, as ``sim real --bandwidth`` gives it) instead of the
     rate it was measured at; see the module's docs for what moves and what is kept.
     ``ValueError`` if ``preset`` is not calibrated or the rate is not positive."""
-    from realrun.calibrate import burst_payload_bytes, format_rate_text
     from simcore.units import format_rate
 
     if not is_calibrated(preset):

@@ -11,7 +11,7 @@ puts on the machine carries the tag:
 * its rank processes: ``DTSIM_RUN_OWNER=TAG`` in their environment; a rank whose owner is
   gone stops itself within a second (:func:`watch_owner`).
 
-When the owner dies without cleaning up (``kill -9``, a crash), :func:`remove_stale`
+When the owner dies without cleaning up (``kill -9``, a crash), :func:`realrun.stale.remove_stale`
 removes what carries its tag: namespaces (and the processes inside), rank processes and
 temporary folders. Only what belongs to owners that are gone is touched, so runs in
 progress (another user's, another test's) are safe.
@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import tempfile
 import threading
@@ -108,7 +107,7 @@ def watch_owner(tag: str | None, on_gone: Callable[[], None]) -> threading.Threa
 
 @dataclass
 class Removed:
-    """What :func:`remove_stale` removed, and whose it was."""
+    """What :func:`realrun.stale.remove_stale` removed, and whose it was."""
 
     namespaces: list[str] = field(default_factory=list)
     processes: list[int] = field(default_factory=list)
@@ -136,7 +135,7 @@ class Removed:
         )
 
 
-def _stale_processes() -> dict[int, str]:
+def stale_processes() -> dict[int, str]:
     """Processes whose environment names an owner that is gone: pid -> owner tag."""
     out = {}
     me = os.getpid()
@@ -158,7 +157,7 @@ def _stale_processes() -> dict[int, str]:
     return out
 
 
-def _kill(pids: list[int], grace_s: float = 1.0) -> None:
+def kill_all(pids: list[int], grace_s: float = 1.0) -> None:
     """SIGKILL ``pids`` (a rank whose owner is gone has nothing worth saving) and wait up
     to ``grace_s`` for them to go."""
     for pid in pids:
@@ -172,7 +171,7 @@ def _kill(pids: list[int], grace_s: float = 1.0) -> None:
         time.sleep(0.02)
 
 
-def _stale_folders(tmp: str) -> dict[str, str]:
+def stale_folders(tmp: str) -> dict[str, str]:
     """Temporary folders in ``tmp`` whose owner is gone: path -> owner tag."""
     out = {}
     try:
@@ -184,35 +183,3 @@ def _stale_folders(tmp: str) -> dict[str, str]:
         if m and not alive(int(m.group(2)), int(m.group(3))):
             out[os.path.join(tmp, name)] = f"{m.group(2)}-{m.group(3)}"
     return out
-
-
-def netns_prefixes() -> tuple[str, ...]:
-    """The namespace prefixes this user's runs use: ``DTSIM_NETNS_PREFIX`` (default
-    ``dtsim``) and the calibration's loopback variant (the same plus ``l``)."""
-    base = os.environ.get("DTSIM_NETNS_PREFIX", "dtsim")
-    return (base, base + "l")
-
-
-def remove_stale(prefixes: tuple[str, ...] | None = None, tmp: str | None = None) -> Removed:
-    """Remove what dead runs left (see module docs): namespaces with ``prefixes`` (default
-    :func:`netns_prefixes`) whose creator is gone, with the processes inside; rank
-    processes whose owner is gone; temporary folders in ``tmp`` (default: the temporary
-    directory) whose owner is gone."""
-    from realrun import netns
-
-    removed = Removed()
-    for prefix in prefixes or netns_prefixes():
-        for name in netns.remove_stale(prefix):
-            removed.namespaces.append(name)
-            removed.owners.add("-".join(name[len(prefix) + 1 :].split("-")[:2]))
-    procs = _stale_processes()
-    if procs:
-        _kill(list(procs))
-        removed.processes = sorted(procs)
-        removed.owners.update(procs.values())
-    for path, tag in sorted(_stale_folders(tmp or tempfile.gettempdir()).items()):
-        shutil.rmtree(path, ignore_errors=True)
-        if not os.path.exists(path):
-            removed.folders.append(path)
-            removed.owners.add(tag)
-    return removed

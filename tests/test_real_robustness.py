@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from dtsim.cli import main
-from realrun import owner
+from realrun import owner, stale
 from realrun.guard import (
     RANK_BASE_BYTES,
     RANKS_PER_CORE,
@@ -241,7 +241,7 @@ def test_remove_stale_takes_dead_owners_folders_and_ranks_only(tmp_path: Path) -
     orphan = subprocess.Popen(["sleep", "60"], env=dict(os.environ, DTSIM_RUN_OWNER=dead))
     kept = subprocess.Popen(["sleep", "60"], env=dict(os.environ, DTSIM_RUN_OWNER=mine))
     try:
-        removed = owner.remove_stale(prefixes=("i44none",), tmp=str(tmp_path))
+        removed = stale.remove_stale(prefixes=("i44none",), tmp=str(tmp_path))
         assert removed.folders == [str(gone)]
         assert orphan.pid in removed.processes and kept.pid not in removed.processes
         assert orphan.wait(timeout=5) == -signal.SIGKILL
@@ -255,10 +255,14 @@ def test_remove_stale_takes_dead_owners_folders_and_ranks_only(tmp_path: Path) -
 
 
 def test_a_rank_whose_owner_is_gone_stops_itself(tmp_path: Path) -> None:
+    """The rank waits for its job (a FIFO nobody writes, so it blocks however fast it
+    starts) when its owner dies: its watch stops it, exit 3."""
     holder = subprocess.Popen(["sleep", "3"])
     env = dict(os.environ, DTSIM_RUN_OWNER=owner.owner_tag(holder.pid))
+    job = tmp_path / "job.fifo"
+    os.mkfifo(job)
     rank = subprocess.Popen(
-        [sys.executable, "-m", "realrun", "--job", str(tmp_path / "none.json"), "--out", "x"],
+        [sys.executable, "-m", "realrun", "--job", str(job), "--out", "x"],
         env=env,
         stderr=subprocess.PIPE,
         text=True,

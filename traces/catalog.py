@@ -110,7 +110,7 @@ def load_file(path: str | os.PathLike[str], fmt: str | None = None, **kwargs: ob
         fmt = "chakra"
     fmt = fmt or "pipedream"
     if fmt == "chakra":
-        from traces import chakra
+        import traces.chakra as chakra
 
         return chakra.load(p, **kwargs)  # type: ignore[arg-type]
     if fmt == "dtsim":

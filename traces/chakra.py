@@ -9,7 +9,7 @@ to install when the package is absent (:class:`ChakraMissing`).
 
 Two kinds of ET become a :class:`~traces.model.Trace` (:func:`load`):
 
-* **dtsim's own** (written by :mod:`traces.chakra_export` from a run's records; the global
+* **dtsim's own** (written by :mod:`analysis.chakra_export` from a run's records; the global
   metadata has ``dtsim.format``): every layer pass is a compute node carrying its layer's
   name, pass, iteration and sizes. A layer's forward (backward) time is the sum of its
   forward (backward) nodes' durations in the first measured iteration, on the lowest rank

@@ -50,8 +50,8 @@ def write_chakra_out(
     trace: Any,
     echo: Callable[[str], None],
 ) -> None:
-    """Write the run's ETs (:func:`traces.chakra_export.write`) and say where."""
-    from traces.chakra_export import write
+    """Write the run's ETs (:func:`analysis.chakra_export.write`) and say where."""
+    from analysis.chakra_export import write
 
     paths = write(directory, file_stem(info.model), spans, device_names, info, trace)
     first = os.path.basename(paths[0]).rsplit(".", 2)[0]

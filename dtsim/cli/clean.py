@@ -6,10 +6,10 @@ import click
 
 
 def clean_stale() -> None:
-    """Remove what dead runs left (:func:`realrun.owner.remove_stale`) and say so in one
+    """Remove what dead runs left (:func:`realrun.stale.remove_stale`) and say so in one
     line on stderr; silent when there was nothing. ``sim real``, ``sim calibrate`` and
     ``sim validate`` call it before they start."""
-    from realrun.owner import remove_stale
+    from realrun.stale import remove_stale
 
     removed = remove_stale()
     if removed:
@@ -34,7 +34,7 @@ def clean(prefix: str | None, verbose: bool) -> None:
     yours or anyone's, are left alone. 'sim real', 'sim calibrate' and 'sim validate'
     do the same when they start.
     """
-    from realrun.owner import netns_prefixes, remove_stale
+    from realrun.stale import netns_prefixes, remove_stale
 
     prefixes = (prefix, prefix + "l") if prefix else netns_prefixes()
     try:

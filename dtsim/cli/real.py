@@ -131,7 +131,9 @@ def real(
 
     load_preset(spec.topology)  # as sim run does: a name or file that is no preset is refused
     if not write_job:
-        check_ranks(None, spec.gpus)  # at once, before torch is imported
+        from realrun.spec import default_workers
+
+        check_ranks(None, spec.gpus or default_workers())  # at once, before torch
     job = make_job(spec, profile=profile_out is not None)
     if write_job:
         from traces.atomic import write_text
@@ -442,10 +444,10 @@ def _write_chakra(
 ) -> None:
     """The measured run as Chakra ETs (``--chakra-out``): the spans as measured, the
     layers' sizes from the model's graph (counted on the meta device, nothing runs)."""
+    from analysis.chakra_export import RunInfo
     from dtsim.cli.chakra_out import write_chakra_out
     from realrun.metrics import spans
     from realrun.profiler import ProfileConfig, ProfileError, profile_model
-    from traces.chakra_export import RunInfo
 
     job = records["job"]
     shape = job.get("input_shape")

@@ -82,9 +82,9 @@ def run(
                 f"  chrome trace       {trace_out}  (open in https://ui.perfetto.dev)", err=to_err
             )
     if chakra_out:
+        from analysis.chakra_export import RunInfo
         from dtsim import __version__
         from dtsim.cli.chakra_out import write_chakra_out
-        from traces.chakra_export import RunInfo
 
         ran = config.trace.rescale_batch(config.effective_batch_size)
         info = RunInfo(
