@@ -2063,7 +2063,9 @@ def write_report(
         "",
         "The **prediction** is the simulation made before a case's real runs, from the "
         "model's profile and the cluster's calibration only (registered in "
-        f"`{PREDICTIONS}` before the runs where it says so). The **replay** simulates "
+        f"`{PREDICTIONS}` before the runs where it says so; a pipeline case's profile is "
+        "still taken in a loopback run of its own stages and micro-batches, not once per "
+        "model). The **replay** simulates "
         "each real run again on what that run measured (its layer times, its messaging "
         "threads' CPU, its send holds): it separates a wrong input from a wrong model "
         "and is not a prediction. Relative error is (simulated - measured) / measured, "

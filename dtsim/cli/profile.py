@@ -184,8 +184,11 @@ def profile(
     given = {"model": model, "input_shape": input_shape, "batch_size": batch_size}
     spec = RealSpec().replace(**{k: v for k, v in given.items() if v is not None})
     batch_size = spec.batch_size or DEFAULT_REAL_BATCH
-    if fit_batch and analytic:
-        raise BadInput("--fit-batch: an analytic trace has no fixed parts to fit; drop it")
+    if fit_batch and (analytic or fmt == "chakra"):
+        raise BadInput(
+            "--fit-batch: only a measured dtsim trace has fixed parts to fit; drop it with "
+            "--analytic or --format chakra"
+        )
     if fit_batch >= batch_size:
         raise BadInput(
             f"--fit-batch: {fit_batch} must be smaller than --batch-size {batch_size} "

@@ -276,7 +276,6 @@ def validate(
                     f"--matrix heldout: its batch is {va.HELDOUT_BATCH}; drop --batch-size"
                 )
             cases = va.heldout_matrix(iterations=iterations, min_measured_s=min_measured_s)
-            matrix = (("heldout",),)
     else:
         rank_list = []
         for text in va.parse_list(
@@ -314,6 +313,7 @@ def validate(
         clean_stale()
         check_available()
     command = _command_line(
+        matrix_name if not quick else "quick",
         matrix,
         every_rank,
         input_shape,
@@ -400,8 +400,7 @@ def _predict_only(
                 cases, out, topology_file=calibration, calibrate_at=rate_at, progress=bar
             )
             data = va.register_predictions(
-                cases, out, calibrations, command=command.replace(" --predict-only", ""),
-                progress=bar,
+                cases, out, calibrations, command=command, progress=bar,
             )  # fmt: skip
     finally:
         bar.close()
@@ -454,6 +453,7 @@ def summary_table(rows: Any) -> str:
 
 
 def _command_line(
+    named: str,
     matrix: tuple[tuple[Any, ...], ...],
     every_rank: bool,
     input_shape: str | None,
@@ -468,12 +468,13 @@ def _command_line(
     fail_above_max: float,
     ensemble: Any,
 ) -> str:
-    """The command that reproduces this validation, every choice spelled out (``matrix``:
-    schemes, models, bandwidths and ranks; empty for ``--quick``)."""
+    """The command that reproduces this validation, every choice spelled out (``named``:
+    ``quick``, ``heldout`` or ``development``; ``matrix``: the development matrix's
+    schemes, models, bandwidths and ranks)."""
     args = ["sim", "validate"]
-    if not matrix:
+    if named == "quick":
         args.append("--quick")
-    elif matrix == (("heldout",),):
+    elif named == "heldout":
         args += ["--matrix", "heldout"]
     else:
         for flag, values in zip(("--schemes", "--models", "--bandwidths", "--ranks"), matrix):
@@ -489,7 +490,7 @@ def _command_line(
         str(iterations),
         "--min-measured-s",
         f"{min_measured_s:g}",
-        *(["--batch-size", str(batch_size)] if matrix != (("heldout",),) else []),
+        *(["--batch-size", str(batch_size)] if named != "heldout" else []),
         "--out",
         out,
     ]
