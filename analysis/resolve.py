@@ -301,18 +301,22 @@ def zoo_config(
     """The configuration ``sim run`` makes for model ``model`` (a zoo name, ``FILE.py:NAME``
     or ``package.module:NAME``, see :func:`realrun.usermodel.resolve_model`, with
     ``input_shape`` where it needs one) on an analytic trace of it (the real model's
-    layers, names and bytes; times from FLOPs), one GPU per host on the ``ethernet``
-    preset: what a real run of that model is compared with."""
+    layers, names and bytes; times from FLOPs; an emulated model's own trace), one GPU per
+    host on the ``ethernet`` preset: what a real run of that model is compared with."""
     import tempfile
 
     from realrun.profiler import ProfileConfig, profile_model
+    from traces.emulated import is_emulated_ref, load_run_trace
     from traces.jsonfmt import save
 
-    trace = profile_model(
-        model,
-        ProfileConfig(batch_size=batch_size, analytic=True, device_flops=1e12, progress=False),
-        input_shape,
-    )
+    if is_emulated_ref(model):  # the trace it runs, as it runs it
+        trace = load_run_trace(model)
+    else:
+        trace = profile_model(
+            model,
+            ProfileConfig(batch_size=batch_size, analytic=True, device_flops=1e12, progress=False),
+            input_shape,
+        )
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
         save(trace, path)

@@ -125,9 +125,22 @@ def used_output(n: fx.Node, value: Any) -> list[torch.Tensor]:
     return [t for i in picked for t in tensors_in(value[i])]
 
 
+class _LeafTracer(fx.Tracer):
+    """fx's tracer, which also keeps a module with a true ``fx_leaf`` attribute (an
+    emulated device's layer, :mod:`realrun.emudevice`) as one node."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return bool(getattr(m, "fx_leaf", False)) or super().is_leaf_module(
+            m, module_qualified_name
+        )
+
+
 def trace_module(model: nn.Module) -> fx.GraphModule:
-    """``torch.fx`` trace of ``model`` at leaf-module granularity, dead code removed."""
-    gm = fx.symbolic_trace(model)
+    """``torch.fx`` trace of ``model`` at leaf-module granularity (torch's own modules and
+    those marked ``fx_leaf``), dead code removed."""
+    tracer = _LeafTracer()
+    graph = tracer.trace(model)
+    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm

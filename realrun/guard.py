@@ -13,6 +13,7 @@ free now (:data:`~simcore.guard.MEMORY_SHARE` of it) and the ranks with its core
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ the communication buffers (DDP's buckets, a server's aggregates)."""
 ACTIVATION_COPIES = 2
 """Activation-sized tensors a rank holds at its peak: the forward's outputs and their
 gradients."""
+EMULATED_RANKS_PER_CORE = 16
+"""Ranks per core for emulated devices, whose compute waits without CPU."""
 RANKS_PER_CORE = 8
 """Most ranks per core: beyond that the ranks mostly wait for a core, start-up alone
 takes minutes and what is measured says nothing about the scheme."""
@@ -48,6 +51,13 @@ def model_footprint(
     from a forward on the meta device (shapes only, nothing allocated): its parameters'
     bytes and the bytes of every leaf module's outputs. Activations count as 0 when the
     model cannot run on the meta device."""
+    from traces.emulated import is_emulated_ref, load_run_trace
+
+    if is_emulated_ref(ref):  # outputs are views of one element; joins' gradients are real
+        trace = load_run_trace(ref).rescale_batch(batch_size)
+        biggest = max(lay.activation_bytes for lay in trace.layers)
+        return ModelFootprint(trace.param_bytes, biggest)
+
     import torch
 
     from realrun.usermodel import resolve_model
@@ -106,21 +116,27 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
-def ranks_that_fit(per_rank_bytes: int, memory_bytes: int, cores: int) -> int:
+def ranks_that_fit(
+    per_rank_bytes: int, memory_bytes: int, cores: int, per_core: int = RANKS_PER_CORE
+) -> int:
     """Most ranks of ``per_rank_bytes`` each that a machine with ``memory_bytes`` free and
-    ``cores`` cores runs."""
+    ``cores`` cores runs, at most ``per_core`` per core."""
     by_memory = int(MEMORY_SHARE * memory_bytes // max(1, per_rank_bytes))
-    return max(0, min(by_memory, RANKS_PER_CORE * cores))
+    return max(0, min(by_memory, per_core * cores))
 
 
 def rank_refusal(
-    ranks: int, footprint: ModelFootprint, memory_bytes: int, cores: int
+    ranks: int,
+    footprint: ModelFootprint,
+    memory_bytes: int,
+    cores: int,
+    per_core: int = RANKS_PER_CORE,
 ) -> str | None:
     """Why ``ranks`` ranks of a model of ``footprint`` cannot run on a machine with
-    ``memory_bytes`` free and ``cores`` cores, with the estimate and how many would fit;
-    ``None`` when they can."""
+    ``memory_bytes`` free and ``cores`` cores (at most ``per_core`` ranks per core), with
+    the estimate and how many would fit; ``None`` when they can."""
     per_rank = rank_bytes(footprint)
-    fit = ranks_that_fit(per_rank, memory_bytes, cores)
+    fit = ranks_that_fit(per_rank, memory_bytes, cores, per_core)
     if ranks <= fit:
         return None
     need = ranks * per_rank
@@ -130,12 +146,41 @@ def rank_refusal(
             f"they need about {format_bytes(need)} of memory ({format_bytes(per_rank)} "
             f"each) and {format_bytes(memory_bytes)} is free"
         )
-    if ranks > RANKS_PER_CORE * cores:
+    if ranks > per_core * cores:
         reasons.append(
             f"{cores} core{'s' if cores != 1 else ''} run at most "
-            f"{RANKS_PER_CORE * cores} ranks ({RANKS_PER_CORE} per core)"
+            f"{per_core * cores} ranks ({per_core} per core)"
         )
     return (
         f"{ranks:,} ranks are too many for this machine: {', and '.join(reasons)}; "
         f"at most {fit} rank{'s' if fit != 1 else ''} fit here"
     )
+
+
+EMULATED_LINK_BUDGET_BYTES_PER_S = 100e6
+"""Bytes per second (800 Mbit/s) the shaped links of an emulated cluster may carry together, summed
+over its hosts, when ``--byte-scale`` is left to the tool: the kernel's packet work on
+the veth pairs and ``tc`` queues costs this machine's CPU some nanoseconds per byte
+(``docs/emulated_devices.md``), and an emulated GPU host must leave that CPU to the
+framework."""
+
+
+def auto_byte_scale(
+    param_bytes: int,
+    ranks: int,
+    hosts: int,
+    link_rate_bytes_per_s: float | None,
+    memory_bytes: int,
+) -> float:
+    """The smallest whole byte scale B for an emulated run whose links (``hosts`` of
+    ``link_rate_bytes_per_s`` each after dilation; ``None``: unshaped) carry at most
+    :data:`EMULATED_LINK_BUDGET_BYTES_PER_S` together, and whose ``ranks`` ranks hold their
+    parameters (``param_bytes`` each, :data:`PARAM_COPIES` copies) in half of
+    ``memory_bytes``."""
+    b = 1.0
+    if link_rate_bytes_per_s:
+        b = max(b, hosts * link_rate_bytes_per_s / EMULATED_LINK_BUDGET_BYTES_PER_S)
+    model_memory = MEMORY_SHARE * memory_bytes - ranks * RANK_BASE_BYTES
+    if model_memory > 0:
+        b = max(b, ranks * PARAM_COPIES * param_bytes / (0.5 * model_memory))
+    return float(math.ceil(b - 1e-9))

@@ -48,6 +48,10 @@ carries the plan (``pipeline``)."""
 REAL_SCHEMES = ("dp", "ps", "p3", "gossip", *PIPELINE_SCHEMES)
 """Schemes the real runtime executes."""
 
+DEVICES = ("cpu", "emulated")
+"""What a real run computes on (``cuda`` follows from ``--backend nccl``): ``emulated`` is
+a model built from a layer trace on an emulated device (:mod:`realrun.emudevice`)."""
+
 DATASETS = ("digits",)
 """Real data sets (:mod:`realrun.data`, which holds the same tuple)."""
 

@@ -63,3 +63,22 @@ def trace_fields(gpu: str = "") -> dict[str, object]:
         "machine": fingerprint(gpu),
         "date": now_iso(),
     }
+
+
+MACHINE_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+"""The machine's CPU states :func:`machine_cpu_s` reads, in /proc/stat's order."""
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+
+
+def machine_cpu_s() -> list[float] | None:
+    """CPU seconds the whole machine (all cores) has spent in each of
+    :data:`MACHINE_STATES` since boot, or ``None`` without a readable /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 1 + len(MACHINE_STATES):
+        return None
+    return [int(v) * _TICK_S for v in fields[1 : 1 + len(MACHINE_STATES)]]

@@ -32,8 +32,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from realrun.job import PIPELINE_SCHEMES
+from realrun.machine import MACHINE_STATES
 from simcore import metrics
 from simcore.records import BACKWARD, COMPUTE, FORWARD, PREDICT, RECV, SEND, UPDATE
+from traces.emulated import is_emulated_ref, parse_ref
 from traces.model import Trace
 
 BUSY = (FORWARD, BACKWARD, UPDATE, "aggregate")
@@ -173,7 +175,58 @@ def summarize(
         out["placement"] = workers[0]["placement"]
     if link_counters:
         out.update(link_counters)
+    out["machine_cpu_busy_share"] = machine_busy_share(ranks, first - 1, last)
+    if is_emulated_ref(str(job["model"])):
+        out.update(emulation_columns(str(job["model"]), out))
     return out
+
+
+CPU_FLAG_SHARE = 0.5
+"""A run on emulated devices whose machine had more than this share of its cores busy
+during the measured iterations is flagged (``cpu_flagged``): its ranks may have waited
+for a core, which a GPU cluster's hosts do not (docs/emulated_devices.md has the
+measurements behind the threshold)."""
+
+
+def machine_busy_share(ranks: list[Mapping[str, Any]], before: int, last: int) -> float | None:
+    """The share of the machine's CPU time (all cores, all processes, the kernel's packet
+    work included: ``/proc/stat``) that was busy between the end of iteration ``before``
+    and the end of iteration ``last``, as the first rank that recorded both saw it;
+    ``None`` when none did."""
+    for r in ranks:
+        marks = r.get("machine_at_end") or {}
+        a, b = marks.get(str(before)), marks.get(str(last))
+        if a is None or b is None:
+            continue
+        diff = [y - x for x, y in zip(a, b, strict=False)]
+        total = sum(diff)
+        if total <= 0:
+            continue
+        idle = diff[MACHINE_STATES.index("idle")] + diff[MACHINE_STATES.index("iowait")]
+        return max(0.0, min(1.0, 1.0 - idle / total))
+    return None
+
+
+def emulation_columns(ref: str, result: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run on emulated devices adds to its result: the factors, the emulated
+    cluster's iteration time and throughput (the run's divided by the dilation), and the
+    CPU flag (:data:`CPU_FLAG_SHARE`)."""
+    spec = parse_ref(ref)
+    k = spec.dilation
+    busy = result.get("machine_cpu_busy_share")
+    iter_s = float(result["iteration_time_s"])
+    return {
+        "device_type": "emulated",
+        "device_model": "emulated device",
+        "emulated_trace": spec.trace,
+        "dilation": k,
+        "byte_scale": spec.byte_scale,
+        "emulated_iteration_time_s": iter_s / k,
+        "emulated_throughput_samples_s": result["global_batch_size"] / (iter_s / k)
+        if iter_s > 0
+        else float("inf"),
+        "cpu_flagged": busy is not None and busy > CPU_FLAG_SHARE,
+    }
 
 
 def spans(records: Mapping[str, Any]) -> list[tuple[Any, ...]]:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from realrun import emudevice
 from realrun.runtime import KIND_NAMES, TAG_SPACE, Recorder
 from simcore.records import RECV, SEND
 
@@ -108,7 +109,9 @@ class PostedLink:
     # ---- sending ---------------------------------------------------------------------
     def send(self, dst: int, kind: int, key: int, iteration: int, payload: torch.Tensor) -> None:
         """Post ``payload`` to rank ``dst`` (it must stay unchanged until sent: the link
-        keeps a reference until it has waited for the send)."""
+        keeps a reference until it has waited for the send; an emulated device's queued
+        work ends first, as a GPU's kernels end before their output is sent)."""
+        emudevice.sync()
         payload = payload.contiguous()
         start = self.rec.now()
         work = dist.isend(payload, dst, group=self.group, tag=message_tag(kind, key))

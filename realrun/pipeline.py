@@ -75,6 +75,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from realrun import emudevice
 from realrun.p2p import Expected, PostedLink
 from realrun.runtime import (
     ACT,
@@ -91,6 +92,7 @@ from realrun.stages import StageModule, split_model
 from simcore import schedule as sch
 from simcore.collectives import ring_bytes_sent
 from simcore.records import BACKWARD, COMM, COMPUTE, FORWARD, PREDICT, RECOMPUTE, UPDATE
+from traces.emulated import is_emulated_ref
 
 KEY_STRIDE = 1024
 """Message key: ``micro-batch * KEY_STRIDE + index of the boundary tensor``."""
@@ -393,7 +395,11 @@ class PipelineRuntime:
         self._predicted_bufs: list[torch.Tensor] | None = None
         self._load_next = False
         self._out_grads: dict[int, list[torch.Tensor]] = {}
-        self.record_layers = job.record_layers and ctx.setup.device.type != "cuda"
+        # a GPU's or an emulated device's layers run after the host has moved on: one span
+        # per pass, ending when the device's queue has (:func:`realrun.emudevice.sync`)
+        self.record_layers = (
+            job.record_layers and ctx.setup.device.type != "cuda" and not is_emulated_ref(job.model)
+        )
         self._fwd_marks: list[Any] = []
         self._grad_marks: list[Any] = []
         self.epoch_iterations = 0
@@ -555,6 +561,7 @@ class PipelineRuntime:
         self._hold(held)
         self.passes.append([mb, sch.FORWARD, version])
         if not self.record_layers:
+            emudevice.sync()
             self.rec.span(COMPUTE, FORWARD, f"stage{self.stage} mb{mb}", start, self.rec.now(), it)
         return tuple(o.detach() for o in out)
 
@@ -648,6 +655,7 @@ class PipelineRuntime:
             self._unstash(k["version"])
         self.passes.append([mb, sch.BACKWARD, version])
         if not self.record_layers:
+            emudevice.sync()
             self.rec.span(COMPUTE, BACKWARD, f"stage{self.stage} mb{mb}", start, self.rec.now(), it)
         return in_grads
 
@@ -676,15 +684,17 @@ class PipelineRuntime:
         outs, gouts = self._split_outputs(mb, k["out"])
         start = self.rec.now()
         x_req = [t for t in k["x"] if t.requires_grad]
-        got = (
-            torch.autograd.grad(outs, x_req, gouts, retain_graph=True, allow_unused=True)
-            if outs and x_req
-            else [None] * len(x_req)
-        )
+        with emudevice.backward_part("input"):
+            got = (
+                torch.autograd.grad(outs, x_req, gouts, retain_graph=True, allow_unused=True)
+                if outs and x_req
+                else [None] * len(x_req)
+            )
         k["grad_of"] = (outs, gouts)
         in_grads = _per_input(k["x"], got)
         self.passes.append([mb, sch.INPUT_GRAD, k["version"]])
         name = f"stage{self.stage} mb{mb} input grad"
+        emudevice.sync()
         self.rec.span(COMPUTE, BACKWARD, name, start, self.rec.now(), it)
         return in_grads
 
@@ -695,15 +705,17 @@ class PipelineRuntime:
         outs, gouts = k.pop("grad_of")
         start = self.rec.now()
         w = [k["weights"][n] for n in self.names]
-        got = (
-            torch.autograd.grad(outs, w, gouts, allow_unused=True)
-            if outs and w
-            else [None] * len(w)
-        )
+        with emudevice.backward_part("weight"):
+            got = (
+                torch.autograd.grad(outs, w, gouts, allow_unused=True)
+                if outs and w
+                else [None] * len(w)
+            )
         accumulate(self.grads, got)
         self._hold(-k["held"])
         self.passes.append([mb, sch.WEIGHT_GRAD, k["version"]])
         name = f"stage{self.stage} mb{mb} weight grad"
+        emudevice.sync()
         self.rec.span(COMPUTE, BACKWARD, name, start, self.rec.now(), it)
 
     def _hold(self, nbytes: int) -> None:
@@ -831,6 +843,7 @@ class PipelineRuntime:
             elif kind == sch.UPDATE:
                 self._update(it)
             for done in marks.get(i, ()):
+                emudevice.sync()  # an iteration ends when its device work has
                 self.rec.end_iteration(done)
                 self.ctx.beat(done, 3)
         self.link.close()

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import os
 import resource
 import threading
 import time
@@ -56,8 +55,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from realrun import emudevice
 from realrun.graph import layer_graph, tensors_in
 from realrun.job import Job
+from realrun.machine import machine_cpu_s
 from realrun.usermodel import ResolvedModel, resolve_model
 from simcore.records import BACKWARD, COMPUTE, FORWARD, RECV, SEND
 
@@ -103,24 +104,6 @@ BUSY_KINDS = frozenset({FORWARD, BACKWARD, "update", "aggregate"})
 
 
 # ---- recording ---------------------------------------------------------------------------
-
-MACHINE_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
-"""The machine's CPU states :func:`machine_cpu_s` reads, in /proc/stat's order."""
-
-_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
-
-
-def machine_cpu_s() -> list[float] | None:
-    """CPU seconds the whole machine (all cores) has spent in each of
-    :data:`MACHINE_STATES` since boot, or ``None`` without a readable /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()
-    except OSError:
-        return None
-    if not fields or fields[0] != "cpu" or len(fields) < 1 + len(MACHINE_STATES):
-        return None
-    return [int(v) * _TICK_S for v in fields[1 : 1 + len(MACHINE_STATES)]]
 
 
 class Recorder:
@@ -613,7 +596,10 @@ class Messenger:
         payload: torch.Tensor | None,
         priority: float = 0.0,
     ) -> None:
-        """Queue a message (lower ``priority`` goes first; FIFO among equals)."""
+        """Queue a message (lower ``priority`` goes first; FIFO among equals; a payload
+        waits for an emulated device's queued work, :func:`realrun.emudevice.sync`)."""
+        if payload is not None:
+            emudevice.sync()
         msg = Message(dst, kind, key, iteration, payload)
         with self._cond:
             heapq.heappush(self._queue, (priority, next(self._seq), msg))

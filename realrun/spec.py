@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 
 from realrun import zoo
-from realrun.job import BACKENDS, CLUSTERS, DEFAULT_REAL_BATCH
+from realrun.job import BACKENDS, CLUSTERS, DEFAULT_REAL_BATCH, DEVICES
 from realrun.options import INPUT_SHAPE_HELP
 from simcore.settings import setting
 from simcore.spec import RunSpec
@@ -92,4 +92,30 @@ class RealSpec(RunSpec):
         minimum=1,
         flag=23,
         metavar="SECONDS",
+    )
+    device: str = setting(
+        "cpu",
+        "cpu: real torch compute on this machine's cores; emulated: a model built from the "
+        "layer trace --model names, whose compute takes the trace's times as waits that "
+        "use no CPU (a GPU host; see docs/emulated_devices.md)",
+        choices=DEVICES,
+        flag=24,
+    )
+    dilation: float = setting(
+        1.0,
+        "emulated devices: compute takes K times the trace's times and links run at "
+        "--bandwidth / K; reports divide the times by K",
+        minimum=1,
+        flag=25,
+        metavar="K",
+    )
+    byte_scale: float | None = setting(
+        None,
+        "emulated devices: parameters and activations are B times smaller and links run "
+        "B times slower, so every transfer takes its full-size time",
+        minimum=1,
+        auto="the smallest B that keeps the shaped links' packet work and the ranks' "
+        "memory within this machine",
+        flag=26,
+        metavar="B",
     )

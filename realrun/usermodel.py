@@ -11,7 +11,9 @@ per-sample input shape (``input_shape``, e.g. ``(3, 32, 32)``), read as one floa
 model and makes batches of random inputs exactly as the zoo does, so every place that
 takes a zoo model (real runs, the profiler, the pipeline stages, analytic traces) takes a
 reference. A file path is made absolute, so rank processes started elsewhere (another
-working folder, a network namespace) load the same file.
+working folder, a network namespace) load the same file. A reference starting with
+``emulated:`` names a model built from a layer trace that runs on an emulated device
+(:mod:`traces.emulated`, :mod:`realrun.emudevice`).
 
 Every problem (file missing, ``NAME`` not defined or not callable, an import that fails,
 a wrong return value, a missing input shape) is a :class:`simcore.settings.ConfigError`
@@ -33,6 +35,7 @@ from typing import Any
 from realrun import zoo
 from realrun.zoo import InputSpec, is_zoo, looks_like_reference
 from simcore.settings import ConfigError
+from traces.emulated import is_emulated_ref, parse_ref
 
 FORMS = "a zoo model name, FILE.py:NAME or package.module:NAME"
 """The forms of a model reference, for error messages."""
@@ -110,6 +113,10 @@ class ResolvedModel:
         global generator, so ``torch.manual_seed`` before makes them reproducible."""
         if self.is_zoo:
             return zoo.build(self.ref)
+        if is_emulated_ref(self.ref):
+            from realrun import emudevice
+
+            return emudevice.build(self.ref)
         return build_reference(self.ref)
 
     def example_inputs(
@@ -120,6 +127,21 @@ class ResolvedModel:
         if self.is_zoo:
             return zoo.example_inputs(self.ref, batch_size, device, seed)
         return make_inputs(self.inputs, batch_size, device, seed)
+
+
+def _resolve_emulated(ref: str) -> ResolvedModel:
+    """An emulated model (``ConfigError`` naming ``model`` when the reference or its
+    trace cannot be used)."""
+    from traces.catalog import TraceFormatError, UnknownModelError
+
+    try:
+        from realrun import emudevice
+
+        trace = emudevice.run_trace(ref)
+    except (ValueError, UnknownModelError, TraceFormatError, OSError) as exc:
+        raise ConfigError("model", ref, _one_line(exc)) from None
+    inputs = tuple(InputSpec((n,)) for n in emudevice.input_elements(trace))
+    return ResolvedModel(ref, f"{parse_ref(ref).trace} (emulated)", inputs)
 
 
 def build_reference(ref: str) -> Any:
@@ -172,6 +194,8 @@ def resolve_model(ref: str, input_shape: tuple[int, ...] | str | None = None) ->
 def _resolve(ref: str, shape: tuple[int, ...] | None) -> ResolvedModel:
     if is_zoo(ref):
         return ResolvedModel(ref, ref, zoo.get(ref).inputs)
+    if is_emulated_ref(ref):
+        return _resolve_emulated(ref)
     if not looks_like_reference(ref):
         raise ConfigError("model", ref, f"choose {FORMS}; zoo models: {', '.join(zoo.names())}")
     canonical = canonical_ref(ref)

@@ -83,17 +83,22 @@ def simulate(config: SimConfig, progress: Callable[[float], None] | None = None)
     ranks = list(zip(enumerate(topology.gpus), factors, strict=True))
     pool_of = None
     gpus: list[Gpu]
-    if topology.host_spec is None:
+    if topology.host_spec is None or topology.gpu_spec.kind != "cpu":
         gpus = [
             Gpu(env, r, d, names[r], gpu_log)
             if f is None
             else JitteryGpu(env, r, d, names[r], gpu_log, f)
             for (r, d), f in ranks
         ]
-    else:
+    if topology.host_spec is not None:
+        # CPU hosts: communication's CPU work on the machines' cores; the ranks compute
+        # there too, unless their compute is on a device (an emulated GPU host)
         pool_of = cpu_pools(env, topology)
-        gpus = [CpuRank(env, r, d, names[r], gpu_log, pool_of(d), f) for (r, d), f in ranks]
-        net.cpu = CommCpu(topology.host_spec, pool_of, {g.device: g.stream for g in gpus})
+        if topology.gpu_spec.kind == "cpu":
+            gpus = [CpuRank(env, r, d, names[r], gpu_log, pool_of(d), f) for (r, d), f in ranks]
+            net.cpu = CommCpu(topology.host_spec, pool_of, {g.device: g.stream for g in gpus})
+        else:
+            net.cpu = CommCpu(topology.host_spec, pool_of)
     ctx = SimContext(env, config, options, trace, topology, net, coll, gpus, compute_log, rng)
     ctx.cpu_pool_of = pool_of
     scheme = cls(ctx)

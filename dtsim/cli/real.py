@@ -69,6 +69,15 @@ def run_options_real(f: Any) -> Any:
     help="Only write the job file for torchrun (python -m realrun --job FILE).",
 )
 @click.option(
+    "--calibration",
+    default="netns",
+    show_default=True,
+    metavar="FILE",
+    help="Topology the prediction printed beside a --device emulated run is made with: "
+    "a 'sim calibrate' file (moved to the run's link rate) or a preset; netns is "
+    "uncalibrated.",
+)
+@click.option(
     "--from-records",
     type=click.Path(dir_okay=False, exists=True),
     default=None,
@@ -84,6 +93,7 @@ def real(
     profile_out: str | None,
     keep_dir: str | None,
     write_job: str | None,
+    calibration: str,
     from_records: str | None,
     **params: Any,
 ) -> None:
@@ -130,10 +140,18 @@ def real(
     from analysis.resolve import load_preset
 
     load_preset(spec.topology)  # as sim run does: a name or file that is no preset is refused
+    if spec.device == "emulated":
+        from simcore.config import ConfigError
+
+        try:
+            load_preset(calibration)
+        except ConfigError as exc:
+            raise BadInput(exc.describe("--calibration")) from None
     if not write_job:
         from realrun.spec import default_workers
 
-        check_ranks(None, spec.gpus or default_workers())  # at once, before torch
+        # at once, before torch
+        check_ranks(None, spec.gpus or default_workers(), emulated=spec.device == "emulated")
     job = make_job(spec, profile=profile_out is not None)
     if write_job:
         from traces.atomic import write_text
@@ -156,6 +174,9 @@ def real(
             f"has at most {MAX_HOSTS} (one /24 subnet); use fewer --gpus"
         )
     rate = spec.bandwidth if cluster == "netns" else None
+    emulated = _emulation(job)
+    if rate and emulated is not None:
+        rate = rate / emulated.rate_divisor
     if spec.bandwidth and cluster != "netns":
         click.echo(
             "note: --bandwidth shapes the links of --cluster netns; a local run is unshaped",
@@ -172,14 +193,47 @@ def real(
     finally:
         if not keep_dir:
             shutil.rmtree(out_dir, ignore_errors=True)
-    _report(records, wall, cluster, counters, as_json, trace_out, profile_out, rate, chakra_out)
+    extra: dict[str, Any] = {}
+    if emulated is not None:
+        extra = _emulated_prediction(job, spec, calibration)
+    _report(
+        records, wall, cluster, counters, as_json, trace_out, profile_out, rate, chakra_out, extra
+    )
 
 
-def check_ranks(job: Job | None, workers: int = 0) -> None:
+def _emulated_prediction(job: Job, spec: Any, calibration: str) -> dict[str, Any]:
+    """What ``sim run`` predicts for an emulated run (:func:`analysis.emulated.predict`),
+    as result columns."""
+    from analysis.emulated import predict
+
+    cluster_rate = spec.bandwidth if spec.cluster == "netns" else None
+    p = predict(
+        job.model,
+        job.scheme,
+        job.workers,
+        job.options,
+        calibration,
+        cluster_rate,
+        optimizer=job.optimizer,
+        iterations=job.iterations,
+        warmup_iterations=job.warmup_iterations,
+    )
+    return {
+        "predicted_iteration_time_s": p.iteration_time_s,
+        "predicted_run_iteration_time_s": p.run_iteration_time_s,
+        "prediction_calibration": calibration,
+        "predicted_comm_bytes_per_iteration": p.result.comm_bytes_per_iteration,
+    }
+
+
+def check_ranks(job: Job | None, workers: int = 0, emulated: bool = False) -> None:
     """Refuse (exit 2) a run whose ranks this machine cannot hold (see
     :mod:`realrun.guard`), saying how many would fit: ``job``'s ranks with its model, or,
-    before the job is made (no torch yet), ``workers`` ranks without a model."""
+    before the job is made (no torch yet), ``workers`` ranks without a model (on
+    ``emulated`` devices: more ranks per core)."""
     from realrun.guard import (
+        EMULATED_RANKS_PER_CORE,
+        RANKS_PER_CORE,
         ModelFootprint,
         available_memory,
         machine_cores,
@@ -187,13 +241,18 @@ def check_ranks(job: Job | None, workers: int = 0) -> None:
         rank_refusal,
     )
 
+    per_core = RANKS_PER_CORE
     if job is None:
         ranks, footprint, servers = workers, ModelFootprint(0, 0), ""
+        if emulated:
+            per_core = EMULATED_RANKS_PER_CORE
     else:
         ranks = job.world_size
         footprint = model_footprint(job.model, job.input_shape, job.batch_size)
         workers, servers = job.workers, f" and {job.servers} servers" if job.servers else ""
-    why = rank_refusal(ranks, footprint, available_memory(), machine_cores())
+        if _emulation(job) is not None:
+            per_core = EMULATED_RANKS_PER_CORE
+    why = rank_refusal(ranks, footprint, available_memory(), machine_cores(), per_core)
     if why is not None:
         raise BadInput(f"--gpus: {workers:,} workers{servers}: {why}; use fewer --gpus")
 
@@ -212,8 +271,18 @@ def make_job(spec: Any, *, profile: bool = False) -> Job:
             f"--scheme: {spec.scheme!r} has no real runtime yet; choose one of: "
             f"{', '.join(REAL_SCHEMES)}"
         )
-    model = spec.model or DEFAULT_REAL_MODEL
-    if not zoo.is_zoo(model) and not zoo.looks_like_reference(model):
+    workers = spec.gpus or default_workers()
+    if spec.device == "emulated":
+        model = emulated_ref(spec, workers)
+    else:
+        for name, value, default in (
+            ("--dilation", spec.dilation, 1.0),
+            ("--byte-scale", spec.byte_scale, None),
+        ):
+            if value != default:
+                raise BadInput(f"{name}: applies to --device emulated only (here {spec.device})")
+        model = spec.model or DEFAULT_REAL_MODEL
+    if spec.device != "emulated" and not zoo.is_zoo(model) and not zoo.looks_like_reference(model):
         raise BadInput(
             f"--model: {model!r} is not a zoo model (a real run needs the model "
             f"itself, not a trace); choose one of: {', '.join(zoo.names())}, or give "
@@ -224,7 +293,6 @@ def make_job(spec: Any, *, profile: bool = False) -> Job:
     scheme = get_scheme(spec.scheme)
     options = options_from_mapping(scheme.Options, spec.scheme_options, prefix="scheme.")
     opts = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
-    workers = spec.gpus or default_workers()
     if spec.scheme == "gossip" and not is_power_of_two(workers):
         lower = 1 << (workers.bit_length() - 1)
         raise BadInput(
@@ -261,6 +329,10 @@ def make_job(spec: Any, *, profile: bool = False) -> Job:
                 f"asked, {have} present (use --backend gloo)"
             )
     batch_size = spec.batch_size or DEFAULT_REAL_BATCH
+    if spec.device == "emulated":
+        from traces.emulated import parse_ref
+
+        batch_size = parse_ref(model).batch_size
     pipeline: dict[str, Any] = {}
     if spec.scheme in PIPELINE_SCHEMES:
         pipeline = _pipeline_plan(
@@ -286,6 +358,68 @@ def make_job(spec: Any, *, profile: bool = False) -> Job:
         profile=profile,
         fault=os.environ.get("DTSIM_REAL_FAULT", ""),
     )
+
+
+def _emulation(job: Job) -> Any:
+    """The :class:`traces.emulated.EmulatedSpec` of ``job``'s model, or ``None`` when it
+    computes for real."""
+    from traces.emulated import is_emulated_ref, parse_ref
+
+    return parse_ref(job.model) if is_emulated_ref(job.model) else None
+
+
+ROUNDING_TOLERANCE = 0.01
+"""Most an emulated model's parameter bytes may differ from the trace's / byte scale
+through rounding each layer to whole elements."""
+
+
+def emulated_ref(spec: Any, workers: int) -> str:
+    """The emulated model of ``spec`` (``--device emulated``): its trace (``--model``, a
+    built-in trace or a file; resnet50 when none) at ``--batch-size`` (the trace's own
+    when none), ``--dilation`` and ``--byte-scale`` (see
+    :func:`realrun.guard.auto_byte_scale` when none); ``BadInput`` naming what is wrong."""
+    from realrun.guard import auto_byte_scale, available_memory
+    from traces.catalog import TraceFormatError, UnknownModelError, default_model, load_trace
+    from traces.emulated import EmulatedSpec, format_ref, param_elements
+
+    name = spec.model or default_model()
+    try:
+        trace = load_trace(name)
+    except UnknownModelError as exc:
+        raise BadInput(f"--model: {exc} (an emulated device runs a layer trace)") from None
+    except TraceFormatError as exc:
+        raise BadInput(f"--model: {exc}") from None
+    if spec.input_shape:
+        raise BadInput(
+            "--input-shape: an emulated model's inputs come from its trace; leave it out"
+        )
+    batch = spec.batch_size or trace.meta.batch_size
+    scale = spec.byte_scale
+    if scale is None:
+        servers = 0
+        if spec.scheme in PS_SCHEMES:
+            servers = int(spec.scheme_options.get("servers", 0) or 0) or workers
+        rate = (
+            spec.bandwidth / spec.dilation if spec.cluster == "netns" and spec.bandwidth else None
+        )
+        scale = auto_byte_scale(
+            trace.param_bytes, workers + servers, workers, rate, available_memory()
+        )
+    if os.path.exists(name):
+        name = os.path.abspath(name)
+    try:
+        emu = EmulatedSpec(name, batch, float(spec.dilation), float(scale))
+    except ValueError as exc:
+        raise BadInput(f"--model: {exc}") from None
+    ideal = trace.param_bytes / emu.byte_scale
+    scaled = sum(param_elements(lay.param_bytes, emu.byte_scale) for lay in trace.layers) * 4
+    if abs(scaled - ideal) > ROUNDING_TOLERANCE * ideal:
+        raise BadInput(
+            f"--byte-scale: {scale:g} leaves layers of {name} so small that rounding them to "
+            f"whole elements changes the parameters by {abs(scaled - ideal) / ideal:.0%} "
+            f"(at most {ROUNDING_TOLERANCE:.0%}); use a smaller one"
+        )
+    return format_ref(emu)
 
 
 def _pipeline_plan(
@@ -410,10 +544,18 @@ def _report(
     profile_out: str | None,
     rate: float | None = None,
     chakra_out: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> None:
     from realrun.metrics import spans, summarize
 
     result = summarize(records, wall_s=wall, cluster=cluster, link_counters=counters)
+    if extra:
+        result.update(extra)
+        if "emulated_iteration_time_s" in result:
+            measured = result["emulated_iteration_time_s"]
+            result["prediction_rel_err"] = (
+                result["predicted_iteration_time_s"] - measured
+            ) / measured
     if trace_out:
         from simcore.chrome import to_chrome_trace
 
@@ -556,6 +698,8 @@ def real_table(r: dict[str, Any], rate: float | None = None) -> str:
                 ),
             ),
         )
+    if "emulated_iteration_time_s" in r:
+        rows[-1:-1] = emulated_rows(r)
     if "wire_bytes_total" in r:
         rows.append(
             (
@@ -565,3 +709,38 @@ def real_table(r: dict[str, Any], rate: float | None = None) -> str:
             )
         )
     return head + "\n" + table(rows)
+
+
+def emulated_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """The rows a run on emulated devices adds: the emulated cluster's iteration time and
+    throughput (the run's divided by the dilation), the prediction beside it, and the
+    machine's CPU use with its flag."""
+    k, b = r["dilation"], r["byte_scale"]
+    rows = [
+        (
+            "emulated cluster",
+            f"{format_time(r['emulated_iteration_time_s'])} per iteration, "
+            f"{r['emulated_throughput_samples_s']:,.1f} samples/s  (the run's / {k:g}: "
+            f"compute x{k:g}, bytes /{b:g}, links / {k * b:g})",
+        )
+    ]
+    if "predicted_iteration_time_s" in r:
+        rows.append(
+            (
+                "predicted",
+                f"{format_time(r['predicted_iteration_time_s'])} per iteration by sim run "
+                f"({100 * r['prediction_rel_err']:+.1f}%; --calibration "
+                f"{r['prediction_calibration']})",
+            )
+        )
+    busy = r.get("machine_cpu_busy_share")
+    if busy is not None:
+        from realrun.metrics import CPU_FLAG_SHARE
+
+        flag = (
+            f"FLAGGED: above {100 * CPU_FLAG_SHARE:.0f}%, ranks may have waited for a core"
+            if r.get("cpu_flagged")
+            else f"headroom left; flagged above {100 * CPU_FLAG_SHARE:.0f}%"
+        )
+        rows.append(("machine CPU", f"{100 * busy:.0f}% busy while measured ({flag})"))
+    return rows

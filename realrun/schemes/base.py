@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from realrun import emudevice
 from realrun.runtime import (
     WAIT,
     LayerTimer,
@@ -16,6 +17,7 @@ from realrun.runtime import (
 )
 from realrun.worker import RankContext
 from simcore.records import BACKWARD, COMPUTE, FORWARD
+from traces.emulated import is_emulated_ref
 
 MAX_PREPARED_BYTES = 1 << 30
 """Batches are made ahead of the run up to this many bytes per worker."""
@@ -39,9 +41,10 @@ class WorkerLoop:
 
     The worker's batches are made before the clock starts (:meth:`prepare_data`), as a
     data loader that keeps up would deliver them, unless they would take more than
-    :data:`MAX_PREPARED_BYTES`. On a GPU the loop synchronises after forward, backward and
-    the iteration's last step, so those ends are the device's; the per-layer spans in
-    between would be host-side launch times, so on a GPU the loop records one span per
+    :data:`MAX_PREPARED_BYTES`. On a GPU (or an emulated device) the loop synchronises
+    after forward, backward and the iteration's last step, so those ends are the device's;
+    the per-layer spans in between would be host-side launch times, so there it records one
+    span per
     pass instead (per-layer GPU times come from ``--profile-out``, CUDA events).
     """
 
@@ -54,7 +57,11 @@ class WorkerLoop:
         self.iteration = -1
         self._prepared: dict[int, tuple[tuple[torch.Tensor, ...], torch.Tensor]] = {}
         self.label_spec = output_shape(self.job)
-        self.record_layers = self.job.record_layers and self.setup.device.type != "cuda"
+        self.record_layers = (
+            self.job.record_layers
+            and self.setup.device.type != "cuda"
+            and not is_emulated_ref(self.job.model)
+        )
         if ctx.is_worker:
             self.prepare_data(range(self.job.total_iterations + 1))
 
@@ -79,9 +86,10 @@ class WorkerLoop:
             self._prepared[it] = batch(self.job, self.ctx.rank, it, *self.label_spec)
 
     def sync(self) -> None:
-        """Wait for the device's queued work (GPU); nothing on a CPU."""
+        """Wait for the device's queued work (GPU, emulated device); nothing on a CPU."""
         if self.setup.device.type == "cuda":
             torch.cuda.synchronize(self.setup.device)
+        emudevice.sync()
 
     def before_layer(self, layer: RealLayer) -> None:
         """Before ``layer``'s forward in :attr:`iteration`."""

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from realrun import emudevice
 from realrun.runtime import make_optimizer
 from realrun.schemes.base import WorkerLoop
 from realrun.worker import RankContext
@@ -63,6 +64,7 @@ class DPRuntime(WorkerLoop):
         return ring_bytes_sent(self.ctx.rank, self.p, nbytes)
 
     def _hook(self, _state, bucket):  # unannotated: DDP checks the annotations
+        emudevice.sync()  # an emulated device's gradients exist once its queue has run
         buf = bucket.buffer()
         it = self.iteration
         nbytes = buf.numel() * buf.element_size()

@@ -1,0 +1,263 @@
+"""Emulated devices: a model built from a layer trace whose compute takes the trace's
+times without CPU (realrun.emudevice, traces.emulated), run for real by every scheme
+family, with the bytes and the prediction the simulator gives (analysis.emulated)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from traces.emulated import (
+    ELEMENT_BYTES,
+    EmulatedSpec,
+    emulated_trace,
+    format_ref,
+    load_run_trace,
+    parse_ref,
+)
+from traces.model import Layer, Trace, TraceMeta
+
+torch = pytest.importorskip("torch", reason="the emulated device runs torch modules")
+
+
+def chain_trace(forward_s: float = 0.02, backward_s: float = 0.04, n: int = 5) -> Trace:
+    """An input and ``n`` layers in a chain, each with parameters."""
+    layers = [Layer("data", 0.001, 0.0, 0, 64 * 100 * 4, kind="input")]
+    layers += [
+        Layer(f"block.{i}", forward_s, backward_s, 4000 * (i + 1), 64 * 50 * 4) for i in range(n)
+    ]
+    edges = tuple((i, i + 1) for i in range(n))
+    return Trace(TraceMeta("chain", "V100", 64), tuple(layers), edges)
+
+
+# ---- the trace an emulated device runs ---------------------------------------------------
+
+
+def test_a_reference_round_trips_and_names_what_is_wrong() -> None:
+    spec = EmulatedSpec("resnet50", 32, 10, 4)
+    assert parse_ref(format_ref(spec)) == spec
+    for bad, word in (
+        ("emulated:resnet50;batch=0", "batch_size"),
+        ("emulated:resnet50;dilation=0.5;batch=4", "dilation"),
+        ("emulated:resnet50;batch=4;speed=2", "speed=2"),
+        ("emulated:resnet50", "batch"),
+    ):
+        with pytest.raises(ValueError, match=word):
+            parse_ref(bad)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    k=st.floats(1, 50),
+    b=st.floats(1, 64),
+    batch=st.integers(1, 256),
+)
+def test_the_run_trace_dilates_times_and_scales_bytes_in_whole_elements(
+    k: float, b: float, batch: int
+) -> None:
+    base = load_run_trace("emulated:resnet18;batch=256;dilation=1;bytes=1")
+    run = emulated_trace(EmulatedSpec("resnet18", batch, k, b), base)
+    scaled = base.rescale_batch(batch)
+    assert [lay.kind for lay in run.layers] == [lay.kind for lay in scaled.layers]
+    for a, r in zip(scaled.layers, run.layers, strict=True):
+        assert r.forward_s == pytest.approx(a.forward_s * k)
+        assert r.backward_s == pytest.approx(a.backward_s * k)
+        assert r.param_bytes % ELEMENT_BYTES == 0
+        assert r.activation_bytes % (ELEMENT_BYTES * batch) == 0
+        if a.param_bytes:
+            assert abs(r.param_bytes - a.param_bytes / b) <= max(
+                ELEMENT_BYTES, 0.5 * a.param_bytes / b
+            )
+        else:
+            assert r.param_bytes == 0
+
+
+def test_inputs_come_first_and_names_are_identifiers() -> None:
+    run = load_run_trace("emulated:gnmt;batch=64;dilation=1;bytes=1")
+    kinds = [lay.kind for lay in run.layers]
+    first_layer = kinds.index("layer")
+    assert all(k == "input" for k in kinds[:first_layer]) and "input" not in kinds[first_layer:]
+    assert all(lay.name.isidentifier() for lay in run.layers)
+    assert all(a < b for a, b in run.edges)
+
+
+# ---- the device ----------------------------------------------------------------------------
+
+
+def _chain_model(tmp_path, **kw):
+    from realrun import emudevice
+    from traces.jsonfmt import save
+
+    path = tmp_path / "chain.json"
+    save(chain_trace(**kw), str(path))
+    ref = format_ref(EmulatedSpec(str(path), 64, 1, 1))
+    return emudevice, emudevice.build(ref)
+
+
+def test_an_emulated_layer_takes_its_time_and_almost_no_cpu(tmp_path) -> None:
+    emudevice, model = _chain_model(tmp_path)
+    x = torch.zeros(64, 100)
+    model(x).pow(2).mean().backward()  # warm
+    emudevice.sync()
+    wall0, cpu0 = time.monotonic(), time.process_time()
+    for _ in range(3):
+        model(x).pow(2).mean().backward()
+        emudevice.sync()
+    wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+    expected = 3 * 5 * (0.02 + 0.04)
+    assert wall == pytest.approx(expected, rel=0.1)
+    assert cpu < 0.25 * wall, f"the device used {cpu:.3f} s of CPU in {wall:.3f} s"
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in model.parameters())
+
+
+def test_overshoots_do_not_add_up_from_op_to_op() -> None:
+    from realrun.emudevice import DeviceClock
+
+    clock = DeviceClock()
+    t0 = time.monotonic()
+    clock.free_at = t0
+    for _ in range(100):  # sync after every op: each sleep overshoots a little
+        clock.issue(0.002)
+        clock.sync()
+    # the device's own clock has no overshoot in it: 100 ops of 2 ms end 0.2 s after t0
+    assert clock.free_at - t0 == pytest.approx(0.2, abs=0.02)
+
+
+def test_the_zero_bubble_split_charges_each_part_once(tmp_path) -> None:
+    emudevice, model = _chain_model(tmp_path)
+    x = torch.zeros(64, 100, requires_grad=True)
+    busy = emudevice.CLOCK.busy_s
+    out = model(x).pow(2).mean()
+    with emudevice.backward_part("input"):
+        torch.autograd.grad(out, [x], retain_graph=True)
+    with emudevice.backward_part("weight"):
+        torch.autograd.grad(out, list(model.parameters()))
+    emudevice.sync()
+    assert emudevice.CLOCK.busy_s - busy == pytest.approx(5 * (0.02 + 0.04))
+
+
+def test_the_layer_graph_of_an_emulated_model_is_its_trace() -> None:
+    from realrun import emudevice
+    from realrun.graph import layer_graph
+
+    ref = "emulated:resnet50;batch=8;dilation=1;bytes=16"
+    run = load_run_trace(ref)
+    with torch.device("meta"):
+        model = emudevice.build(ref)
+    x = torch.empty(8, emudevice.input_elements(run)[0], device="meta")
+    graph = layer_graph(model, (x,))
+    assert [(g.param_bytes, g.activation_bytes) for g in graph.layers] == [
+        (lay.param_bytes, lay.activation_bytes) for lay in run.layers
+    ]
+    assert [g.name for g in graph.layers[1:]] == [lay.name for lay in run.layers[1:]]
+
+
+# ---- the simulator's side -----------------------------------------------------------------
+
+
+def test_an_emulated_host_computes_off_the_shared_cores() -> None:
+    """Four ranks on two shared cores: CPU ranks' compute takes turns, emulated devices'
+    does not."""
+    from analysis.emulated import predict
+
+    ref = "emulated:resnet18;batch=256;dilation=1;bytes=50"
+    one = predict(ref, "dp", 1, {}, "tests/data/calibrated-1Gbps.yaml", None)
+    four = predict(ref, "dp", 4, {}, "tests/data/calibrated-1Gbps.yaml", None)
+    compute = load_run_trace(ref).compute_s
+    assert one.run_iteration_time_s == pytest.approx(compute, rel=0.05)
+    assert four.run_iteration_time_s < 1.3 * one.run_iteration_time_s
+
+
+def test_a_run_above_the_cpu_threshold_is_flagged() -> None:
+    from realrun.machine import MACHINE_STATES
+    from realrun.metrics import CPU_FLAG_SHARE, emulation_columns, machine_busy_share
+
+    def states(busy: float, idle: float) -> list[float]:
+        v = [0.0] * len(MACHINE_STATES)
+        v[MACHINE_STATES.index("user")] = busy
+        v[MACHINE_STATES.index("idle")] = idle
+        return v
+
+    ranks = [{"machine_at_end": {"0": states(0, 0), "3": states(1.5, 0.5)}}]
+    busy = machine_busy_share(ranks, 0, 3)
+    assert busy == pytest.approx(0.75) and busy > CPU_FLAG_SHARE
+    result = {"iteration_time_s": 2.0, "global_batch_size": 8, "machine_cpu_busy_share": busy}
+    cols = emulation_columns("emulated:resnet50;batch=4;dilation=10;bytes=2", result)
+    assert cols["cpu_flagged"] and cols["emulated_iteration_time_s"] == pytest.approx(0.2)
+    quiet = emulation_columns(
+        "emulated:resnet50;batch=4;dilation=10;bytes=2",
+        dict(result, machine_cpu_busy_share=0.2),
+    )
+    assert not quiet["cpu_flagged"]
+
+    from dtsim.cli.real import emulated_rows
+
+    row = dict(
+        result, **cols, predicted_iteration_time_s=0.21, prediction_rel_err=0.05,
+        prediction_calibration="x",
+    )  # fmt: skip
+    assert "FLAGGED" in dict(emulated_rows(row))["machine CPU"]
+
+
+# ---- real runs of every scheme family on 8 emulated devices --------------------------------
+
+
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    """``sim ARGS`` through the console script's entry (errors: one line, exit code)."""
+    from dtsim.cli import main
+
+    with pytest.raises(SystemExit) as ex:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(ex.value.code or 0), out, err
+
+
+def _real(capsys, args: list[str]) -> dict:
+    code, out, err = _main(capsys, "real", "--device", "emulated", "--json", *args)
+    assert code == 0, err
+    return json.loads(out[out.index("{") :])
+
+
+@pytest.mark.parametrize(
+    "scheme,extra",
+    [("dp", []), ("p3", ["--set", "scheme.servers=2"]), ("gossip", []), ("gpipe", [])],
+)
+def test_eight_emulated_ranks_of_each_family_move_the_simulators_bytes(
+    capsys, scheme: str, extra: list[str]
+) -> None:
+    r = _real(
+        capsys,
+        [
+            "--model", "resnet18", "--gpus", "8", "--scheme", scheme, "--batch-size", "64",
+            "--byte-scale", "50", "--dilation", "10", "--iterations", "2", "--calibration",
+            "tests/data/calibrated-1Gbps.yaml", *extra,
+        ]
+    )  # fmt: skip
+    assert r["device_type"] == "emulated" and r["gpus"] == 8
+    from analysis.validate import without_shuffle_labels
+
+    r = without_shuffle_labels(r)  # gossip's shuffle sends labels, which no trace has
+    assert r["comm_bytes_per_iteration"] == pytest.approx(
+        r["predicted_comm_bytes_per_iteration"], rel=1e-9
+    )
+    assert r["emulated_iteration_time_s"] > 0 and r["machine_cpu_busy_share"] is not None
+    if not r["cpu_flagged"]:  # a flagged run is not a GPU cluster's; unshaped: a sanity bound
+        assert abs(r["prediction_rel_err"]) < 0.5
+
+
+def test_bad_emulated_input_is_one_line(capsys) -> None:
+    for args, word in (
+        (["--model", "no_such_trace"], "--model"),
+        (["--model", "resnet50", "--dilation", "0.5"], "--dilation"),
+        (["--model", "resnet50", "--byte-scale", "1e12"], "--byte-scale"),
+        (["--model", "resnet50", "--calibration", "nope.yaml"], "--calibration"),
+    ):
+        code, out, err = _main(capsys, "real", "--device", "emulated", *args)
+        assert code == 2, (args, out, err)
+        assert word in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    code, _out, err = _main(capsys, "real", "--model", "mlp_small", "--dilation", "4")
+    assert code == 2 and "--device emulated" in err
