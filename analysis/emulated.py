@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from traces.emulated import EmulatedSpec, load_run_trace, parse_ref
+from traces.emulated import EmulatedSpec, format_ref, load_run_trace, parse_ref
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class EmulatedPrediction:
         link_rate_bytes_per_s: the rate the run's links are shaped to (``None``: unshaped).
         calibration: the calibration file it was made with.
         result: the simulator's result of the run.
+        config: the simulated configuration (a pipeline's real run takes its plan).
     """
 
     run_iteration_time_s: float
@@ -48,6 +49,7 @@ class EmulatedPrediction:
     link_rate_bytes_per_s: float | None
     calibration: str
     result: Any
+    config: Any = None
 
 
 def emulated_preset(
@@ -85,7 +87,8 @@ def predict(
     """The simulator's prediction of a real run of ``scheme`` on ``workers`` emulated
     devices running model ``ref`` (an ``emulated:`` reference) over links of
     ``cluster_rate_bytes_per_s`` (the emulated cluster's; ``None``: unshaped), with the
-    calibration file ``calibration``."""
+    calibration file ``calibration``; ``options`` are the cluster's (sizes are scaled
+    here, :func:`scaled_options`)."""
     from analysis.resolve import build_config, load_preset
     from realrun.calibrate import segment_bytes
     from simcore.engine import simulate
@@ -113,7 +116,99 @@ def predict(
             "compute_scale": 1.0,
             "chunk_bytes": segment_bytes(preset),
         }
-        settings.update({f"scheme.{k}": v for k, v in options.items()})
-        result = simulate(build_config(RunSpec().replace(**settings), record_spans=False))
+        scaled = scaled_options(scheme, options, spec.byte_scale)
+        settings.update({f"scheme.{k}": v for k, v in scaled.items()})
+        config = build_config(RunSpec().replace(**settings), record_spans=False)
+        result = simulate(config)
     t = float(result.iteration_time_s)
-    return EmulatedPrediction(t, t / spec.dilation, run_rate, calibration, result)
+    return EmulatedPrediction(t, t / spec.dilation, run_rate, calibration, result, config)
+
+
+ROUNDING_TOLERANCE = 0.01
+"""Most an emulated model's parameter bytes may differ from the trace's / byte scale
+through rounding each layer to whole elements."""
+
+
+def model_ref(
+    trace_ref: str,
+    *,
+    batch_size: int | None,
+    dilation: float,
+    byte_scale: float | None,
+    ranks: int,
+    hosts: int,
+    cluster_rate_bytes_per_s: float | None,
+    memory_bytes: int | None = None,
+) -> str:
+    """The reference of the emulated model of trace ``trace_ref`` (a built-in trace or a
+    file) at ``batch_size`` (the trace's own when ``None``), ``dilation`` and
+    ``byte_scale`` (``None``: :func:`realrun.guard.auto_byte_scale` for ``ranks`` ranks on
+    ``hosts`` hosts whose links run at ``cluster_rate_bytes_per_s / dilation``, ``None``:
+    unshaped, in ``memory_bytes``, the memory free now when ``None``). ``ConfigError``
+    naming ``model``, ``dilation`` or ``byte_scale`` when it cannot be made."""
+    from realrun.guard import auto_byte_scale, available_memory
+    from simcore.config import ConfigError
+    from traces.catalog import TraceFormatError, UnknownModelError, load_trace
+    from traces.emulated import param_elements
+
+    try:
+        trace = load_trace(trace_ref)
+    except UnknownModelError as exc:
+        raise ConfigError(
+            "model", trace_ref, f"{exc} (an emulated device runs a layer trace)"
+        ) from None
+    except TraceFormatError as exc:
+        raise ConfigError("model", trace_ref, str(exc)) from None
+    if not dilation >= 1:
+        raise ConfigError("dilation", dilation, "need at least 1")
+    scale = byte_scale
+    if scale is None:
+        rate = cluster_rate_bytes_per_s / dilation if cluster_rate_bytes_per_s else None
+        memory = available_memory() if memory_bytes is None else memory_bytes
+        scale = auto_byte_scale(trace.param_bytes, ranks, hosts, rate, memory)
+    if not scale >= 1:
+        raise ConfigError("byte_scale", scale, "need at least 1")
+    name = os.path.abspath(trace_ref) if os.path.exists(trace_ref) else trace_ref
+    try:
+        spec = EmulatedSpec(
+            name, batch_size or trace.meta.batch_size, float(dilation), float(scale)
+        )
+    except ValueError as exc:
+        raise ConfigError("model", trace_ref, str(exc)) from None
+    ideal = trace.param_bytes / spec.byte_scale
+    scaled = sum(param_elements(lay.param_bytes, spec.byte_scale) for lay in trace.layers) * 4
+    if ideal > 0 and abs(scaled - ideal) > ROUNDING_TOLERANCE * ideal:
+        raise ConfigError(
+            "byte_scale",
+            scale,
+            f"it leaves layers of {trace_ref} so small that rounding them to whole elements "
+            f"changes the parameters by {abs(scaled - ideal) / ideal:.0%} (at most "
+            f"{ROUNDING_TOLERANCE:.0%}); use a smaller one",
+        )
+    return format_ref(spec)
+
+
+COUNT_OPTIONS = {("p3", "slice_params")}
+"""Scheme options that count parameters (bytes in all but name)."""
+
+
+def scaled_options(scheme: str, options: Mapping[str, Any], byte_scale: float) -> dict[str, Any]:
+    """``scheme``'s options (``options`` over its defaults) with every size divided by
+    ``byte_scale`` (whole, at least 1): DDP's buckets, the parameter server's big-array
+    threshold, P3's slice. A model B times smaller then splits into the same buckets,
+    shards and slices, so the emulated run sends as many messages as the cluster it
+    stands for."""
+    import dataclasses
+
+    from simcore.config import options_from_mapping
+    from simcore.schemes import get_scheme
+
+    cls = get_scheme(scheme)
+    opts = options_from_mapping(cls.Options, dict(options), prefix="scheme.")
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(opts):
+        value = getattr(opts, f.name)
+        if f.metadata.get("kind") == "bytes" or (scheme, f.name) in COUNT_OPTIONS:
+            value = max(1, round(value / byte_scale))
+        out[f.name] = value
+    return out

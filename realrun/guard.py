@@ -157,12 +157,14 @@ def rank_refusal(
     )
 
 
-EMULATED_LINK_BUDGET_BYTES_PER_S = 100e6
-"""Bytes per second (800 Mbit/s) the shaped links of an emulated cluster may carry together, summed
-over its hosts, when ``--byte-scale`` is left to the tool: the kernel's packet work on
-the veth pairs and ``tc`` queues costs this machine's CPU some nanoseconds per byte
-(``docs/emulated_devices.md``), and an emulated GPU host must leave that CPU to the
-framework."""
+EMULATED_LINK_BUDGET_BYTES_PER_S = 25e6
+"""Bytes per second (200 Mbit/s) the shaped links of an emulated cluster may carry
+together, summed over its hosts, when ``--byte-scale`` is left to the tool: the kernel's
+packet work on the veth pairs and ``tc`` queues costs this machine's CPU nanoseconds per
+byte (``sim calibrate``'s link CPU: 0.4 ns at 1 Gbit/s, 12 ns at 100 Mbit/s, per side), and
+an emulated GPU host must leave the CPU to the framework. Measured with P3 on 4 emulated
+ResNet-18 hosts: 20 MB/s of traffic left 57% of the cores idle, 80 MB/s 9%
+(docs/emulated_devices.md)."""
 
 
 def auto_byte_scale(

@@ -261,3 +261,61 @@ def test_bad_emulated_input_is_one_line(capsys) -> None:
         assert word in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     code, _out, err = _main(capsys, "real", "--model", "mlp_small", "--dilation", "4")
     assert code == 2 and "--device emulated" in err
+
+
+# ---- sim validate --device emulated --------------------------------------------------------
+
+
+def test_the_seed_matrix_covers_every_scheme_and_large_clusters(capsys) -> None:
+    from analysis.emulated_validation import SEED_MATRIX
+    from simcore.scheme_names import ORDER
+
+    assert len(SEED_MATRIX) >= 24
+    assert set(ORDER[:8]) <= {c.scheme for c in SEED_MATRIX}  # the eight of the papers
+    assert {8, 16} <= {c.gpus for c in SEED_MATRIX}
+    code, out, err = _main(capsys, "validate", "--device", "emulated", "--dry-run")
+    assert code == 0, err
+    assert out.startswith(f"{len(SEED_MATRIX)} cases")
+    code, _out, err = _main(capsys, "validate", "--device", "emulated", "--schemes", "dp")
+    assert code == 2 and "--schemes" in err
+
+
+def test_predictions_are_registered_once_and_scored_as_written(tmp_path) -> None:
+    from analysis import emulated_validation as ev
+    from simcore.config import ConfigError
+
+    case = ev.EmuCase("dp", "resnet18", 2, "10Gbps", 10.0, (), 64, 2)
+    other = ev.EmuCase("dp", "resnet18", 4, "10Gbps", 10.0, (), 64, 2)
+    calib = "tests/data/calibrated-1Gbps.yaml"
+    data = ev.register([case], str(tmp_path), calib)
+    entry = data["cases"][case.case_id]
+    assert entry["predicted_iteration_time_s"] > 0 and data["calibration_sha256"]
+    assert ev.register([case], str(tmp_path), calib) == data  # read back, not remade
+    with pytest.raises(ConfigError, match="never rewritten"):
+        ev.register([case, other], str(tmp_path), calib)
+
+    def result(t: float, busy: float, nbytes: float) -> dict:
+        return {
+            "emulated_iteration_time_s": t, "machine_cpu_busy_share": busy,
+            "cpu_flagged": busy > 0.5, "comm_bytes_per_iteration": nbytes,
+            "gpu_utilization": 0.9,
+        }  # fmt: skip
+
+    predicted = entry["predicted_iteration_time_s"]
+    sim_bytes = entry["predicted_comm_bytes_per_iteration"]
+    row = ev.score_case(case, entry, [result(predicted * 1.1, 0.3, sim_bytes)] * 2)
+    assert row["status"] == "ok" and row["bytes_exact"]
+    assert row["prediction_rel_err"] == pytest.approx(1 / 1.1 - 1)
+    flagged = ev.score_case(case, entry, [result(predicted, 0.8, sim_bytes + 4)])
+    assert flagged["status"] == "flagged" and not flagged["bytes_exact"]
+    s = ev.score([row, flagged, {"status": "failed"}])
+    assert (s.counted, s.flagged, s.failed, s.bytes_exact) == (1, 1, 1, 1)
+    assert s.median_abs_err == pytest.approx(abs(1 / 1.1 - 1))
+
+    def broken(_job, _rate, _repeats):
+        raise RuntimeError("rank 1 hung")
+
+    rows = ev.run_cases([case], str(tmp_path), data, calib, runner=broken)
+    assert rows[0]["status"] == "failed" and "rank 1 hung" in rows[0]["error"]
+    # a finished case (failed included) is not run again
+    assert ev.run_cases([case], str(tmp_path), data, calib, runner=None) == rows

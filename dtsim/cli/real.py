@@ -211,7 +211,7 @@ def _emulated_prediction(job: Job, spec: Any, calibration: str) -> dict[str, Any
         job.model,
         job.scheme,
         job.workers,
-        job.options,
+        spec.scheme_options,  # the cluster's; predict scales them as the job's were
         calibration,
         cluster_rate,
         optimizer=job.optimizer,
@@ -330,9 +330,11 @@ def make_job(spec: Any, *, profile: bool = False) -> Job:
             )
     batch_size = spec.batch_size or DEFAULT_REAL_BATCH
     if spec.device == "emulated":
+        from analysis.emulated import scaled_options
         from traces.emulated import parse_ref
 
         batch_size = parse_ref(model).batch_size
+        opts = scaled_options(spec.scheme, opts, parse_ref(model).byte_scale)
     pipeline: dict[str, Any] = {}
     if spec.scheme in PIPELINE_SCHEMES:
         pipeline = _pipeline_plan(
@@ -368,58 +370,34 @@ def _emulation(job: Job) -> Any:
     return parse_ref(job.model) if is_emulated_ref(job.model) else None
 
 
-ROUNDING_TOLERANCE = 0.01
-"""Most an emulated model's parameter bytes may differ from the trace's / byte scale
-through rounding each layer to whole elements."""
-
-
 def emulated_ref(spec: Any, workers: int) -> str:
-    """The emulated model of ``spec`` (``--device emulated``): its trace (``--model``, a
-    built-in trace or a file; resnet50 when none) at ``--batch-size`` (the trace's own
-    when none), ``--dilation`` and ``--byte-scale`` (see
-    :func:`realrun.guard.auto_byte_scale` when none); ``BadInput`` naming what is wrong."""
-    from realrun.guard import auto_byte_scale, available_memory
-    from traces.catalog import TraceFormatError, UnknownModelError, default_model, load_trace
-    from traces.emulated import EmulatedSpec, format_ref, param_elements
+    """The emulated model of ``spec`` (``--device emulated``): :func:`analysis.emulated.
+    model_ref` of ``--model`` (resnet50 when none), ``--batch-size``, ``--dilation`` and
+    ``--byte-scale``; ``BadInput`` naming the option that is wrong."""
+    from analysis.emulated import model_ref
+    from simcore.config import ConfigError
+    from traces.catalog import default_model
 
-    name = spec.model or default_model()
-    try:
-        trace = load_trace(name)
-    except UnknownModelError as exc:
-        raise BadInput(f"--model: {exc} (an emulated device runs a layer trace)") from None
-    except TraceFormatError as exc:
-        raise BadInput(f"--model: {exc}") from None
     if spec.input_shape:
         raise BadInput(
             "--input-shape: an emulated model's inputs come from its trace; leave it out"
         )
-    batch = spec.batch_size or trace.meta.batch_size
-    scale = spec.byte_scale
-    if scale is None:
-        servers = 0
-        if spec.scheme in PS_SCHEMES:
-            servers = int(spec.scheme_options.get("servers", 0) or 0) or workers
-        rate = (
-            spec.bandwidth / spec.dilation if spec.cluster == "netns" and spec.bandwidth else None
-        )
-        scale = auto_byte_scale(
-            trace.param_bytes, workers + servers, workers, rate, available_memory()
-        )
-    if os.path.exists(name):
-        name = os.path.abspath(name)
+    servers = 0
+    if spec.scheme in PS_SCHEMES:
+        servers = int(spec.scheme_options.get("servers", 0) or 0) or workers
+    rate = spec.bandwidth if spec.cluster == "netns" else None
     try:
-        emu = EmulatedSpec(name, batch, float(spec.dilation), float(scale))
-    except ValueError as exc:
-        raise BadInput(f"--model: {exc}") from None
-    ideal = trace.param_bytes / emu.byte_scale
-    scaled = sum(param_elements(lay.param_bytes, emu.byte_scale) for lay in trace.layers) * 4
-    if abs(scaled - ideal) > ROUNDING_TOLERANCE * ideal:
-        raise BadInput(
-            f"--byte-scale: {scale:g} leaves layers of {name} so small that rounding them to "
-            f"whole elements changes the parameters by {abs(scaled - ideal) / ideal:.0%} "
-            f"(at most {ROUNDING_TOLERANCE:.0%}); use a smaller one"
+        return model_ref(
+            spec.model or default_model(),
+            batch_size=spec.batch_size,
+            dilation=spec.dilation,
+            byte_scale=spec.byte_scale,
+            ranks=workers + servers,
+            hosts=workers,
+            cluster_rate_bytes_per_s=rate,
         )
-    return format_ref(emu)
+    except ConfigError as exc:
+        raise BadInput(exc.describe(f"--{exc.field.replace('_', '-')}")) from None
 
 
 def _pipeline_plan(

@@ -24,6 +24,9 @@ from analysis.matrix_defaults import (
 from dtsim.cli.errors import BadInput
 from dtsim.cli.output import check_output_dir, output_folder, table
 
+EMULATED_MATRICES = ("seed", "scaling", "bandwidth")
+"""``--matrix`` names of ``--device emulated`` (and ``--quick``'s)."""
+
 
 @click.command("validate")
 @click.option(
@@ -32,15 +35,25 @@ from dtsim.cli.output import check_output_dir, output_folder, table
     help="The small matrix (dp, ps, gpipe, pipedream at 1 Gbit/s; a few minutes), for CI.",
 )
 @click.option(
+    "--device",
+    type=click.Choice(["cpu", "emulated"]),
+    default="cpu",
+    show_default=True,
+    help="cpu: zoo models computing on this machine's cores; emulated: the seed papers' "
+    "layer traces on emulated devices (sim real --device emulated; "
+    "docs/emulated_devices.md), scored against predictions registered first.",
+)
+@click.option(
     "--matrix",
     "matrix_name",
-    type=click.Choice(["development", "heldout"]),
-    default="development",
-    show_default=True,
-    help="development: the matrix the model is tuned on (--schemes, --models, ... choose "
-    "within it); heldout: 24 cases it never was (a ResNet, a Transformer and a user model "
-    "by file, batch 36, 500 Mbit/s, all eight schemes), to run only with the model frozen "
-    "and its predictions registered first (--predict-only).",
+    type=click.Choice(["development", "heldout", *EMULATED_MATRICES]),
+    default=None,
+    help="cpu: development (the default; the matrix the model is tuned on, --schemes, "
+    "--models, ... choose within it) or heldout (24 cases it never was: a ResNet, a "
+    "Transformer and a user model by file, batch 36, 500 Mbit/s, all eight schemes, to run "
+    "only with the model frozen and its predictions registered first, --predict-only). "
+    "emulated: seed (the default; 25 cases, all eight schemes, 4 to 16 ranks), scaling "
+    "(2 to 16 ranks), bandwidth (1 to 25 Gbit/s) or quick.",
 )
 @click.option(
     "--schemes",
@@ -176,9 +189,12 @@ from dtsim.cli.output import check_output_dir, output_folder, table
     default=None,
     help="Show a progress bar. [default: when stderr is a terminal]",
 )
+@click.pass_context
 def validate(
+    ctx: click.Context,
+    device: str,
     quick: bool,
-    matrix_name: str,
+    matrix_name: str | None,
     schemes: str | None,
     models: str | None,
     input_shape: str | None,
@@ -224,6 +240,15 @@ def validate(
     from analysis import validate as va
     from simcore.config import ConfigError
 
+    if device == "emulated":
+        _validate_emulated(
+            ctx, "quick" if quick else matrix_name or "seed", out, calibration, calibrate_at,
+            predict_only, repeats, iterations, fail_above, fail_above_max, dry_run, progress,
+        )  # fmt: skip
+        return
+    if matrix_name in EMULATED_MATRICES:
+        raise BadInput(f"--matrix: {matrix_name} is a matrix of --device emulated")
+    matrix_name = matrix_name or "development"
     if calibration is not None:
         from analysis.resolve import load_preset
 
@@ -519,5 +544,123 @@ class _Bar:
         else:
             self.bar.update(1)
 
+    def describe(self, text: str) -> None:
+        self.bar.set_description(text)
+
     def close(self) -> None:
         self.bar.close()
+
+
+def _validate_emulated(
+    ctx: click.Context,
+    matrix_name: str,
+    out: str,
+    calibration: str | None,
+    calibrate_at: str | None,
+    predict_only: bool,
+    repeats: int,
+    iterations: int,
+    fail_above: float,
+    fail_above_max: float,
+    dry_run: bool,
+    progress: bool | None,
+) -> None:
+    """``sim validate --device emulated`` (:mod:`analysis.emulated_validation`)."""
+    from dataclasses import replace
+
+    from analysis import emulated_validation as ev
+    from analysis.resolve import load_preset
+    from simcore.config import ConfigError
+    from simcore.units import parse_rate
+
+    if matrix_name not in ev.MATRICES:
+        raise BadInput(
+            f"--matrix: {matrix_name} is not a matrix of --device emulated; choose one of: "
+            f"{', '.join(ev.MATRICES)}"
+        )
+    for name in ("schemes", "models", "bandwidths", "ranks", "input_shape", "every_rank"):
+        if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT:
+            flag = "--" + name.replace("_", "-")
+            raise BadInput(f"{flag}: --device emulated runs its own matrices; drop {flag}")
+    default = click.core.ParameterSource.DEFAULT
+    if ctx.get_parameter_source("fail_above") == default:
+        fail_above = ev.FAIL_ABOVE
+    if ctx.get_parameter_source("fail_above_max") == default:
+        fail_above_max = ev.FAIL_ABOVE_MAX
+    cases = ev.MATRICES[matrix_name]
+    if ctx.get_parameter_source("iterations") != default:
+        cases = tuple(replace(c, iterations=iterations) for c in cases)
+    if dry_run:
+        click.echo(f"{len(cases)} case{'s' if len(cases) != 1 else ''}:")
+        click.echo(table([(c.case_id, f"{c.trace} x{c.gpus} {c.scheme}") for c in cases]))
+        return
+    if calibration is not None and calibrate_at is not None:
+        raise BadInput("--calibrate-at: give it or --calibration, not both")
+    if calibration is not None:
+        try:
+            load_preset(calibration)
+        except ConfigError as exc:
+            raise BadInput(exc.describe("--calibration")) from None
+    check_output_dir("--out", out)
+    from dtsim.cli.clean import clean_stale
+    from realrun.netns import check_available
+
+    clean_stale()
+    check_available()
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = _Bar(len(cases) * (1 if predict_only else 2), show)
+    command = " ".join(["sim", *sys.argv[1:]]) if sys.argv else "sim validate --device emulated"
+    try:
+        with output_folder("--out", out, keep_partial=True):
+            if calibration is None:
+                from analysis.validate import default_calibrator, ensure_calibration
+
+                rate = parse_rate(calibrate_at or ev.CALIBRATION_RATE)
+                bar.describe(f"calibrating at {calibrate_at or ev.CALIBRATION_RATE}")
+                calibration = ensure_calibration(out, rate, default_calibrator)
+            data = ev.register(cases, out, calibration, command=command, progress=bar)
+            if predict_only:
+                bar.close()
+                click.echo(
+                    f"{len(cases)} predictions registered at {data['registered_at']} "
+                    f"(commit {data['commit'] or 'none'}): {ev.predictions_path(out)}"
+                )
+                return
+            rows = ev.run_cases(cases, out, data, calibration, repeats=repeats, progress=bar)
+            s = ev.score(rows)
+            ev.write_results(rows, out, s)
+    finally:
+        bar.close()
+    click.echo(
+        table(
+            [
+                (
+                    r["case_id"],
+                    f"{r.get('status')}"
+                    + (
+                        f"  real {1e3 * r['real_iteration_time_s']:.1f} ms, predicted "
+                        f"{1e3 * r['predicted_iteration_time_s']:.1f} ms "
+                        f"({100 * r['prediction_rel_err']:+.1f}%), CPU "
+                        f"{100 * r['machine_cpu_busy_share']:.0f}%, bytes "
+                        f"{'exact' if r['bytes_exact'] else 'DIFFER'}"
+                        if r.get("status") in ("ok", "flagged")
+                        else f"  {r.get('error', '')}"
+                    ),
+                )
+                for r in rows
+            ]
+        )
+    )
+    click.echo(s.line())
+    if not s.counted:
+        _fail("no case was counted (all failed or were flagged); see results.csv")
+    if s.median_abs_err > fail_above:
+        _fail(
+            f"median |prediction error| {100 * s.median_abs_err:.1f}% "
+            f"is above --fail-above {100 * fail_above:g}%"
+        )
+    if s.max_abs_err > fail_above_max:
+        _fail(
+            f"largest |prediction error| {100 * s.max_abs_err:.1f}% "
+            f"is above --fail-above-max {100 * fail_above_max:g}%"
+        )
