@@ -34,11 +34,14 @@ from typing import Any
 from analysis.emulated import model_ref, predict
 from simcore.config import ConfigError
 from simcore.units import parse_rate
-from traces.emulated import parse_ref
+from traces.emulated import load_run_trace, parse_ref
 
 CALIBRATION_RATE = "100Mbps"
 """Where ``sim validate --device emulated`` calibrates when given no calibration: about
 the rate its runs' links are shaped to (the cluster's rate / dilation x byte scale)."""
+
+DATA_PARALLEL = ("dp", "ps", "p3", "gossip")
+"""Schemes whose every worker trains a batch of its own (the others split one batch)."""
 
 FAIL_ABOVE = 0.05
 """The median absolute prediction error above which the validation fails."""
@@ -145,15 +148,18 @@ QUICK_MATRIX = _cases(
 )
 """Four cases of a few seconds each: one per scheme family."""
 
+WHAT_IF_DILATION = {"p3": 50.0}
+"""The what-if matrices' dilation by scheme (10 otherwise; see :data:`SEED_MATRIX`)."""
+
 SCALING_MATRIX = tuple(
-    EmuCase(scheme, "resnet50", n, "10Gbps")
+    EmuCase(scheme, "resnet50", n, "10Gbps", WHAT_IF_DILATION.get(scheme, 10.0), iterations=2)
     for scheme in ("dp", "p3", "gossip", "gpipe")
     for n in (2, 4, 8, 16)
 )
 """The cluster-size what-if: ResNet-50 at 10 Gbit/s on 2 to 16 ranks."""
 
 BANDWIDTH_MATRIX = tuple(
-    EmuCase(scheme, "resnet50", 8, bw)
+    EmuCase(scheme, "resnet50", 8, bw, WHAT_IF_DILATION.get(scheme, 10.0), iterations=2)
     for scheme in ("dp", "p3", "gossip", "gpipe")
     for bw in ("1Gbps", "5Gbps", "10Gbps", "25Gbps")
 )
@@ -317,6 +323,11 @@ def score_case(
     real_bytes = [float(without_shuffle_labels(r)["comm_bytes_per_iteration"]) for r in results]
     sim_bytes = float(entry["predicted_comm_bytes_per_iteration"])
     rel = (predicted - med) / med if med > 0 else math.inf
+    spec = parse_ref(str(entry["model_ref"]))
+    device_s = load_run_trace(str(entry["model_ref"])).compute_s / spec.dilation
+    pipeline = case.scheme not in DATA_PARALLEL
+    samples = spec.batch_size * (1 if pipeline else case.gpus)
+    speedup = samples / spec.batch_size * device_s  # over one device: x / iteration time
     return {
         "case_id": case.case_id,
         **case_fields(case),
@@ -336,8 +347,14 @@ def score_case(
         "bytes_exact": all(b == sim_bytes for b in real_bytes),
         "machine_cpu_busy_share": max((b for b in busy if b is not None), default=math.nan),
         "cpu_flagged": flagged,
-        "byte_scale": parse_ref(str(entry["model_ref"])).byte_scale,
+        "byte_scale": spec.byte_scale,
         "run_rate_bytes_per_s": entry["run_rate_bytes_per_s"],
+        "samples_per_iteration": samples,
+        "device_compute_s": device_s,
+        "real_speedup": speedup / med,
+        "predicted_speedup": speedup / predicted,
+        "real_scaling_efficiency": speedup / med / case.gpus,
+        "predicted_scaling_efficiency": speedup / predicted / case.gpus,
     }
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from simcore.config import ConfigError
 from simcore.units import UnitError, parse_rate
 
-KINDS = ("auto", "line", "bar", "speedup", "throughput", "utilization", "gantt")
+KINDS = ("auto", "line", "bar", "speedup", "throughput", "utilization", "prediction", "gantt")
 """Plot kinds: ``auto`` picks ``line`` or ``bar`` from the type of ``x``."""
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -515,6 +515,74 @@ def save_figure(fig: Any, path: str) -> None:
         _pyplot().close(fig)
 
 
+PREDICTION_COLUMNS = {
+    "scaling_efficiency": ("real_scaling_efficiency", "predicted_scaling_efficiency"),
+    "speedup": ("real_speedup", "predicted_speedup"),
+    "iteration_time_s": ("real_iteration_time_s", "predicted_iteration_time_s"),
+}
+"""What ``--kind prediction`` draws (``--y``): measured and predicted columns of a
+validation's results (``sim validate --device emulated``'s ``results.csv``)."""
+
+
+def prediction_plot(
+    df: Any,
+    *,
+    x: str | None = None,
+    y: str | None = None,
+    hue: str | None = "scheme",
+    where: Mapping[str, str] | None = None,
+    title: str | None = None,
+) -> Any:
+    """Measured (solid) and predicted (dashed) ``y`` (scaling efficiency unless given:
+    :data:`PREDICTION_COLUMNS`) against ``x`` (the ranks, or the bandwidth when the
+    ranks do not vary), one colour per ``hue``; cases that were not counted (flagged,
+    failed) are left out."""
+    df = select_rows(df, where)
+    y = y or "scaling_efficiency"
+    if y not in PREDICTION_COLUMNS:
+        raise ConfigError("y", y, f"choose one of: {', '.join(PREDICTION_COLUMNS)}")
+    real, predicted = PREDICTION_COLUMNS[y]
+    require(df, real=real, predicted=predicted)
+    if "status" in df.columns:
+        df = df[df["status"] == "ok"]
+    if x is None:
+        x = "gpus" if "gpus" in df.columns and df["gpus"].nunique() > 1 else "bandwidth"
+    require(df, x=x)
+    data = df.copy()
+    xcol = x
+    if x == "bandwidth":
+        data[_BW] = bandwidth_gbps(data)
+        xcol = _BW
+    data[xcol] = _to_numeric(data[xcol])
+    hue = hue if hue and hue in data.columns else None
+    import pandas as pd
+
+    keep = [xcol] + ([hue] if hue else [])
+    long = pd.concat(
+        [
+            data[keep].assign(value=_to_numeric(data[real]), source="measured"),
+            data[keep].assign(value=_to_numeric(data[predicted]), source="predicted"),
+        ]
+    )
+    sns = _theme()
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    sns.lineplot(
+        data=long, x=xcol, y="value", hue=hue, style="source", markers=True,
+        dashes={"measured": "", "predicted": (4, 2)}, errorbar=None, ax=ax,
+    )  # fmt: skip
+    ticks = sorted(long[xcol].dropna().unique())
+    if x == "gpus" and ticks and ticks[-1] / max(ticks[0], 1) >= 8:
+        ax.set_xscale("log", base=2)
+    if len(ticks) <= 12:
+        _set_xticks([ax], ticks)
+    ax.set_xlabel(label(x))
+    ax.set_ylabel(y.replace("_", " ") + " (solid: measured, dashed: predicted)")
+    if title:
+        ax.set_title(title)
+    return fig
+
+
 def plot_results(
     path: str,
     kind: str = "auto",
@@ -549,6 +617,8 @@ def plot_results(
         return throughput_plot(df, hue=hue or "scheme", col=col, where=where, title=title)
     if kind == "utilization":
         return utilization_plot(df, hue=hue, col=col, where=where, title=title)
+    if kind == "prediction":
+        return prediction_plot(df, x=x, y=y, hue=hue or "scheme", where=where, title=title)
     if not x or not y:
         raise ConfigError(
             "x",
@@ -562,6 +632,7 @@ __all__ = [
     "KINDS",
     "gantt_plot",
     "plot_results",
+    "prediction_plot",
     "save_figure",
     "speedup_plot",
     "throughput_plot",

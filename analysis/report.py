@@ -506,9 +506,16 @@ def run_section(
 
 
 def build_report(
-    out_dir: str, *, quick: bool = False, jobs: int = 1, progress: bool = False
+    out_dir: str,
+    *,
+    quick: bool = False,
+    jobs: int = 1,
+    progress: bool = False,
+    extra_sections: Sequence[str] = (),
 ) -> ReportSummary:
-    """Run every section and write ``out_dir/report.md`` with its figures and data."""
+    """Run every section and write ``out_dir/report.md`` with its figures and data;
+    ``extra_sections`` (Markdown) follow them (``sim report --emulated``'s, from
+    :func:`analysis.emulated_report.emulated_section`)."""
     from simcore.schemes import ORDER, registry
     from simcore.version import __version__
 
@@ -528,6 +535,7 @@ def build_report(
 
     conv = report_section(out_dir, quick)
     parts.append(conv)
+    parts.extend(extra_sections)
 
     reg = registry()
     absent = [s for s in ORDER if s not in reg]

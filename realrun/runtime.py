@@ -124,10 +124,10 @@ class Recorder:
         """The main thread's CPU seconds at the same moments: the work of the rank's
         compute stream, without the time it waited for a core."""
         self.machine_at_end: dict[int, list[float]] = {}
-        """The machine's CPU seconds by state (:data:`MACHINE_STATES`, from /proc/stat)
-        at the same moments: what every process and the kernel took of the cores, the
-        shaped links' soft interrupts counted apart; empty where there is no
-        /proc/stat."""
+        """The machine's CPU seconds by state (:data:`realrun.machine.MACHINE_STATES`,
+        from /proc/stat) at the same moments: what every process and the kernel took of
+        the cores, the shaped links' soft interrupts counted apart; empty where there is
+        no /proc/stat."""
         self._main_clock = time.pthread_getcpuclockid(threading.main_thread().ident or 0)
         self.on_span: Callable[[str], None] | None = None
         """Called with ``"KIND NAME"`` of every span recorded (the heartbeat's label)."""

@@ -182,9 +182,9 @@ def test_a_run_above_the_cpu_threshold_is_flagged() -> None:
         v[MACHINE_STATES.index("idle")] = idle
         return v
 
-    ranks = [{"machine_at_end": {"0": states(0, 0), "3": states(1.5, 0.5)}}]
+    ranks = [{"machine_at_end": {"0": states(0, 0), "3": states(1.9, 0.1)}}]
     busy = machine_busy_share(ranks, 0, 3)
-    assert busy == pytest.approx(0.75) and busy > CPU_FLAG_SHARE
+    assert busy == pytest.approx(0.95) and busy > CPU_FLAG_SHARE
     result = {"iteration_time_s": 2.0, "global_batch_size": 8, "machine_cpu_busy_share": busy}
     cols = emulation_columns("emulated:resnet50;batch=4;dilation=10;bytes=2", result)
     assert cols["cpu_flagged"] and cols["emulated_iteration_time_s"] == pytest.approx(0.2)
@@ -319,3 +319,36 @@ def test_predictions_are_registered_once_and_scored_as_written(tmp_path) -> None
     assert rows[0]["status"] == "failed" and "rank 1 hung" in rows[0]["error"]
     # a finished case (failed included) is not run again
     assert ev.run_cases([case], str(tmp_path), data, calib, runner=None) == rows
+
+
+def test_prediction_plot_and_report_read_validation_results(tmp_path) -> None:
+    pd = pytest.importorskip("pandas", reason="the plots read results with pandas")
+    pytest.importorskip("matplotlib", reason="plots need matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from analysis.emulated_report import emulated_section
+    from analysis.plots import plot_results, save_figure
+
+    rows = []
+    for scheme in ("dp", "gossip", "ps", "p3", "gpipe"):
+        for n in (2, 4, 8):
+            real, pred = 1.0 + 0.1 * n, 1.0 + 0.11 * n
+            rows.append({
+                "case_id": f"{scheme}-{n}", "status": "ok", "scheme": scheme,
+                "trace": "resnet50", "gpus": n, "bandwidth": "10Gbps",
+                "real_iteration_time_s": real, "predicted_iteration_time_s": pred,
+                "real_speedup": n / real, "predicted_speedup": n / pred,
+                "real_scaling_efficiency": 1 / real, "predicted_scaling_efficiency": 1 / pred,
+            })  # fmt: skip
+    rows.append(dict(rows[0], case_id="flagged", status="flagged", gpus=16))
+    path = tmp_path / "results.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    fig = plot_results(str(path), "prediction")
+    save_figure(fig, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 0
+    ax = fig.axes[0]
+    assert sorted(ax.get_xticks()) == [2, 4, 8]  # the flagged 16-rank case is left out
+    text = emulated_section([str(tmp_path)])
+    assert "P3 over the parameter server" in text and "1.00x" in text  # same times
+    assert "gpipe" in text and "No rows" in text  # SpecTrain was not run

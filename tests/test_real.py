@@ -328,7 +328,7 @@ def test_bytes_per_iteration_equal_the_simulators(
 
         assert server_step_overhead_s(_records, 3, 1e9) is None  # no servers
     # the machine's CPU by state at each of a worker's iteration ends (/proc/stat)
-    from realrun.runtime import MACHINE_STATES
+    from realrun.machine import MACHINE_STATES
 
     marks = _records["ranks"][0]["machine_at_end"]
     if os.path.exists("/proc/stat"):

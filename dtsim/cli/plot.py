@@ -13,9 +13,12 @@ import click
     "--kind",
     default="auto",
     show_default=True,
-    type=click.Choice(["auto", "line", "bar", "speedup", "throughput", "utilization", "gantt"]),
+    type=click.Choice(
+        ["auto", "line", "bar", "speedup", "throughput", "utilization", "prediction", "gantt"]
+    ),
     help="A ready plot, or line/bar of --y against --x (auto: line for a numeric "
-    "x, bars otherwise).",
+    "x, bars otherwise). prediction: a validation's measured and predicted --y "
+    "(scaling_efficiency, speedup or iteration_time_s) against the ranks or bandwidth.",
 )
 @click.option("--x", "x", default=None, metavar="COLUMN", help="Column on the x axis.")
 @click.option("--y", "y", default=None, metavar="COLUMN", help="Column on the y axis.")
@@ -46,8 +49,9 @@ def plot(
     title: str | None,
     out: str | None,
 ) -> None:
-    """Plot a sweep's results (.parquet, .csv, or sim run --json output) or, with
-    --kind gantt, the timeline of a sim run --trace-out file.
+    """Plot a sweep's results (.parquet, .csv, or sim run --json output), a
+    validation's (--kind prediction: sim validate --device emulated's results.csv) or,
+    with --kind gantt, the timeline of a sim run --trace-out file.
 
     \b
     Examples:
@@ -56,6 +60,7 @@ def plot(
       sim plot scale.csv --kind speedup --where model=resnet50
       sim plot bw.parquet --kind utilization --where bandwidth=1Gbps --where model=vgg16
       sim plot run.json --kind gantt --where iteration=1
+      sim plot scaling/results.csv --kind prediction --y scaling_efficiency
     """
     import matplotlib
 

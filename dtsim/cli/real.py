@@ -104,6 +104,8 @@ def real(
     mlp_small and cnn_small take seconds, resnet18 minutes on a CPU; or give your own
     with --model FILE.py:NAME (a function returning an nn.Module, with --input-shape, or
     a pair (module, example_input)). The batch size defaults to 8 per worker.
+    --device emulated runs a layer trace (sim models) on emulated GPU hosts instead, at the
+    trace's batch size, and prints sim run's prediction beside the measurement.
 
     \b
     Examples:
@@ -111,6 +113,8 @@ def real(
       sim real --gpus 3 --scheme p3 --model resnet18 --cluster netns --bandwidth 1Gbps
       sim real --gpus 4 --scheme gossip --model cnn_small --trace-out real.json
       sim real --gpus 2 --scheme dp --model mynet.py:make_net --input-shape 3,32,32
+      sim real --device emulated --model resnet50 --gpus 16 --scheme dp \\
+               --cluster netns --bandwidth 10Gbps --dilation 10
     """
     for option, path in (
         ("--trace-out", trace_out),

@@ -30,11 +30,22 @@ import click
     help="Local worker processes (-1: one per core; 1: in this process).",
 )
 @click.option(
+    "--emulated",
+    "emulated",
+    multiple=True,
+    metavar="DIR",
+    type=click.Path(exists=True),
+    help="Add the comparisons measured on emulated devices beside their predictions, "
+    "from a 'sim validate --device emulated --out DIR' folder (repeatable).",
+)
+@click.option(
     "--progress/--no-progress",
     default=None,
     help="Show progress bars. [default: when stderr is a terminal]",
 )
-def report(out_dir: str, quick: bool, jobs: int, progress: bool | None) -> None:
+def report(
+    out_dir: str, quick: bool, jobs: int, emulated: tuple[str, ...], progress: bool | None
+) -> None:
     """Run the seed papers' comparisons on the simulator and write a Markdown report.
 
     P3 against the parameter server across bandwidths; GossipGraD against all-reduce from
@@ -47,6 +58,7 @@ def report(out_dir: str, quick: bool, jobs: int, progress: bool | None) -> None:
     Examples:
       sim report
       sim report --quick --out /tmp/report
+      sim report --emulated validation-emulated/ --emulated scaling/
     """
     import matplotlib
 
@@ -61,10 +73,15 @@ def report(out_dir: str, quick: bool, jobs: int, progress: bool | None) -> None:
     from dtsim.cli.output import output_folder
 
     show = sys.stderr.isatty() if progress is None else progress
+    extra: list[str] = []
+    if emulated:
+        from analysis.emulated_report import emulated_section
+
+        extra.append(emulated_section(emulated))
     # data/ keeps the finished sweeps of a failed report (a rerun computes only the rest)
     with output_folder("--out", out_dir, keep_partial=True):
         _check_out_dir(out_dir)
-        s = build_report(out_dir, quick=quick, jobs=jobs, progress=show)
+        s = build_report(out_dir, quick=quick, jobs=jobs, progress=show, extra_sections=extra)
     click.echo(f"wrote {s.path} ({s.computed} points simulated, {s.wall_s:.1f} s)")
     for title, what in s.missing.items():
         click.echo(f"  incomplete: {title} (missing {what})")

@@ -32,7 +32,8 @@ EMULATED_MATRICES = ("seed", "scaling", "bandwidth")
 @click.option(
     "--quick",
     is_flag=True,
-    help="The small matrix (dp, ps, gpipe, pipedream at 1 Gbit/s; a few minutes), for CI.",
+    help="The small matrix, for CI: cpu: dp, ps, gpipe, pipedream at 1 Gbit/s (a few "
+    "minutes); emulated: dp, p3, gossip, gpipe on four emulated ResNet-18 hosts.",
 )
 @click.option(
     "--device",
