@@ -196,6 +196,19 @@ def resolve(case: EmuCase, memory_bytes: int | None = None) -> str:
     )
 
 
+def predict_case(case: EmuCase, ref: str, calibration: str) -> Any:
+    """:func:`analysis.emulated.predict` of ``case`` run with emulated model ``ref``."""
+    return predict(
+        ref,
+        case.scheme,
+        case.gpus,
+        dict(case.options),
+        calibration,
+        case.rate_bytes_per_s,
+        iterations=case.iterations,
+    )
+
+
 def register(
     cases: Sequence[EmuCase],
     out_dir: str,
@@ -229,15 +242,7 @@ def register(
         if progress:
             progress(case, "predict")
         ref = resolve(case)
-        p = predict(
-            ref,
-            case.scheme,
-            case.gpus,
-            dict(case.options),
-            calibration,
-            case.rate_bytes_per_s,
-            iterations=case.iterations,
-        )
+        p = predict_case(case, ref, calibration)
         entries[case.case_id] = {
             "case": case_fields(case),
             "model_ref": ref,
@@ -288,15 +293,7 @@ def job_for(case: EmuCase, entry: Mapping[str, Any], calibration: str) -> Any:
     from analysis import validate as va
 
     ref = str(entry["model_ref"])
-    p = predict(
-        ref,
-        case.scheme,
-        case.gpus,
-        dict(case.options),
-        calibration,
-        case.rate_bytes_per_s,
-        iterations=case.iterations,
-    )
+    p = predict_case(case, ref, calibration)
     vcase = va.Case(
         case.scheme,
         ref,
