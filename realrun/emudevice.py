@@ -185,6 +185,8 @@ class EmulatedLayer(nn.Module):
 
     fx_leaf = True
     """:func:`realrun.graph.trace_module` keeps this module as one node."""
+    _is_impure = True
+    """fx keeps its node when nothing reads its output (it takes device time)."""
 
     def __init__(self, spec: Layer, batch: int) -> None:
         super().__init__()
@@ -208,8 +210,9 @@ class EmulatedLayer(nn.Module):
 class EmulatedModel(nn.Module):
     """A model built from a trace (see module docs; :func:`build` makes one, of the
     subclass that takes as many inputs as the trace has): inputs are the trace's ``input``
-    layers, in trace order (one input when it has none); the output is its last layer's
-    (a tuple when several layers have no successor)."""
+    layers, in trace order (one input when it has none); the output is its last layer's,
+    with any other layer that has no successor and parameters or a backward time (a tuple
+    then); a layer without successors, parameters or backward time is left unread."""
 
     def __init__(self, trace: Trace) -> None:
         super().__init__()
@@ -227,8 +230,17 @@ class EmulatedModel(nn.Module):
             reads = tuple(preds[i]) or (inputs[0],)
             plan.append((lay.name, reads))
         self.plan = tuple(plan)
+        sinks = [i for i, lay in enumerate(trace.layers) if lay.kind != "input" and not succs[i]]
+        # a sink that costs nothing and owns nothing (an LSTM's unused state, ``getitem``)
+        # is dropped as a real model drops it; the others (the last layer, an auxiliary
+        # head) reach the output, which the loss reads
         self.sinks = tuple(
-            i for i, lay in enumerate(trace.layers) if lay.kind != "input" and not succs[i]
+            i
+            for i in sinks
+            if i == sinks[-1]
+            or trace.layers[i].param_bytes
+            or trace.layers[i].backward_s
+            or trace.layers[i].backward_fixed_s
         )
 
     def run(self, xs: tuple[torch.Tensor, ...]) -> Any:

@@ -55,7 +55,9 @@ version, shared by the micro-batches that use it, dropped when none does) and th
 takes gradients with respect to that copy: exactly the forward's weights. Without
 ``stash`` (vanilla pipelining) and for ``spectrain`` the backward uses other weights than
 the forward (the current ones, or a new prediction), so the backward re-runs the stage's
-forward from the kept input with those weights and differentiates that. ``spectrain``'s
+forward from the kept input with those weights and differentiates that (on an emulated
+device it differentiates the forward's graph, as a GPU implementation would: no re-run,
+whose time the simulator does not charge either). ``spectrain``'s
 predicted weights are ``W - s * lr * v`` with ``v`` the optimizer's momentum buffer and
 ``s`` :func:`~simcore.schedule.version_difference`. Every pass records the weight version
 it used (``passes`` in the rank's record: ``[mb, kind, version]``, a prediction counting
@@ -105,7 +107,8 @@ def plan(config: Any) -> dict[str, Any]:
     """The stages and micro-batches ``sim run`` would use for ``config`` (a
     :class:`~simcore.config.SimConfig` of a pipeline scheme on a trace of the zoo model; see
     module docs and :func:`analysis.resolve.pipeline_plan`, which builds it):
-    ``{"stage_layers", "replicas", "microbatches", "tail", "partition"}``."""
+    ``{"stage_layers", "replicas", "microbatches", "tail", "partition", "chunks",
+    "out_bytes"}`` (``out_bytes``: what crosses after each stage, whole batch)."""
     from types import SimpleNamespace
 
     from simcore.config import OPTIMIZERS
@@ -151,6 +154,7 @@ def plan(config: Any) -> dict[str, Any]:
         "tail": tail,
         "partition": part.method,
         "chunks": sim.feat.chunks,
+        "out_bytes": [s.out_bytes for s in part.stages],
     }
 
 
@@ -400,6 +404,10 @@ class PipelineRuntime:
         self.record_layers = (
             job.record_layers and ctx.setup.device.type != "cuda" and not is_emulated_ref(job.model)
         )
+        self.emulated = is_emulated_ref(job.model)
+        """On an emulated device a backward on other weights than the forward's (SpecTrain,
+        vanilla pipelining) differentiates the forward's graph, as a GPU implementation
+        does, instead of re-running the forward (values carry no meaning there)."""
         self._fwd_marks: list[Any] = []
         self._grad_marks: list[Any] = []
         self.epoch_iterations = 0
@@ -530,9 +538,8 @@ class PipelineRuntime:
         x = self._inputs(mb)
         start = self.rec.now()
         in_bytes = sum(t.numel() * t.element_size() for t in x)
-        keep_graph = not (
-            self.feat.recompute or (self.async_ and not self.feat.stash) or self._predict_next
-        )
+        other_weights = (self.async_ and not self.feat.stash) or self._predict_next
+        keep_graph = not self.feat.recompute and (self.emulated or not other_weights)
         version = self.version
         if self._predict_next:
             weights, version = self._prediction or self._predicted(True)
@@ -625,6 +632,11 @@ class PipelineRuntime:
             out, saved = self._run(weights, k["x"], mb, True)
             self._hold(saved)
             k["held"] += saved
+        elif self.emulated and self._predict_next:  # the prediction's cost and version
+            version = (self._prediction or self._predicted(False))[1]
+            self._prediction = None
+        elif self.emulated and self.async_ and not self.feat.stash:
+            version = self.version
         elif self._load_next:
             version = k["version"]
         self._predict_next = self._load_next = False

@@ -156,6 +156,28 @@ def test_the_layer_graph_of_an_emulated_model_is_its_trace() -> None:
     assert [g.name for g in graph.layers[1:]] == [lay.name for lay in run.layers[1:]]
 
 
+@pytest.mark.parametrize("stages", [3, 4, 8])
+def test_a_pipelines_real_stage_boundaries_carry_the_simulators_bytes(stages: int) -> None:
+    # GNMT has what a chain lacks: unused LSTM states (sinks that a real model drops), an
+    # input that a decoder stage reads, a layer without predecessors
+    from analysis.emulated import predict
+    from realrun import emudevice
+    from realrun.pipeline import plan
+    from realrun.stages import split_model
+    from realrun.usermodel import resolve_model
+
+    ref = "emulated:gnmt;batch=96;dilation=1;bytes=8"
+    p = predict(ref, "gpipe", stages, {}, "tests/data/calibrated-1Gbps.yaml", 1.25e9)
+    pl = plan(p.config)
+    micro = 96 // pl["microbatches"]
+    with torch.device("meta"):
+        model = emudevice.build(ref)
+    split = split_model(model, pl["stage_layers"], resolve_model(ref).example_inputs(micro, "meta"))
+    real = [sum(c.nbytes for c in b) * pl["microbatches"] for b in split.boundaries]
+    assert real == pl["out_bytes"][:-1]
+    assert len(real) == stages - 1
+
+
 # ---- the simulator's side -----------------------------------------------------------------
 
 
@@ -247,6 +269,41 @@ def test_eight_emulated_ranks_of_each_family_move_the_simulators_bytes(
     assert r["emulated_iteration_time_s"] > 0 and r["machine_cpu_busy_share"] is not None
     if not r["cpu_flagged"]:  # a flagged run is not a GPU cluster's; unshaped: a sanity bound
         assert abs(r["prediction_rel_err"]) < 0.5
+
+
+def test_spectrains_backward_on_predicted_weights_takes_the_traces_time(capsys, tmp_path) -> None:
+    # a GPU implementation differentiates the forward's graph with the backward's
+    # predicted weights; re-running the forward first would add a forward to every backward
+    keep = tmp_path / "keep"
+    ref_args = ["--model", "resnet18", "--batch-size", "64", "--byte-scale", "50"]
+    r = _real(
+        capsys,
+        [
+            *ref_args, "--gpus", "4", "--scheme", "spectrain", "--dilation", "10",
+            "--iterations", "2", "--calibration", "tests/data/calibrated-1Gbps.yaml",
+            "--keep", str(keep),
+        ]
+    )  # fmt: skip
+    records = json.loads((keep / "records.json").read_text())
+    job = records["job"]
+    from analysis.emulated import predict
+    from realrun.pipeline import plan
+
+    p = predict(job["model"], "spectrain", 4, {}, "tests/data/calibrated-1Gbps.yaml", None)
+    pipe = plan(p.config)
+    assert job["pipeline"]["stage_layers"] == pipe["stage_layers"]  # the prediction's stages
+    trace = load_run_trace(job["model"])
+    share = 1 / pipe["microbatches"]
+    for rank in records["ranks"]:
+        layers = [trace.layers[i] for i in pipe["stage_layers"][rank["stage"]]]
+        layers = [lay for lay in layers if lay.kind != "input"]
+        want_f = sum(lay.forward_share_s(share) for lay in layers)
+        want_b = sum(lay.backward_share_s(share) for lay in layers)
+        spans = [s for s in rank["spans"] if s[1] == "compute" and s[2] in ("forward", "backward")]
+        for kind, want in (("forward", want_f), ("backward", want_b)):
+            took = [s[5] - s[4] for s in spans if s[2] == kind]
+            assert took and min(took) == pytest.approx(want, rel=0.15), (rank["stage"], kind)
+    assert r["gpus"] == 4
 
 
 def test_bad_emulated_input_is_one_line(capsys) -> None:

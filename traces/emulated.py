@@ -137,7 +137,8 @@ def param_elements(nbytes: float, byte_scale: float) -> int:
 def emulated_trace(spec: EmulatedSpec, trace: Trace) -> Trace:
     """The trace an emulated device runs for ``spec`` (see module docs): ``trace`` at
     ``spec.batch_size``, times x dilation, sizes / byte scale in whole elements, layer
-    names made identifiers; edges and kinds unchanged."""
+    names made identifiers, inputs first; edges and kinds unchanged, but for an edge from
+    the first input to each layer without predecessors (which reads it)."""
     t = trace.rescale_batch(spec.batch_size)
     k, b, n = spec.dilation, spec.byte_scale, spec.batch_size
     used: set[str] = set()
@@ -171,8 +172,19 @@ def emulated_trace(spec: EmulatedSpec, trace: Trace) -> Trace:
     order = [i for i, lay in enumerate(layers) if lay.kind == "input"]
     order += [i for i, lay in enumerate(layers) if lay.kind != "input"]
     where = {old: new for new, old in enumerate(order)}
-    edges = tuple(sorted((where[a], where[b]) for a, b in t.edges))
-    return Trace(meta, tuple(layers[i] for i in order), edges)
+    edges = {(where[a], where[b]) for a, b in t.edges}
+    # the emulated model's layer without predecessors reads the first input (it needs
+    # the batch); the edge says so, so a pipeline carries that input to its stage in the
+    # simulator as in the real run
+    inputs = [i for i, lay in enumerate(layers) if lay.kind == "input"]
+    if inputs:
+        has_pred = {b for _, b in edges}
+        edges |= {
+            (0, where[i])
+            for i, lay in enumerate(layers)
+            if lay.kind != "input" and where[i] not in has_pred
+        }
+    return Trace(meta, tuple(layers[i] for i in order), tuple(sorted(edges)))
 
 
 def load_run_trace(ref: str) -> Trace:

@@ -75,7 +75,7 @@ def run_options_real(f: Any) -> Any:
     metavar="FILE",
     help="Topology the prediction printed beside a --device emulated run is made with: "
     "a 'sim calibrate' file (moved to the run's link rate) or a preset; netns is "
-    "uncalibrated.",
+    "uncalibrated. An emulated pipeline runs the stages of that prediction.",
 )
 @click.option(
     "--from-records",
@@ -156,7 +156,7 @@ def real(
 
         # at once, before torch
         check_ranks(None, spec.gpus or default_workers(), emulated=spec.device == "emulated")
-    job = make_job(spec, profile=profile_out is not None)
+    job = make_job(spec, profile=profile_out is not None, calibration=calibration)
     if write_job:
         from traces.atomic import write_text
 
@@ -261,8 +261,10 @@ def check_ranks(job: Job | None, workers: int = 0, emulated: bool = False) -> No
         raise BadInput(f"--gpus: {workers:,} workers{servers}: {why}; use fewer --gpus")
 
 
-def make_job(spec: Any, *, profile: bool = False) -> Job:
-    """The :class:`Job` for a run spec (``BadInput`` naming what cannot run for real)."""
+def make_job(spec: Any, *, profile: bool = False, calibration: str | None = None) -> Job:
+    """The :class:`Job` for a run spec (``BadInput`` naming what cannot run for real). An
+    emulated pipeline runs the stages of the prediction made with ``calibration`` (the
+    calibrated hosts at the run's rate), so the run and its prediction split alike."""
     from realrun import zoo
     from realrun.spec import DEFAULT_REAL_MODEL, default_workers
     from realrun.usermodel import resolve_model
@@ -340,7 +342,9 @@ def make_job(spec: Any, *, profile: bool = False) -> Job:
         batch_size = parse_ref(model).batch_size
         opts = scaled_options(spec.scheme, opts, parse_ref(model).byte_scale)
     pipeline: dict[str, Any] = {}
-    if spec.scheme in PIPELINE_SCHEMES:
+    if spec.scheme in PIPELINE_SCHEMES and spec.device == "emulated" and calibration:
+        pipeline = _emulated_pipeline_plan(spec, model, workers, calibration)
+    elif spec.scheme in PIPELINE_SCHEMES:
         pipeline = _pipeline_plan(
             model, batch_size, workers, spec.scheme, opts, spec.optimizer, input_shape
         )
@@ -420,6 +424,33 @@ def _pipeline_plan(
 
     try:
         return pipeline_plan(model, batch_size, gpus, scheme, opts, optimizer, input_shape)
+    except ConfigError as exc:
+        raise BadInput(str(exc)) from None
+    except ValueError as exc:
+        raise BadInput(f"--batch-size: {exc}") from None
+
+
+def _emulated_pipeline_plan(
+    spec: Any, model: str, workers: int, calibration: str
+) -> dict[str, Any]:
+    """The partition and micro-batches of the prediction of an emulated pipeline run
+    (:func:`analysis.emulated.predict` with ``calibration``; ``BadInput`` if it cannot be
+    split or run for real)."""
+    from analysis.emulated import predict
+    from realrun.pipeline import plan
+    from simcore.config import ConfigError
+
+    try:
+        p = predict(
+            model,
+            spec.scheme,
+            workers,
+            spec.scheme_options,
+            calibration,
+            spec.bandwidth if spec.cluster == "netns" else None,
+            optimizer=spec.optimizer,
+        )
+        return plan(p.config)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
     except ValueError as exc:

@@ -53,8 +53,8 @@ class Stage:
         forward_s, backward_s: the two parts of ``compute_s``.
         param_bytes: parameter bytes of its layers.
         activation_bytes: output activation bytes of all its layers (kept for backward).
-        out_bytes: activation bytes crossing from this and earlier stages to later ones
-            (0 for the last stage).
+        out_bytes: activation bytes crossing from this and earlier stages to later ones,
+            and the model's inputs that a later stage reads (0 for the last stage).
         time_s: seconds per batch under the cost model (compute over replicas plus
             weight synchronisation, and activation transfers when counted).
     """
@@ -310,13 +310,20 @@ def build_stages(
     g: PartitionGraph, groups: list[list[int]], replicas: list[int], cm: CostModel
 ) -> tuple[Stage, ...]:
     """Stages from node groups: input layers go to the first stage, dropped
-    unused-output sinks to their producer's, and each stage is timed."""
+    unused-output sinks to their producer's, and each stage is timed; a stage's output
+    bytes are the activations a later stage reads and the inputs a later stage reads."""
     trace = g.trace
     members = [[g.layer[v] for v in grp] for grp in groups]
     stage_of = {v: k for k, grp in enumerate(groups) for v in grp}
     members[0].extend(g.inputs)
     for t, owner in g.detached:
         members[stage_of[owner]].append(t)
+    # an input read beyond the first stage travels with the activations up to its last
+    # reader (the model's inputs all enter in stage 0)
+    stage_of_layer = {t: k for k, mem in enumerate(members) for t in mem}
+    input_until = {
+        t: max((stage_of_layer.get(s, 0) for s in trace.successors[t]), default=0) for t in g.inputs
+    }
     out: list[Stage] = []
     seen: set[int] = set()
     prev_out = 0
@@ -327,7 +334,11 @@ def build_stages(
         bwd = sum(x.backward_s for x in layers if x.kind != "input")
         params = sum(x.param_bytes for x in layers)
         acts = sum(x.activation_bytes for x in layers if x.kind != "input")
-        out_b = g.boundary_bytes(seen) if k < len(groups) - 1 else 0
+        out_b = 0
+        if k < len(groups) - 1:
+            out_b = g.boundary_bytes(seen) + sum(
+                trace.layers[t].activation_bytes for t, last in input_until.items() if last > k
+            )
         comp = sum(g.compute_s[v] for v in grp)
         t = cm.stage_time(
             comp, float(sum(g.param_bytes[v] for v in grp)), replicas[k], prev_out, out_b
