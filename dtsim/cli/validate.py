@@ -60,7 +60,8 @@ EMULATED_MATRICES = ("seed", "scaling", "bandwidth")
     "--schemes",
     default=None,
     metavar="LIST",
-    help="Schemes to validate, comma-separated. [default: all eight]",
+    help="Schemes to validate, comma-separated (--device emulated: the matrix's cases of "
+    "these schemes). [default: all eight]",
 )
 @click.option(
     "--models",
@@ -245,6 +246,7 @@ def validate(
         _validate_emulated(
             ctx, "quick" if quick else matrix_name or "seed", out, calibration, calibrate_at,
             predict_only, repeats, iterations, fail_above, fail_above_max, dry_run, progress,
+            schemes,
         )  # fmt: skip
         return
     if matrix_name in EMULATED_MATRICES:
@@ -565,8 +567,10 @@ def _validate_emulated(
     fail_above_max: float,
     dry_run: bool,
     progress: bool | None,
+    schemes: str | None = None,
 ) -> None:
-    """``sim validate --device emulated`` (:mod:`analysis.emulated_validation`)."""
+    """``sim validate --device emulated`` (:mod:`analysis.emulated_validation`);
+    ``schemes`` picks the matrix's cases of those schemes."""
     from dataclasses import replace
 
     from analysis import emulated_validation as ev
@@ -579,7 +583,7 @@ def _validate_emulated(
             f"--matrix: {matrix_name} is not a matrix of --device emulated; choose one of: "
             f"{', '.join(ev.MATRICES)}"
         )
-    for name in ("schemes", "models", "bandwidths", "ranks", "input_shape", "every_rank"):
+    for name in ("models", "bandwidths", "ranks", "input_shape", "every_rank"):
         if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT:
             flag = "--" + name.replace("_", "-")
             raise BadInput(f"{flag}: --device emulated runs its own matrices; drop {flag}")
@@ -589,6 +593,16 @@ def _validate_emulated(
     if ctx.get_parameter_source("fail_above_max") == default:
         fail_above_max = ev.FAIL_ABOVE_MAX
     cases = ev.MATRICES[matrix_name]
+    if schemes:
+        have = list(dict.fromkeys(c.scheme for c in cases))
+        wanted = [x.strip() for x in schemes.split(",") if x.strip()]
+        bad = [x for x in wanted if x not in have]
+        if bad or not wanted:
+            raise BadInput(
+                f"--schemes: {', '.join(bad) or repr(schemes)} not in the {matrix_name} "
+                f"matrix; choose from: {', '.join(have)}"
+            )
+        cases = tuple(c for c in cases if c.scheme in wanted)
     if ctx.get_parameter_source("iterations") != default:
         cases = tuple(replace(c, iterations=iterations) for c in cases)
     if dry_run:
