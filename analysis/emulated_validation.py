@@ -165,8 +165,25 @@ BANDWIDTH_MATRIX = tuple(
 )
 """The bandwidth what-if: ResNet-50 on 8 ranks at 1 to 25 Gbit/s."""
 
+UNSEEN_MATRIX = _cases(
+    ("dp", "inception_v3", 8, "10Gbps"),
+    ("dp", "vgg16", 4, "25Gbps"),
+    ("ps", "resnet50", 4, "25Gbps", 50.0),
+    ("gossip", "gnmt", 8, "25Gbps"),
+    ("gossip", "alexnet", 4, "10Gbps", 20.0),
+    ("mp", "resnet50", 4, "10Gbps"),
+    ("gpipe", "vgg16", 8, "10Gbps"),
+    ("pipedream", "alexnet", 4, "10Gbps", 20.0, (), 128),
+    ("spectrain", "resnet50", 4, "10Gbps"),
+    ("zb-h1", "vgg16", 4, "10Gbps"),
+)
+"""Ten cases of the seed papers' workloads that no model change was made on, written down
+(2026-11-29) before any of them was predicted or run: other model, scheme, rank and
+bandwidth combinations than the seed matrix's, every scheme family."""
+
 MATRICES: dict[str, tuple[EmuCase, ...]] = {
     "seed": SEED_MATRIX,
+    "unseen": UNSEEN_MATRIX,
     "quick": QUICK_MATRIX,
     "scaling": SCALING_MATRIX,
     "bandwidth": BANDWIDTH_MATRIX,

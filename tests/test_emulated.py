@@ -5,6 +5,7 @@ family, with the bytes and the prediction the simulator gives (analysis.emulated
 from __future__ import annotations
 
 import json
+import statistics
 import time
 
 import pytest
@@ -194,6 +195,37 @@ def test_an_emulated_host_computes_off_the_shared_cores() -> None:
     assert four.run_iteration_time_s < 1.3 * one.run_iteration_time_s
 
 
+def test_a_device_hosts_isend_holds_it_until_all_but_a_socket_buffer_has_left(
+    tmp_path,
+) -> None:
+    """Gossip exchanging weights on two device hosts: the rank's own isend of a model
+    larger than the socket buffer returns only once the kernel has taken all but the
+    buffer, so the exchange no longer overlaps the next forward (gloo's send, measured by
+    sim calibrate's shaped_send_return_s)."""
+
+    from analysis.emulated import emulated_preset, predict
+    from analysis.resolve import load_preset
+    from simcore.units import parse_rate, parse_size
+    from traces.jsonfmt import save
+
+    params = 10_000_000  # bytes; weights and momentum: 20 MB a message
+    layers = (
+        Layer("data", 0.0, 0.0, 0, 64 * 4, kind="input"),
+        Layer("big", 0.4, 0.6, params, 64 * 4),
+    )
+    save(Trace(TraceMeta("big", "V100", 64), layers, ((0, 1),)), tmp_path / "big.json")
+    rate = 12.5e6  # 100 Mbit/s
+    calib = "tests/data/calibrated-1Gbps.yaml"
+    preset = emulated_preset(load_preset(calib), rate)
+    goodput = parse_rate(preset["network"]["bandwidth"])
+    buffer = parse_size(preset["host"]["socket_buffer"])
+    ref = f"emulated:{tmp_path / 'big.json'};batch=64;dilation=1;bytes=1"
+    p = predict(ref, "gossip", 2, {}, calib, rate, iterations=4)
+    held = (2 * params - buffer) / goodput
+    assert p.run_iteration_time_s == pytest.approx(1.0 + held, rel=0.1)
+    assert p.run_iteration_time_s > 1.2 * max(1.0, 2 * params / goodput)  # no overlap
+
+
 def test_a_run_above_the_cpu_threshold_is_flagged() -> None:
     from realrun.machine import MACHINE_STATES
     from realrun.metrics import CPU_FLAG_SHARE, emulation_columns, machine_busy_share
@@ -302,7 +334,12 @@ def test_spectrains_backward_on_predicted_weights_takes_the_traces_time(capsys, 
         spans = [s for s in rank["spans"] if s[1] == "compute" and s[2] in ("forward", "backward")]
         for kind, want in (("forward", want_f), ("backward", want_b)):
             took = [s[5] - s[4] for s in spans if s[2] == kind]
-            assert took and min(took) == pytest.approx(want, rel=0.15), (rank["stage"], kind)
+            # the median: a pass right after an oversleep starts a little early (the clock's
+            # credit), and one on a busy machine ends late
+            assert took and statistics.median(took) == pytest.approx(want, rel=0.15), (
+                rank["stage"],
+                kind,
+            )
     assert r["gpus"] == 4
 
 
@@ -333,8 +370,22 @@ def test_the_seed_matrix_covers_every_scheme_and_large_clusters(capsys) -> None:
     code, out, err = _main(capsys, "validate", "--device", "emulated", "--dry-run")
     assert code == 0, err
     assert out.startswith(f"{len(SEED_MATRIX)} cases")
-    code, _out, err = _main(capsys, "validate", "--device", "emulated", "--schemes", "dp")
-    assert code == 2 and "--schemes" in err
+    code, out, err = _main(
+        capsys, "validate", "--device", "emulated", "--schemes", "dp,gossip", "--dry-run"
+    )
+    assert code == 0 and out.startswith("9 cases") and "\n  ps-" not in out, err
+    code, _out, err = _main(capsys, "validate", "--device", "emulated", "--schemes", "dpp")
+    assert code == 2 and "--schemes: dpp" in err and "gossip" in err
+
+
+def test_the_unseen_matrix_is_other_cases_of_every_family() -> None:
+    from analysis.emulated_validation import SEED_MATRIX, UNSEEN_MATRIX
+
+    seen = {c.case_id for c in SEED_MATRIX}
+    assert not seen & {c.case_id for c in UNSEEN_MATRIX}
+    assert {"dp", "ps", "gossip", "mp", "gpipe", "pipedream", "spectrain", "zb-h1"} <= {
+        c.scheme for c in UNSEEN_MATRIX
+    }
 
 
 def test_predictions_are_registered_once_and_scored_as_written(tmp_path) -> None:
