@@ -173,7 +173,7 @@ UNSEEN_MATRIX = _cases(
     ("gossip", "alexnet", 4, "10Gbps", 20.0),
     ("mp", "resnet50", 4, "10Gbps"),
     ("gpipe", "vgg16", 8, "10Gbps"),
-    ("pipedream", "alexnet", 4, "10Gbps", 20.0, (), 128),
+    ("pipedream", "alexnet", 4, "10Gbps", 20.0, (), 132),
     ("spectrain", "resnet50", 4, "10Gbps"),
     ("zb-h1", "vgg16", 4, "10Gbps"),
 )
@@ -214,8 +214,10 @@ def resolve(case: EmuCase, memory_bytes: int | None = None) -> str:
 
 
 def predict_case(case: EmuCase, ref: str, calibration: str) -> Any:
-    """:func:`analysis.emulated.predict` of ``case`` run with emulated model ``ref``."""
-    return predict(
+    """:func:`analysis.emulated.predict` of ``case`` run with emulated model ``ref``;
+    ``ConfigError`` naming the case if a pipeline's plan cannot run for real (a batch
+    that its micro-batches do not divide), so no such prediction is registered."""
+    p = predict(
         ref,
         case.scheme,
         case.gpus,
@@ -224,6 +226,14 @@ def predict_case(case: EmuCase, ref: str, calibration: str) -> Any:
         case.rate_bytes_per_s,
         iterations=case.iterations,
     )
+    if case.scheme not in DATA_PARALLEL:
+        from realrun.pipeline import plan
+
+        try:
+            plan(p.config)
+        except ValueError as exc:
+            raise ConfigError("case", case.case_id, f"cannot run for real: {exc}") from None
+    return p
 
 
 def register(

@@ -378,6 +378,17 @@ def test_the_seed_matrix_covers_every_scheme_and_large_clusters(capsys) -> None:
     assert code == 2 and "--schemes: dpp" in err and "gossip" in err
 
 
+def test_a_pipeline_case_its_micro_batches_cannot_split_is_not_registered() -> None:
+    from dataclasses import replace
+
+    from analysis.emulated_validation import UNSEEN_MATRIX, predict_case, resolve
+    from simcore.config import ConfigError
+
+    case = replace(next(c for c in UNSEEN_MATRIX if c.scheme == "pipedream"), batch_size=128)
+    with pytest.raises(ConfigError, match="cannot run for real: batch size 128"):
+        predict_case(case, resolve(case), "tests/data/calibrated-1Gbps.yaml")
+
+
 def test_the_unseen_matrix_is_other_cases_of_every_family() -> None:
     from analysis.emulated_validation import SEED_MATRIX, UNSEEN_MATRIX
 
