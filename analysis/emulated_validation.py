@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from analysis.emulated import model_ref, predict
+from realrun.job import PIPELINE_SCHEMES
 from simcore.config import ConfigError
 from simcore.units import parse_rate
 from traces.emulated import load_run_trace, parse_ref
@@ -39,9 +40,6 @@ from traces.emulated import load_run_trace, parse_ref
 CALIBRATION_RATE = "100Mbps"
 """Where ``sim validate --device emulated`` calibrates when given no calibration: about
 the rate its runs' links are shaped to (the cluster's rate / dilation x byte scale)."""
-
-DATA_PARALLEL = ("dp", "ps", "p3", "gossip")
-"""Schemes whose every worker trains a batch of its own (the others split one batch)."""
 
 FAIL_ABOVE = 0.05
 """The median absolute prediction error above which the validation fails."""
@@ -226,7 +224,7 @@ def predict_case(case: EmuCase, ref: str, calibration: str) -> Any:
         case.rate_bytes_per_s,
         iterations=case.iterations,
     )
-    if case.scheme not in DATA_PARALLEL:
+    if case.scheme in PIPELINE_SCHEMES:
         from realrun.pipeline import plan
 
         try:
@@ -349,7 +347,7 @@ def score_case(
     rel = (predicted - med) / med if med > 0 else math.inf
     spec = parse_ref(str(entry["model_ref"]))
     device_s = load_run_trace(str(entry["model_ref"])).compute_s / spec.dilation
-    pipeline = case.scheme not in DATA_PARALLEL
+    pipeline = case.scheme in PIPELINE_SCHEMES  # the others: a batch per worker
     samples = spec.batch_size * (1 if pipeline else case.gpus)
     speedup = samples / spec.batch_size * device_s  # over one device: x / iteration time
     return {

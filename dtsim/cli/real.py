@@ -208,17 +208,11 @@ def real(
 def _emulated_prediction(job: Job, spec: Any, calibration: str) -> dict[str, Any]:
     """What ``sim run`` predicts for an emulated run (:func:`analysis.emulated.predict`),
     as result columns."""
-    from analysis.emulated import predict
-
-    cluster_rate = spec.bandwidth if spec.cluster == "netns" else None
-    p = predict(
+    p = _predict_emulated(
+        spec,
         job.model,
-        job.scheme,
         job.workers,
-        spec.scheme_options,  # the cluster's; predict scales them as the job's were
         calibration,
-        cluster_rate,
-        optimizer=job.optimizer,
         iterations=job.iterations,
         warmup_iterations=job.warmup_iterations,
     )
@@ -430,27 +424,30 @@ def _pipeline_plan(
         raise BadInput(f"--batch-size: {exc}") from None
 
 
+def _predict_emulated(spec: Any, model: str, workers: int, calibration: str, **kw: Any) -> Any:
+    """:func:`analysis.emulated.predict` of ``spec``'s scheme on ``workers`` devices
+    running the emulated ``model``, with the cluster's scheme options (predict scales
+    them as the job's were) and link rate; ``kw``: its keyword arguments."""
+    from analysis.emulated import predict
+
+    cluster_rate = spec.bandwidth if spec.cluster == "netns" else None
+    return predict(
+        model, spec.scheme, workers, spec.scheme_options, calibration, cluster_rate,
+        optimizer=spec.optimizer, **kw,
+    )  # fmt: skip
+
+
 def _emulated_pipeline_plan(
     spec: Any, model: str, workers: int, calibration: str
 ) -> dict[str, Any]:
     """The partition and micro-batches of the prediction of an emulated pipeline run
     (:func:`analysis.emulated.predict` with ``calibration``; ``BadInput`` if it cannot be
     split or run for real)."""
-    from analysis.emulated import predict
     from realrun.pipeline import plan
     from simcore.config import ConfigError
 
     try:
-        p = predict(
-            model,
-            spec.scheme,
-            workers,
-            spec.scheme_options,
-            calibration,
-            spec.bandwidth if spec.cluster == "netns" else None,
-            optimizer=spec.optimizer,
-        )
-        return plan(p.config)
+        return plan(_predict_emulated(spec, model, workers, calibration).config)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
     except ValueError as exc:
