@@ -16,9 +16,15 @@ Each message carries a gloo tag made of its kind and key (unique among the messa
 flight between two ranks), so receives match their sends whatever the order of arrival.
 No header travels: the receiver knows each message's shape from the schedule.
 
-gloo marks a send complete only when it is waited for, so the link keeps each send (and
-its tensor) until it is ``window`` sends old, then waits for it (long done by then), and
-waits for the rest in :meth:`PostedLink.close`. Timeline: a send span is the time the
+gloo marks a send complete only when it is waited for, and a send cannot complete before
+the receiver has posted its receive. The rank never waits for its own sends (a GPU
+host's framework does not either: the simulator's ranks go on once the kernel has taken
+the bytes): a completer thread of the link waits for them in the order they were posted,
+keeping each tensor until then, and :meth:`PostedLink.close` waits for the completer.
+That thread sleeps in gloo's wait, without the interpreter lock, and wakes once a send.
+(Waiting on the rank for the send ``window`` sends old, as the link once did, held a
+gossip rank for seconds on GNMT: the same layer's send of the previous iteration was
+still queued behind a partner that had not yet posted for it.) Timeline: a send span is the time the
 rank takes to hand the message to gloo; a receive span runs from when the rank starts
 waiting for the message until it is there (a message already there gets a short one).
 """
@@ -26,7 +32,8 @@ waiting for the message until it is there (a message already there gets a short 
 from __future__ import annotations
 
 import datetime
-from collections import deque
+import queue
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -71,7 +78,9 @@ class PostedLink:
         self._expected = iter(expected)
         self._window = max(1, window)
         self._posted: dict[tuple[int, int], tuple[Any, torch.Tensor, int, int]] = {}
-        self._sends: deque[tuple[Any, torch.Tensor]] = deque()
+        self._sends: queue.SimpleQueue[tuple[Any, torch.Tensor] | None] = queue.SimpleQueue()
+        self._completer: threading.Thread | None = None
+        self._send_error: BaseException | None = None
         self._post_more()
 
     # ---- receiving -------------------------------------------------------------------
@@ -109,8 +118,10 @@ class PostedLink:
     # ---- sending ---------------------------------------------------------------------
     def send(self, dst: int, kind: int, key: int, iteration: int, payload: torch.Tensor) -> None:
         """Post ``payload`` to rank ``dst`` (it must stay unchanged until sent: the link
-        keeps a reference until it has waited for the send; an emulated device's queued
-        work ends first, as a GPU's kernels end before their output is sent)."""
+        keeps a reference until its completer has waited for the send; an emulated
+        device's queued work ends first, as a GPU's kernels end before their output is
+        sent)."""
+        self._raise_send_error()
         emudevice.sync()
         payload = payload.contiguous()
         start = self.rec.now()
@@ -123,9 +134,28 @@ class PostedLink:
             SEND, "send", name, start, end, iteration, layer, nbytes,
             self._flow(self.rank, dst, kind, key),
         )  # fmt: skip
-        self._sends.append((work, payload))
-        if len(self._sends) > self._window:
-            self._sends.popleft()[0].wait(self.timeout)
+        if self._completer is None:
+            self._completer = threading.Thread(
+                target=self._complete_sends, name=f"rank{self.rank}-sends", daemon=True
+            )
+            self._completer.start()
+        self._sends.put((work, payload))
+
+    def _complete_sends(self) -> None:
+        """The completer thread: wait for each send in order until ``None`` comes; the
+        first failure is kept for the rank's thread to raise."""
+        while (item := self._sends.get()) is not None:
+            if self._send_error is None:
+                try:
+                    item[0].wait(self.timeout)
+                except Exception as exc:  # raised on the rank's thread
+                    self._send_error = exc
+
+    def _raise_send_error(self) -> None:
+        if self._send_error is not None:
+            raise RuntimeError(
+                f"rank {self.rank}: a send did not complete: {self._send_error}"
+            ) from self._send_error
 
     def close(self, drain: bool = False) -> None:
         """Wait for every send to complete. Every expected message must have been
@@ -138,8 +168,11 @@ class PostedLink:
                     work.wait(self.timeout)
                 self._posted.clear()
                 self._post_more()
-        while self._sends:
-            self._sends.popleft()[0].wait(self.timeout)
+        if self._completer is not None:
+            self._sends.put(None)
+            self._completer.join()
+            self._completer = None
+        self._raise_send_error()
         if self._posted or next(self._expected, None) is not None:
             raise RuntimeError(f"rank {self.rank} finished with messages it never consumed")
 
