@@ -145,15 +145,12 @@ class Message:
     it is called with a function to call once that work is done, and until then the
     receiving thread hands over no further message of this sender, nor posts the header
     receive that lets the sender go on (see :class:`_Socket`, :class:`_Sender`).
-    ``handed``: the event a rank that writes the message itself on a device host waits
-    for before it goes on (:meth:`Network._hold_writer`), or ``None``.
     """
 
     __slots__ = (
         "chunks_left",
         "dst",
         "end_s",
-        "handed",
         "hold",
         "hops",
         "id",
@@ -194,7 +191,6 @@ class Message:
         self.payload = payload
         self.socket: _Socket | None = None
         self.hold: Callable[[Callable[[], None]], None] | None = None
-        self.handed: Any = None
 
     @property
     def route(self) -> tuple[Link, ...]:
@@ -236,7 +232,6 @@ class Network(ABC):
         """The CPU side of messages on CPU hosts (:class:`~simcore.host.CommCpu`), or
         ``None``: a message then costs no processor time."""
         self._senders: dict[int, _Sender] = {}
-        self._writers: dict[tuple[int, int], _PostedSocket] = {}
         self._shaped = [st for st in self.state if st.burst_s > 0]
 
     def busy_shaped(self) -> int:
@@ -289,10 +284,10 @@ class Network(ABC):
         collective's, a pipeline's or a gossip exchange's, whose receives are posted
         ahead) waits for the device's sender (see :class:`_Sender`). ``on_thread``: the
         sending rank's own thread writes it (an ``isend`` whose receive is posted), so
-        the sending end's CPU work holds that rank (:meth:`CommCpu.join`); a rank on a
-        device host (no rank thread on the cores) is held instead until the kernel has
-        taken all but a socket buffer of it: ``msg.handed``, which the rank waits for
-        (:meth:`_hold_writer`).
+        the sending end's CPU work holds that rank (:meth:`CommCpu.join`); on a device
+        host (no rank thread on the cores) gloo's transport thread writes it and the rank
+        goes on at once (``isend`` returns before the bytes have left; measured,
+        docs/emulated_devices.md).
         """
         hops = self._hops.get((src, dst))
         if hops is None:
@@ -329,8 +324,6 @@ class Network(ABC):
                     )
                 sender.queue(msg, segments, reduce_bytes, extra_s)
                 return msg
-            if on_thread and src not in self.cpu.thread_of and spec.socket_buffer_bytes > 0:
-                self._hold_writer(msg, spec.socket_buffer_bytes)
             if on_thread and src in self.cpu.thread_of:  # the rank's thread: running
                 self._start_cpu(msg, segments, reduce_bytes, extra_s, True)
             else:  # the thread that writes the bytes waits for a core first
@@ -338,23 +331,6 @@ class Network(ABC):
             return msg
         self._inject(msg)
         return msg
-
-    def _hold_writer(self, msg: Message, buffer_bytes: int) -> None:
-        """A rank on a device host writes ``msg`` itself (an ``isend`` whose receive is
-        posted): gloo's send returns once the kernel has taken all of the connection's
-        unsent bytes but a socket buffer (``buffer_bytes``, calibrated), so the rank
-        issues no further work until then. ``msg.handed`` is the event the rank waits
-        for (``None``: it fits at once)."""
-        key = (msg.src, msg.dst)
-        sock = self._writers.get(key)
-        if sock is None:
-            sock = self._writers[key] = _PostedSocket()
-        sock.queued += msg.nbytes
-        msg.socket = sock
-        mark = sock.queued - buffer_bytes
-        if mark > sock.acked:
-            msg.handed = self.env.event()
-            sock.waiters.append((mark, msg.handed))
 
     def _start_cpu(
         self,
@@ -503,23 +479,6 @@ class _Socket:
             release = self.waiting_slot[1]
             self.waiting_slot = None
             release()
-
-
-class _PostedSocket(_Socket):
-    """The send side of a connection that a rank writes itself (:meth:`Network.
-    _hold_writer`): the sends waiting for the kernel to take their bytes, each with the
-    ``acked`` count it needs, in order."""
-
-    __slots__ = ("waiters",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waiters: list[tuple[int, Any]] = []
-
-    def ack(self, nbytes: int) -> None:
-        self.acked += nbytes
-        while self.waiters and self.waiters[0][0] <= self.acked:
-            self.waiters.pop(0)[1].succeed()
 
 
 class _Sender:

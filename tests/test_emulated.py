@@ -195,20 +195,19 @@ def test_an_emulated_host_computes_off_the_shared_cores() -> None:
     assert four.run_iteration_time_s < 1.3 * one.run_iteration_time_s
 
 
-def test_a_device_hosts_isend_holds_it_until_all_but_a_socket_buffer_has_left(
-    tmp_path,
-) -> None:
-    """Gossip exchanging weights on two device hosts: the rank's own isend of a model
-    larger than the socket buffer returns only once the kernel has taken all but the
-    buffer, so the exchange no longer overlaps the next forward (gloo's send, measured by
-    sim calibrate's shaped_send_return_s)."""
+@pytest.mark.parametrize("params", [4_000_000, 10_000_000])
+def test_a_device_hosts_exchange_overlaps_its_compute(tmp_path, params) -> None:
+    """Gossip exchanging weights on two device hosts: the rank's ``isend`` of its model
+    returns at once (gloo's transport thread writes it; measured, tests/test_p2p.py and
+    docs/emulated_devices.md), so the exchange overlaps the next iteration's compute and
+    an iteration takes the longer of the two, even for a model larger than the socket
+    buffer."""
 
     from analysis.emulated import emulated_preset, predict
     from analysis.resolve import load_preset
     from simcore.units import parse_rate, parse_size
     from traces.jsonfmt import save
 
-    params = 10_000_000  # bytes; weights and momentum: 20 MB a message
     layers = (
         Layer("data", 0.0, 0.0, 0, 64 * 4, kind="input"),
         Layer("big", 0.4, 0.6, params, 64 * 4),
@@ -218,12 +217,10 @@ def test_a_device_hosts_isend_holds_it_until_all_but_a_socket_buffer_has_left(
     calib = "tests/data/calibrated-1Gbps.yaml"
     preset = emulated_preset(load_preset(calib), rate)
     goodput = parse_rate(preset["network"]["bandwidth"])
-    buffer = parse_size(preset["host"]["socket_buffer"])
+    assert 2 * params > parse_size(preset["host"]["socket_buffer"])  # weights and momentum
     ref = f"emulated:{tmp_path / 'big.json'};batch=64;dilation=1;bytes=1"
     p = predict(ref, "gossip", 2, {}, calib, rate, iterations=4)
-    held = (2 * params - buffer) / goodput
-    assert p.run_iteration_time_s == pytest.approx(1.0 + held, rel=0.1)
-    assert p.run_iteration_time_s > 1.2 * max(1.0, 2 * params / goodput)  # no overlap
+    assert p.run_iteration_time_s == pytest.approx(max(1.0, 2 * params / goodput), rel=0.1)
 
 
 def test_a_run_above_the_cpu_threshold_is_flagged() -> None:

@@ -319,14 +319,13 @@ def test_a_message_moves_only_once_its_receive_is_posted(monkeypatch, exchange):
         used[(r, it, slot)] = self.ctx.env.now
         use(self, r, it, slot)
 
-    def record_move(self, r, it, slot, on_thread=False, in_backward=False):
+    def record_move(self, r, it, slot, on_thread=False):
         moved.append((self.partners_of(it)[0][r], it, slot, self.ctx.env.now))
-        return move(self, r, it, slot, on_thread, in_backward)
+        move(self, r, it, slot, on_thread)
 
-    def record_send(self, r, it, slot, in_backward=False):
-        handed = send(self, r, it, slot, in_backward)
+    def record_send(self, r, it, slot):
+        send(self, r, it, slot)
         held.extend(k for k, v in self.held.items() if v == (r, it, slot))
-        return handed
 
     monkeypatch.setattr(gossip.Gossip, "_use", record_use)
     monkeypatch.setattr(gossip.Gossip, "_move", record_move)

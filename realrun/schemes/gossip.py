@@ -119,6 +119,14 @@ def load_state(
             off += n
 
 
+def receive_window(layers: int, batch_messages: int, by_weights: bool) -> int:
+    """How many receives a gossip worker keeps posted: one iteration's messages (module
+    docs); exchanging weights, also the next batch's, so that they are posted with the
+    next iteration's layers, before the worker sends its model: gloo's ready notice for
+    a receive travels behind the data the worker sends the same peer."""
+    return layers + batch_messages * (2 if by_weights else 1)
+
+
 class GossipRuntime(WorkerLoop):
     """GossipGraD (see module docs)."""
 
@@ -190,19 +198,13 @@ class GossipRuntime(WorkerLoop):
         self.template = self._batch_tensors(0, 0)
         if self.p > 1:
             n_batch = len(self.template) if self.shuffle else 0
-            window = len(self.layers) + n_batch  # one iteration ahead (module docs)
-            if self.by_weights:
-                # the next batch's receives are posted with the layers', before the rank
-                # sends its model: gloo's ready notice for a receive travels behind the
-                # data the rank sends the same peer, which would hold the batch seconds
-                window += n_batch
             self.link = PostedLink(
                 self.ctx.rank,
                 self.job.world_size,
                 self.ctx.group,
                 self.rec,
                 self._expected(),
-                window,
+                receive_window(len(self.layers), n_batch, self.by_weights),
                 self.label,
                 self.job.timeout_s * 4,
             )

@@ -444,7 +444,7 @@ class PipelineScheme(Scheme):
                 yield gpu.compute(predict_s[s], PREDICT, f"predict stage {s}", it, -1, mb)
             elif kind in sch.SEND_KINDS:
                 act = kind == sch.SEND_ACT
-                msg = ctx.net.send(
+                ctx.net.send(
                     dev[r],
                     dev[a.peer],
                     round(plan.out_bytes if act else plan.in_bytes),
@@ -464,8 +464,6 @@ class PipelineScheme(Scheme):
                     p2p=False,
                     on_thread=True,
                 )
-                if msg.handed is not None:  # gloo's isend writes in the rank's thread
-                    yield msg.handed
             elif kind in sch.RECV_KINDS:
                 yield self._box((r, kind, mb, s))
             elif kind == sch.ALLREDUCE:

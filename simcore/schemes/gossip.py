@@ -403,15 +403,11 @@ class Gossip(Scheme):
                         self._use(r, it - 1, slot)
                     yield gpu.compute_seq([self._average_op(layer, it) for layer in self.grads])
                 for slot in range(len(self.grads)):
-                    handed = self._send(r, it, slot)
-                    if handed is not None:  # gloo's isend writes in the rank's thread
-                        yield handed
+                    self._send(r, it, slot)
             # Forward: the batch shuffled in last iteration, then layer by layer (with
             # gradients, each layer after its averaged update of the last iteration).
             if self.shuffle_bytes:
-                handed = self._send(r, it, self.shuffle_slot)
-                if handed is not None:
-                    yield handed
+                self._send(r, it, self.shuffle_slot)
                 if it > 0:
                     yield from self._wait_for(r, it - 1, self.shuffle_slot, gpu)
                     self._use(r, it - 1, self.shuffle_slot)
@@ -428,9 +424,7 @@ class Gossip(Scheme):
             for layer, run in self.ops.backward_runs(it, has_grad):
                 yield gpu.compute_seq(run)
                 if layer >= 0 and self.p > 1:
-                    handed = self._send(r, it, self.slot[layer], True)
-                    if handed is not None:
-                        yield handed
+                    self._send(r, it, self.slot[layer])
             mem.free("activations", act)
             if by_weights:  # the optimizer step, layer by layer in forward order
                 yield gpu.compute_seq([self._update_op(layer, it) for layer in self.grads])
@@ -487,32 +481,27 @@ class Gossip(Scheme):
         else:
             self._move(*held)
 
-    def _send(self, r: int, it: int, slot: int, in_backward: bool = False) -> Any:
+    def _send(self, r: int, it: int, slot: int) -> None:
         """Rank ``r`` sends its ``slot`` of iteration ``it`` to its partner, once the
         partner has a receive posted for it: receives are posted one iteration ahead
         (realrun.schemes.gossip), so the partner must have used its message of the
         previous iteration in that slot. gloo moves a message only after the receiver's
-        notice; a partner that is behind holds the send. Returns what the rank waits for
-        before it goes on (:attr:`~simcore.network.Message.handed`; ``None``: nothing)."""
+        notice; a partner that is behind holds the send."""
         if it > 0:
             key = (self.partners_of(it)[0][r], it - 1, slot)
             if key not in self.used:
                 self.held[key] = (r, it, slot)
-                return None
+                return
             self.used.discard(key)  # one sender per receiver and slot: not needed again
         # the next batch (and, exchanging weights, the model) is handed to gloo by the
         # rank's thread between two spans; gradients from inside the backward, whose
-        # measured spans hold that time (on a device host the rank waits for the write)
-        return self._move(r, it, slot, slot == self.shuffle_slot or self.by_weights, in_backward)
+        # measured spans hold that time
+        self._move(r, it, slot, slot == self.shuffle_slot or self.by_weights)
 
-    def _move(
-        self, r: int, it: int, slot: int, on_thread: bool = False, in_backward: bool = False
-    ) -> Any:
+    def _move(self, r: int, it: int, slot: int, on_thread: bool = False) -> None:
         """Send rank ``r``'s ``slot`` of iteration ``it``: ``on_thread``, written by the
         rank's own thread (a posted receive, and a send between compute spans); else by
-        a communication thread (gloo's, for a send held until the partner posted).
-        ``in_backward``: from inside the backward (the rank's thread writes it too, but
-        on a CPU host its spans hold that time). Returns the message's ``handed``."""
+        a communication thread (gloo's, for a send held until the partner posted)."""
         ctx = self.ctx
         dst = self.partners_of(it)[0][r]
         if slot == self.shuffle_slot:
@@ -525,25 +514,21 @@ class Gossip(Scheme):
         if self.post is not None:
             msg = self.post(src_dev, dst_dev, nbytes, tag, r, dst, it)
             self._deliver(dst, it, slot, msg.end_s)
-            return None
-        cpu = ctx.net.cpu
-        if in_backward and cpu is not None and ctx.topology.gpus[r] not in cpu.thread_of:
-            on_thread = True  # a device host's rank writes it; no span of its holds that
-        msg = ctx.net.send(
-            src_dev,
-            dst_dev,
-            nbytes,
-            self._arrived,
-            tag=tag,
-            rank_src=r,
-            rank_dst=dst,
-            iteration=it,
-            payload=(dst, it, slot),
-            # receives posted ahead, sends with isend (realrun.p2p): no sender thread
-            p2p=False,
-            on_thread=on_thread,
-        )
-        return msg.handed
+        else:
+            ctx.net.send(
+                src_dev,
+                dst_dev,
+                nbytes,
+                self._arrived,
+                tag=tag,
+                rank_src=r,
+                rank_dst=dst,
+                iteration=it,
+                payload=(dst, it, slot),
+                # receives posted ahead, sends with isend (realrun.p2p): no sender thread
+                p2p=False,
+                on_thread=on_thread,
+            )
 
     def _arrived(self, msg: Message) -> None:
         dst, it, slot = msg.payload
