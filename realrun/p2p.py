@@ -17,14 +17,11 @@ flight between two ranks), so receives match their sends whatever the order of a
 No header travels: the receiver knows each message's shape from the schedule.
 
 gloo marks a send complete only when it is waited for, and a send cannot complete before
-the receiver has posted its receive. The rank never waits for its own sends (a GPU
-host's framework does not either: the simulator's ranks go on once the kernel has taken
-the bytes): a completer thread of the link waits for them in the order they were posted,
-keeping each tensor until then, and :meth:`PostedLink.close` waits for the completer.
-That thread sleeps in gloo's wait, without the interpreter lock, and wakes once a send.
-(Waiting on the rank for the send ``window`` sends old, as the link once did, held a
-gossip rank for seconds on GNMT: the same layer's send of the previous iteration was
-still queued behind a partner that had not yet posted for it.) Timeline: a send span is the time the
+the receiver has posted its receive. The rank never waits for its own sends, as a GPU
+host's framework does not (nor do the simulator's ranks): a completer thread of the link
+waits for them in the order they were posted, keeping each tensor until then, and
+:meth:`PostedLink.close` waits for the completer. That thread sleeps in gloo's wait,
+without the interpreter lock, and wakes once a send. Timeline: a send span is the time the
 rank takes to hand the message to gloo; a receive span runs from when the rank starts
 waiting for the message until it is there (a message already there gets a short one).
 """
