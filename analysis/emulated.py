@@ -13,7 +13,10 @@ simulator predicts exactly that run, from what was known before it:
   what is left on the cores is the framework's and communication's work, the
   calibration's per-message and per-byte host costs;
 * the optimizer step: a GPU's, from the calibration's memory bandwidth (the emulated run
-  steps on the host's CPU, a few milliseconds, not dilated).
+  steps on the host's CPU, a few milliseconds, not dilated);
+* the links' uneven shares when every host sends (the calibration's concurrent flows):
+  each uplink's rate is drawn per seed, and the prediction is the median of :data:`SEEDS`
+  simulations, whose range is kept.
 
 The run's times divided by K are the emulated cluster's, and so are the prediction's.
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
@@ -42,6 +45,9 @@ class EmulatedPrediction:
         calibration: the calibration file it was made with.
         result: the simulator's result of the run.
         config: the simulated configuration (a pipeline's real run takes its plan).
+        seed_times_s: with a calibration that draws its uplinks' rates, the emulated
+            cluster's iteration time for each seed simulated (sorted; the prediction is
+            their median, :data:`SEEDS`); empty otherwise.
     """
 
     run_iteration_time_s: float
@@ -50,6 +56,7 @@ class EmulatedPrediction:
     calibration: str
     result: Any
     config: Any = None
+    seed_times_s: tuple[float, ...] = ()
 
 
 def emulated_preset(
@@ -119,9 +126,24 @@ def predict(
         scaled = scaled_options(scheme, options, spec.byte_scale)
         settings.update({f"scheme.{k}": v for k, v in scaled.items()})
         config = build_config(RunSpec().replace(**settings), record_spans=False)
-        result = simulate(config)
+        net = preset.get("network") or {}
+        varied = float(net.get("flow_spread", 0.0)) > 0 or float(net.get("flow_share", 1.0)) < 1
+        seeds = range(SEEDS) if float(net.get("flow_spread", 0.0)) > 0 else range(1)
+        runs = sorted(
+            (simulate(replace(config, seed=seed)) for seed in seeds),
+            key=lambda r: float(r.iteration_time_s),
+        )
+    result = runs[len(runs) // 2]
     t = float(result.iteration_time_s)
-    return EmulatedPrediction(t, t / spec.dilation, run_rate, calibration, result, config)
+    times = tuple(float(r.iteration_time_s) / spec.dilation for r in runs) if varied else ()
+    return EmulatedPrediction(
+        t, t / spec.dilation, run_rate, calibration, result, config, seed_times_s=times
+    )
+
+
+SEEDS = 5
+"""Simulations per prediction when the calibration draws the uplinks' rates
+(``network.flow_spread``): seeds 0 .. SEEDS - 1; the median is the prediction."""
 
 
 ROUNDING_TOLERANCE = 0.01

@@ -179,9 +179,41 @@ UNSEEN_MATRIX = _cases(
 (2026-11-29) before any of them was predicted or run: other model, scheme, rank and
 bandwidth combinations than the seed matrix's, every scheme family."""
 
+UNSEEN2_MATRIX = _cases(
+    ("dp", "inception_v3", 4, "10Gbps"),
+    ("dp", "resnet50", 16, "25Gbps"),
+    ("dp", "vgg16", 16, "25Gbps"),
+    ("dp", "gnmt", 4, "10Gbps"),
+    ("dp", "alexnet", 4, "25Gbps", 20.0),
+    ("ps", "inception_v3", 4, "10Gbps", 50.0),
+    ("ps", "resnet50", 8, "25Gbps", 50.0),
+    ("p3", "inception_v3", 8, "10Gbps", 50.0),
+    ("p3", "vgg16", 4, "25Gbps", 50.0),
+    ("gossip", "inception_v3", 8, "10Gbps"),
+    ("gossip", "resnet50", 4, "25Gbps"),
+    ("gossip", "vgg16", 8, "25Gbps"),
+    ("gossip", "inception_v3", 16, "25Gbps"),
+    ("mp", "vgg16", 8, "10Gbps"),
+    ("mp", "inception_v3", 4, "10Gbps"),
+    ("gpipe", "inception_v3", 4, "10Gbps"),
+    ("gpipe", "vgg16", 4, "25Gbps"),
+    ("gpipe", "gnmt", 4, "10Gbps", 50.0),
+    ("pipedream", "vgg16", 8, "10Gbps", 10.0, (), 96),
+    ("pipedream", "inception_v3", 4, "10Gbps"),
+    ("spectrain", "vgg16", 8, "10Gbps"),
+    ("spectrain", "alexnet", 4, "10Gbps", 20.0),
+    ("zb-h1", "gnmt", 4, "10Gbps", 50.0),
+    ("zb-h1", "inception_v3", 8, "10Gbps"),
+)
+"""Twenty-four more cases of the seed papers' workloads, none in another matrix, written
+down (2026-11-29) with the model frozen after concurrent flows' spread was added, before
+any was predicted or run: all eight schemes and ZB-H1, 4 to 16 ranks, 10 and 25 Gbit/s,
+Inception-v3 in every family."""
+
 MATRICES: dict[str, tuple[EmuCase, ...]] = {
     "seed": SEED_MATRIX,
     "unseen": UNSEEN_MATRIX,
+    "unseen2": UNSEEN2_MATRIX,
     "quick": QUICK_MATRIX,
     "scaling": SCALING_MATRIX,
     "bandwidth": BANDWIDTH_MATRIX,
@@ -276,6 +308,7 @@ def register(
             "predicted_run_iteration_time_s": p.run_iteration_time_s,
             "predicted_comm_bytes_per_iteration": float(p.result.comm_bytes_per_iteration),
             "predicted_utilization": float(p.result.gpu_utilization),
+            "predicted_seed_iteration_times_s": list(p.seed_times_s),
         }
     data = {
         "registered_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -360,6 +393,7 @@ def score_case(
         "real_iteration_times_s": json.dumps([round(t, 6) for t in times]),
         "real_spread": (max(times) - min(times)) / med if med > 0 else math.inf,
         "predicted_iteration_time_s": predicted,
+        "predicted_seed_spread": _seed_spread(entry.get("predicted_seed_iteration_times_s")),
         "prediction_rel_err": rel,
         "abs_prediction_rel_err": abs(rel),
         "real_utilization": statistics.fmean(float(r["gpu_utilization"]) for r in results),
@@ -503,3 +537,12 @@ def write_results(rows: Sequence[Mapping[str, Any]], out_dir: str, s: Score) -> 
     summary = {k: getattr(s, k) for k in Score.__dataclass_fields__}
     summary["line"] = s.line()
     write_text(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=1) + "\n")
+
+
+def _seed_spread(times: Any) -> float:
+    """(max - min) / median of a prediction's per-seed times (0 for one seed or none):
+    how much the drawn link rates alone move it."""
+    if not times or len(times) < 2:
+        return 0.0
+    med = statistics.median(times)
+    return (max(times) - min(times)) / med if med > 0 else math.inf

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from realrun import linkcpu, scheduler
+from realrun import flows, linkcpu, scheduler
 from realrun.calibrated import (
     TCP_PAYLOAD_BYTES,
     burst_payload_bytes,
@@ -935,6 +935,7 @@ def calibrate(
     repeats: int = 5,
     allreduce_ranks: Sequence[int] = DEFAULT_ALLREDUCE_RANKS,
     progress: Callable[[int, int, str], None] | None = None,
+    flow_hosts: int = flows.HOSTS,
 ) -> dict[str, Any]:
     """Calibrate the simulator on this machine's cluster; returns the preset mapping (see
     the module docs and docs/emulated_cluster.md for the schema).
@@ -945,13 +946,18 @@ def calibrate(
     hosts-1. ``sizes_bytes``: message sizes (rounded down to whole float32 elements).
     ``repeats``: timed repetitions per size after one warm-up. ``allreduce_ranks``: the
     all-reduce is timed on the first ``p`` hosts for each ``p``. ``progress(done, total,
-    what)`` is called as benchmarks finish.
+    what)`` is called as benchmarks finish. ``flow_hosts``: hosts that send at once in the
+    concurrent-flow benchmark (shaped links only, :mod:`realrun.flows`).
 
     Raises ``ValueError`` for a bad argument (naming it), ``NetnsUnavailable`` when netns
     cannot be used here, ``RankFailed`` when a benchmark process fails, and
     :class:`CalibrationError` when the measurements cannot be fitted twice in a row (a
     measurement that cannot be fitted is taken once more)."""
     _check_args(cluster, bandwidth_bytes_per_s, hosts, sizes_bytes, repeats, allreduce_ranks)
+    if isinstance(flow_hosts, bool) or not isinstance(flow_hosts, int) or not 2 <= flow_hosts <= 64:
+        raise ValueError(
+            f"flow_hosts: {flow_hosts!r} is not allowed; it must be an integer from 2 to 64"
+        )
     if cluster == "netns":
         from realrun.netns import check_available
 
@@ -979,7 +985,8 @@ def calibrate(
         "steps": steps,
         "sharing_delays_s": sharing_delays_s(bandwidth_bytes_per_s) if shaped else [],
     }
-    total = _steps(job) + 1 + shaped  # and the scheduler benchmark, first; the link's CPU
+    # and the scheduler benchmark, first; the link's CPU and the concurrent flows, shaped
+    total = _steps(job) + 1 + 2 * shaped
     done = 0
 
     def tick(what: str) -> None:
@@ -993,8 +1000,8 @@ def calibrate(
     def measure_and_fit() -> dict[str, Any]:
         started = datetime.datetime.now(datetime.UTC)
         t0 = time.monotonic()
-        sched_rows, results, qdiscs, link_row = _measure(
-            cluster, bandwidth_bytes_per_s if shaped else None, world, job, tick
+        sched_rows, results, qdiscs, link_row, flow_rows = _measure(
+            cluster, bandwidth_bytes_per_s if shaped else None, world, job, tick, flow_hosts
         )
         return _preset(
             cluster=cluster,
@@ -1008,6 +1015,7 @@ def calibrate(
             wall_s=time.monotonic() - t0,
             scheduler_rows=sched_rows,
             link_row=link_row,
+            flow_rows=flow_rows,
         )
 
     try:
@@ -1022,9 +1030,11 @@ def _measure(
     world: int,
     job: Mapping[str, Any],
     tick: Callable[[str], None],
-) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]], Any]:
+    flow_hosts: int = 8,
+) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]], Any, Any]:
     """Run every benchmark of a calibration once: ``(scheduler rows, the ranks' results,
-    qdisc counters, the shaped link's CPU row or None)``; ``rate`` None: unshaped."""
+    qdisc counters, the shaped link's CPU row or None, the concurrent flows' rounds or
+    None)``; ``rate`` None: unshaped."""
     # the machine's scheduler, on its own before any rank starts (plain processes)
     try:
         sched_rows = scheduler.measure(_cores())
@@ -1036,7 +1046,7 @@ def _measure(
         results, qdiscs = _in_cluster(cluster, rate, world, dict(job), work, tick)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    link_row = None
+    link_row = flow_rows = None
     if rate is not None:  # the shaped link's packet work beside computing processes
         try:
             link_row = linkcpu.measure(
@@ -1047,7 +1057,17 @@ def _measure(
         except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as err:
             raise CalibrationError(f"the link CPU benchmark failed: {err}") from None
         tick("link CPU benchmark")
-    return sched_rows, results, qdiscs, link_row
+        try:  # how evenly flows share the links when every host sends at once
+            flow_rows = flows.measure(
+                [float(rate) * f for f in flows.RATE_FRACTIONS],
+                flow_hosts,
+                flows.ROUNDS,
+                prefix=os.environ.get("DTSIM_NETNS_PREFIX", "dtsim") + "f",
+            )
+        except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as err:
+            raise CalibrationError(f"the concurrent-flow benchmark failed: {err}") from None
+        tick("concurrent flows")
+    return sched_rows, results, qdiscs, link_row, flow_rows
 
 
 def _pingpong_rows(
@@ -1118,6 +1138,7 @@ def _preset(
     wall_s: float,
     scheduler_rows: Sequence[Mapping[str, Any]] = (),
     link_row: Mapping[str, Any] | None = None,
+    flow_rows: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Fit the measurements and lay them out as a topology preset."""
     un = _pingpong_rows(results, sizes, "unshaped")
@@ -1361,6 +1382,14 @@ def _preset(
         measured["scheduler"] = [dict(r) for r in scheduler_rows]
         fits["balance_s"] = balance
         fits["balance_residual_rel_max"] = balance_residual
+    # how evenly flows share the links when every host sends at once
+    if flow_rows and rate is not None:
+        share, spread = flows.at(flow_rows, rate)
+        preset["network"]["flow_share"] = round(share, 4)
+        preset["network"]["flow_spread"] = round(spread, 4)
+        measured["flows"] = [dict(r) for r in flow_rows]  # at each rate: moved by at_rate
+        fits["flow_share"] = share
+        fits["flow_spread"] = spread
     # the shaped link's packet work, measured as what computing processes lose to it
     if link_row is not None:
         link_cpu = linkcpu.link_cpu_s_per_byte(link_row)
@@ -1524,6 +1553,22 @@ def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
                 )
             ]
             if "link_cpu_s_per_byte" in fits
+            else []
+        ),
+        *(
+            [
+                (
+                    "concurrent flows",
+                    f"with {m['flows'][0]['hosts']} hosts sending at once a flow gets "
+                    f"{fits['flow_share']:.1%} of a lone flow's goodput on average, "
+                    f"{fits['flow_spread']:.1%} apart (coefficient of variation); at "
+                    + ", ".join(
+                        f"{format_rate(e['rate_bytes_per_s'])} {e['share']:.1%} / {e['spread']:.1%}"
+                        for e in m["flows"]
+                    ),
+                )
+            ]
+            if "flow_share" in fits
             else []
         ),
         *(

@@ -13,6 +13,8 @@ protocol and moves only what the rate sets (:func:`at_rate`):
 * the goodput: the new rate times the measured share;
 * the bucket: the one ``sim real`` shapes at the new rate
   (:func:`burst_payload_bytes`);
+* concurrent flows' share and spread (``network.flow_share``, ``flow_spread``): read at
+  the new rate from those measured at several rates (:func:`realrun.flows.at`);
 * ``measured.tbf_rate`` becomes the new rate, and ``measured.moved_from`` records the rate
   the calibration was measured at.
 
@@ -128,6 +130,14 @@ KNOBS: tuple[Knob, ...] = (
         "network.lead", "s", "fit-by-simulation:two flows",
         "how long a sending connection keeps a link before a newcomer shares it",
     ),
+    Knob(
+        "network.flow_share", "share", "calibration:concurrent flows",
+        "a flow's mean goodput while every host sends, over a lone flow's",
+    ),
+    Knob(
+        "network.flow_spread", "CV", "calibration:concurrent flows",
+        "how far apart concurrent flows' goodputs are (coefficient of variation)",
+    ),
 )  # fmt: skip
 """Every setting of a calibrated file, declared once: unit and source."""
 
@@ -218,6 +228,13 @@ def at_rate(preset: Mapping[str, Any], rate_bytes_per_s: float) -> dict[str, Any
     network["bandwidth"] = format_rate_text(rate_bytes_per_s * share)
     if "burst" in network:
         network["burst"] = f"{round(burst_payload_bytes(rate_bytes_per_s))}B"
+    ladder = _measured(preset).get("flows")
+    if ladder:  # concurrent flows, measured at several rates: the spread depends on it
+        from realrun.flows import at
+
+        share_now, spread_now = at(ladder, rate_bytes_per_s)
+        network["flow_share"] = round(share_now, 4)
+        network["flow_spread"] = round(spread_now, 4)
     out["network"] = network
     measured = dict(_measured(preset))
     was = measured.get("tbf_rate")

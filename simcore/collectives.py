@@ -365,20 +365,21 @@ class Collectives:
         gpus = topo.gpus
         ready = [0.0] * len(ranks)
         scratch: dict[int, LinkState] = {}  # this collective's own reservations
+        states = self.net.state
         for step, repeat in phases:
             routes = [topo.route(gpus[ranks[s]], gpus[ranks[d]]) for s, d, _b in step]
             if repeat > 1:
                 # A ring phase: it starts when all its members are ready.
                 members = {s for s, _d, _b in step} | {d for _s, d, _b in step}
                 start = max(ready[m] for m in members)
-                end = start + repeat * _slowest_send(step, routes)
+                end = start + repeat * _slowest_send(step, routes, states)
                 for m in members:
                     ready[m] = end
                 continue
             arrivals = []
             for k in sorted(range(len(step)), key=lambda k: ready[step[k][0]]):
                 s, d, b = step[k]
-                arrivals.append((d, _reserve(routes[k], b, ready[s], scratch)))
+                arrivals.append((d, _reserve(routes[k], b, ready[s], scratch, states)))
             for d, t in arrivals:
                 if t > ready[d]:
                     ready[d] = t
@@ -398,6 +399,7 @@ class Collectives:
         per_byte = 0.0
         payload = 0.0
         factors: dict[int, float] = {}
+        states = self.net.state
         for step, repeat in phases:
             use: dict[int, int] = {}
             routes = []
@@ -413,7 +415,7 @@ class Collectives:
                 if not route:
                     continue
                 step_alpha = max(step_alpha, sum(link.latency for link in route))
-                share = min(link.bandwidth_bytes_per_s / use[link.index] for link in route)
+                share = min(_rate(link, states) / use[link.index] for link in route)
                 step_time = max(step_time, b * scale / share)
                 for link in route:
                     factors[link.index] = factors.get(link.index, 0.0) + b * scale * repeat
@@ -422,9 +424,14 @@ class Collectives:
         return fixed, per_byte, sorted(factors.items()), payload
 
 
-def _slowest_send(step: Step, routes: list[tuple[Link, ...]]) -> float:
+def _rate(link: Link, states: Sequence[LinkState]) -> float:
+    """``link``'s rate in this run (its bandwidth times its state's rate factor)."""
+    return link.bandwidth_bytes_per_s * states[link.index].rate_factor
+
+
+def _slowest_send(step: Step, routes: list[tuple[Link, ...]], states: Sequence[LinkState]) -> float:
     """The longest ``latency + bytes / bandwidth share`` among a step's sends, a link used
-    by ``k`` of them giving each ``1/k`` of its bandwidth."""
+    by ``k`` of them giving each ``1/k`` of its rate in this run."""
     use: dict[int, int] = {}
     for route in routes:
         for link in route:
@@ -432,21 +439,27 @@ def _slowest_send(step: Step, routes: list[tuple[Link, ...]]) -> float:
     slowest = 0.0
     for (_s, _d, b), route in zip(step, routes, strict=True):
         if route:
-            share = min(link.bandwidth_bytes_per_s / use[link.index] for link in route)
+            share = min(_rate(link, states) / use[link.index] for link in route)
             slowest = max(slowest, sum(link.latency for link in route) + b / share)
     return slowest
 
 
 def _reserve(
-    route: tuple[Link, ...], nbytes: int, start: float, scratch: dict[int, LinkState]
+    route: tuple[Link, ...],
+    nbytes: int,
+    start: float,
+    scratch: dict[int, LinkState],
+    states: Sequence[LinkState],
 ) -> float:
     """Arrival time of ``nbytes`` sent at ``start`` over ``route``, reserved cut-through
     (:func:`simcore.network.reserve_cut_through`) on the scratch link states of one
-    collective (link index -> state)."""
+    collective (link index -> state), each at its link's rate in this run (``states``)."""
     if not route or nbytes <= 0:
         return start
     hops = [
-        scratch.get(link.index) or scratch.setdefault(link.index, LinkState(link)) for link in route
+        scratch.get(link.index)
+        or scratch.setdefault(link.index, LinkState(link, states[link.index].rate_factor))
+        for link in route
     ]
     return reserve_cut_through(hops, nbytes, start)[1]
 

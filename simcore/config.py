@@ -102,7 +102,8 @@ class RunSettings:
             :data:`~simcore.spec.DEFAULT_MODEL_BATCH`).
         iterations: measured iterations (after the warm-up ones).
         warmup_iterations: iterations simulated first and left out of the metrics.
-        seed: seeds the random generator (used when ``compute_jitter > 0``).
+        seed: seeds the random generators (used when ``compute_jitter > 0`` and by a
+            topology with a ``network.flow_spread``, which draws its uplinks' rates).
         fidelity: ``detailed`` or ``analytic`` network model.
         chunk_bytes: message chunk size of the detailed network model.
         compute_jitter: coefficient of variation of each compute op's duration
@@ -128,7 +129,12 @@ class RunSettings:
     warmup_iterations: int = setting(
         1, "warm-up iterations, simulated first and left out of the metrics", minimum=0
     )
-    seed: int = setting(0, "random seed (used with --set compute_jitter=CV)", minimum=0, flag=8)
+    seed: int = setting(
+        0,
+        "random seed (compute_jitter, and the uplink rates of a calibrated flow_spread)",
+        minimum=0,
+        flag=8,
+    )
     fidelity: str = setting(
         "detailed",
         "network model: chunked link queues, or closed forms (fast, for thousands of GPUs)",

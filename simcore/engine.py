@@ -18,7 +18,7 @@ from simcore.collectives import Collectives
 from simcore.config import ConfigError, SimConfig
 from simcore.device import Gpu, JitteryGpu, LogNormalFactors
 from simcore.host import CommCpu, CpuPool, CpuRank
-from simcore.network import make_network
+from simcore.network import make_network, uplink_factors
 from simcore.records import COMM, RECV, SEND, LinkRecord, RunRecords, compute_span
 from simcore.result import RunResult, _frozen
 from simcore.schemes import get_scheme
@@ -66,7 +66,12 @@ def simulate(config: SimConfig, progress: Callable[[float], None] | None = None)
 
     env = Environment()
     net = make_network(
-        env, topology, config.fidelity, config.chunk_bytes, priority=cls.priority_network
+        env,
+        topology,
+        config.fidelity,
+        config.chunk_bytes,
+        priority=cls.priority_network,
+        rate_factors=uplink_factors(topology, config.seed),
     )
     coll = Collectives(net)
     compute_log: list[tuple[Any, ...]] = []

@@ -40,8 +40,9 @@ its bandwidth.
 from __future__ import annotations
 
 import heapq
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from simpy import Environment, Timeout
@@ -72,6 +73,7 @@ class LinkState:
         "link",
         "peak_service",
         "queue",
+        "rate_factor",
         "recv_bytes",
         "sent_bytes",
         "seq",
@@ -80,9 +82,10 @@ class LinkState:
         "vtime",
     )
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: Link, rate_factor: float = 1.0) -> None:
         self.link = link
-        self.service = 1.0 / link.bandwidth_bytes_per_s  # seconds per byte
+        self.rate_factor = rate_factor  # this run's share of the link's rate
+        self.service = 1.0 / (link.bandwidth_bytes_per_s * rate_factor)  # seconds per byte
         self.latency = link.latency
         # token bucket (a tbf-shaped link): the bucket as time at the rate, the burst's
         # speed, and the theoretical arrival time of the bytes already sent (GCRA)
@@ -220,10 +223,16 @@ class Network(ABC):
 
     fidelity = "base"
 
-    def __init__(self, env: Environment, topology: Topology) -> None:
+    def __init__(
+        self,
+        env: Environment,
+        topology: Topology,
+        rate_factors: Mapping[int, float] | None = None,
+    ) -> None:
         self.env = env
         self.topology = topology
-        self.state = [LinkState(link) for link in topology.links]
+        factors = rate_factors or {}
+        self.state = [LinkState(link, factors.get(link.index, 1.0)) for link in topology.links]
         self.messages: list[Message] = []
         self._record = self.messages.append
         self._hops: dict[tuple[int, int], tuple[LinkState, ...]] = {}
@@ -573,8 +582,9 @@ class DetailedNetwork(Network):
         topology: Topology,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         priority: bool = False,
+        rate_factors: Mapping[int, float] | None = None,
     ) -> None:
-        super().__init__(env, topology)
+        super().__init__(env, topology, rate_factors)
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be at least 1, got {chunk_bytes}")
         self.chunk_bytes = int(chunk_bytes)
@@ -954,16 +964,51 @@ class AnalyticNetwork(Network):
         self._complete(msg)
 
 
+def uplink_factors(topology: Topology, seed: int) -> dict[int, float]:
+    """Each fabric uplink's share of its rate in one run (link index -> factor), from the
+    topology's concurrent-flow measurements: ``flow_share`` times a log-normal factor of
+    mean 1 and coefficient of variation ``flow_spread``, drawn from ``seed``, and at most
+    1 (no flow beats a lone one: the link's rate is what a lone flow gets). An uplink is
+    a link direction into a switch (a NIC's or a server's); the downlinks keep their
+    rate, so a flow's rate is its sender's draw. Empty when the topology has neither."""
+    share, cv = topology.flow_share, topology.flow_spread
+    devices = topology.devices
+    ups = [
+        link.index
+        for link in topology.links
+        if devices[link.dst].kind == "switch" and devices[link.src].kind != "switch"
+    ]
+    if not ups or (share == 1.0 and cv == 0.0):
+        return {}
+    if cv == 0.0:
+        return dict.fromkeys(ups, share)
+    import numpy as np  # only runs with a spread pay for the import
+
+    sigma = math.sqrt(math.log1p(cv * cv))
+    draws = np.random.default_rng([seed, 1]).lognormal(-0.5 * sigma * sigma, sigma, len(ups))
+    return {i: min(1.0, share * float(f)) for i, f in zip(ups, draws, strict=True)}
+
+
 def make_network(
-    env: Environment, topology: Topology, fidelity: str, chunk_bytes: int, priority: bool = False
+    env: Environment,
+    topology: Topology,
+    fidelity: str,
+    chunk_bytes: int,
+    priority: bool = False,
+    rate_factors: Mapping[int, float] | None = None,
 ) -> Network:
     """The network model for ``fidelity`` (``detailed`` or ``analytic``), with priority
-    link queues if ``priority``."""
+    link queues if ``priority``; ``rate_factors`` (link index -> factor) scales the rates
+    of the links named (:func:`uplink_factors`)."""
     if fidelity == "detailed":
-        return DetailedNetwork(env, topology, chunk_bytes=chunk_bytes, priority=priority)
+        return DetailedNetwork(
+            env, topology, chunk_bytes=chunk_bytes, priority=priority, rate_factors=rate_factors
+        )
     if fidelity == "analytic":
         if priority:
             # Whole messages in per-link priority queues (see module docs).
-            return DetailedNetwork(env, topology, chunk_bytes=WHOLE_MESSAGE, priority=True)
-        return AnalyticNetwork(env, topology)
+            return DetailedNetwork(
+                env, topology, chunk_bytes=WHOLE_MESSAGE, priority=True, rate_factors=rate_factors
+            )
+        return AnalyticNetwork(env, topology, rate_factors)
     raise ValueError(f"unknown fidelity {fidelity!r}; choose detailed or analytic")

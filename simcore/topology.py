@@ -301,6 +301,14 @@ class Topology:
             go on alone when another flow starts (``network.lead`` in a preset): a TCP
             connection already sending has that much data in flight ahead of a newcomer's.
             0 is plain start-time fair queueing.
+        flow_share: how much of its link's rate a flow gets while every host sends at
+            once, as a share of what a lone flow gets (``network.flow_share``, measured by
+            ``sim calibrate``'s concurrent flows); the uplinks of the fabric carry it.
+        flow_spread: the coefficient of variation of that share between the flows of one
+            run (``network.flow_spread``): each uplink of the fabric runs at its rate
+            times ``flow_share`` times its own log-normal factor of mean 1 (at most the
+            full rate), drawn once per run from the simulation's seed
+            (:func:`simcore.network.uplink_factors`).
     """
 
     name: str
@@ -317,6 +325,8 @@ class Topology:
     gloo: GlooSpec | None = None
     link_sharing: str = "fifo"
     link_lead_s: float = 0.0
+    flow_share: float = 1.0
+    flow_spread: float = 0.0
 
     def __post_init__(self) -> None:
         if self.link_sharing not in LINK_SHARING:
@@ -328,6 +338,16 @@ class Topology:
             raise TopologyError(
                 f"topology {self.name!r}: network.lead must be a time of 0 or more, "
                 f"got {self.link_lead_s!r} s"
+            )
+        if not (0 < self.flow_share <= 1):
+            raise TopologyError(
+                f"topology {self.name!r}: network.flow_share must be in (0, 1], "
+                f"got {self.flow_share!r}"
+            )
+        if not (0 <= self.flow_spread < 1):
+            raise TopologyError(
+                f"topology {self.name!r}: network.flow_spread must be in [0, 1), "
+                f"got {self.flow_spread!r}"
             )
         self._adj: list[list[Link]] = [[] for _ in self.devices]
         for link in self.links:
@@ -587,7 +607,8 @@ def _build_topology(spec: TopologySpec) -> Topology:
     ``latency``, ``nic_link`` with kind/bandwidth/latency, optionally ``burst`` and
     ``peak_bandwidth``: a token bucket on each direction of every host link, as ``tc
     tbf`` shapes an emulated cluster's, ``sharing``, one of :data:`LINK_SHARING`, and
-    ``lead``, :attr:`Topology.link_lead_s` as a time).
+    ``lead``, :attr:`Topology.link_lead_s` as a time, ``flow_share`` and ``flow_spread``,
+    :attr:`Topology.flow_share` and :attr:`Topology.flow_spread`).
     GPUs inside a box are the
     implicit devices ``gpu0 .. gpu{n-1}``. Device names get a ``n{box}.`` prefix when the
     cluster has more than one box.
@@ -611,6 +632,8 @@ def _build_topology(spec: TopologySpec) -> Topology:
         net_peak = parse_rate(net["peak_bandwidth"]) if net.get("peak_bandwidth") else 0.0
         sharing = str(net.get("sharing", "fifo"))
         lead_s = parse_time(net.get("lead", 0))
+        flow_share = float(net.get("flow_share", 1.0))
+        flow_spread = float(net.get("flow_spread", 0.0))
         nic_link = net.get("nic_link") or {"kind": "pcie", "bandwidth": "12GB/s", "latency": "1us"}
         nic_kind = str(nic_link.get("kind", "pcie"))
         nic_bw = parse_rate(nic_link.get("bandwidth", "12GB/s"))
@@ -719,6 +742,8 @@ def _build_topology(spec: TopologySpec) -> Topology:
         gloo=gloo,
         link_sharing=sharing,
         link_lead_s=lead_s,
+        flow_share=flow_share,
+        flow_spread=flow_spread,
     )
     return topo
 

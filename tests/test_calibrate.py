@@ -30,6 +30,7 @@ from realrun.calibrate import (
     tcp_send_buffer_bytes,
     write_calibration,
 )
+from realrun.calibrated import at_rate
 from realrun.scheduler import BALANCE_GRID_S, CYCLES
 from simcore.topology import TopologySpec, build_topology
 from simcore.units import parse_rate, parse_size, parse_time
@@ -302,8 +303,12 @@ def test_netns_calibration_measures_goodput_below_the_tbf_rate(
     from realrun.netns import list_ours
 
     pytest.importorskip("torch")
+    import realrun.flows
+
     prefix = f"dtcb{secrets.token_hex(3)}"
     monkeypatch.setenv("DTSIM_NETNS_PREFIX", prefix)
+    monkeypatch.setattr(realrun.flows, "RATE_FRACTIONS", (0.25, 1.0))  # two rates, short
+    monkeypatch.setattr(realrun.flows, "ROUNDS", 1)
     rate = parse_rate("200Mbps")
     preset = calibrate(
         "netns",
@@ -311,8 +316,9 @@ def test_netns_calibration_measures_goodput_below_the_tbf_rate(
         sizes_bytes=(4, 1024, 1 << 20, 4 << 20),
         repeats=3,  # a median of three outlasts one round the machine delayed; of two not
         allreduce_ranks=(),
+        flow_hosts=3,
     )
-    assert not list_ours(prefix)  # both clusters are gone
+    assert not list_ours(prefix)  # every cluster is gone
     _check_preset(preset, str(tmp_path / "c.yaml"))
     goodput = preset["measured"]["fits"]["goodput_bytes_per_s"]
     assert 0.8 * rate < goodput <= 1.0 * rate
@@ -342,6 +348,19 @@ def test_netns_calibration_measures_goodput_below_the_tbf_rate(
     with open(tmp_path / "c.yaml", encoding="utf-8") as fh:
         topo = build_topology(TopologySpec(yaml.safe_load(fh), 2))
     assert topo.link_lead_s == pytest.approx(lead) and topo.link_sharing == "fair"
+    # the concurrent flows: at 50 and 200 Mbit/s a round of a lone flow and a ring of
+    # three; the file's flow share and spread are those at its rate, and the simulator
+    # reads them; moved to 50 Mbit/s the calibration takes that rate's
+    flows = preset["measured"]["flows"]
+    assert [e["rate_bytes_per_s"] for e in flows] == [rate / 4, rate]
+    assert all(
+        len(e["rounds"]) == 1 and len(e["rounds"][0]["ring_bytes_per_s"]) == 3 for e in flows
+    )
+    assert 0 < topo.flow_share == preset["network"]["flow_share"] <= 1
+    assert topo.flow_spread == preset["network"]["flow_spread"] >= 0
+    assert preset["network"]["flow_spread"] == round(flows[1]["spread"], 4)
+    moved = at_rate(preset, rate / 4)["network"]
+    assert moved["flow_spread"] == round(flows[0]["spread"], 4)
     # the busy-cores benchmark: both sizes measured idle and busy, and the wait fitted to
     # it is the file's host.wakeup_s
     wake_rows = preset["measured"]["wakeup"]
@@ -717,7 +736,7 @@ def test_measurements_that_cannot_be_fitted_are_taken_once_more(
 
     def fake_measure(*_args: Any) -> tuple:
         measured.append(1)
-        return [], [], [], None
+        return [], [], [], None, None
 
     def fake_preset(**kw: Any) -> dict:
         fitted.append(1)

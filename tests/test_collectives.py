@@ -23,9 +23,9 @@ from tests.helpers import (
 B, LAT = 10e9, 2e-6
 
 
-def run_collective(topo, fidelity, op, n, ranks=None, chunk=1 << 20, **kw):
+def run_collective(topo, fidelity, op, n, ranks=None, chunk=1 << 20, rate_factors=None, **kw):
     env = simpy.Environment()
-    net = make_network(env, topo, fidelity, chunk)
+    net = make_network(env, topo, fidelity, chunk, rate_factors=rate_factors)
     coll = Collectives(net)
     done = []
     ranks = list(range(topo.num_gpus)) if ranks is None else ranks
@@ -43,6 +43,28 @@ def test_ring_allreduce_closed_form(p):
     assert analytic == pytest.approx(expected, rel=1e-12)
     detailed, _ = run_collective(topo, "detailed", "allreduce", n, algorithm="ring")
     assert detailed == pytest.approx(expected, rel=0.01)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_a_ring_allreduce_goes_at_its_slowest_drawn_uplink(p):
+    """Hosts on one switch whose uplinks run at drawn shares of the rate
+    (``network.flow_spread``): every ring step waits for its slowest send, so the
+    all-reduce takes the closed form at the slowest uplink's rate, in both fidelities."""
+    from dataclasses import replace
+
+    from simcore.network import uplink_factors
+
+    n = 8 * 2**20 * p
+    topo = replace(star_topology(p, B, LAT / 2), flow_share=0.9, flow_spread=0.1)
+    factors = uplink_factors(topo, 11)
+    assert len(set(factors.values())) == p
+    expected = closed_form_ring_allreduce(p, n, LAT, B * min(factors.values()))
+    for fidelity, rel in (("analytic", 1e-12), ("detailed", 0.01)):
+        got, _ = run_collective(
+            topo, fidelity, "allreduce", n, algorithm="ring", chunk=n // p // 256,
+            rate_factors=factors,
+        )  # fmt: skip
+        assert got == pytest.approx(expected, rel=rel), fidelity
 
 
 def test_ring_steps_send_each_segment_once_per_phase():

@@ -223,6 +223,37 @@ def test_a_device_hosts_exchange_overlaps_its_compute(tmp_path, params) -> None:
     assert p.run_iteration_time_s == pytest.approx(max(1.0, 2 * params / goodput), rel=0.1)
 
 
+def test_a_prediction_with_drawn_uplinks_is_the_median_seed(tmp_path) -> None:
+    """A calibration whose concurrent flows were measured uneven (``network.flow_spread``):
+    the prediction simulates :data:`analysis.emulated.SEEDS` draws of the uplinks' rates
+    and takes the median; a wire-bound ring all-reduce waits for its slowest uplink, so
+    every draw is slower than the links at a lone flow's rate."""
+    import yaml
+
+    from analysis.emulated import SEEDS, predict
+    from analysis.resolve import load_preset
+    from traces.jsonfmt import save
+
+    layers = (
+        Layer("data", 0.0, 0.0, 0, 64 * 4, kind="input"),
+        Layer("big", 0.04, 0.06, 4_000_000, 64 * 4),
+    )
+    save(Trace(TraceMeta("big", "V100", 64), layers, ((0, 1),)), tmp_path / "big.json")
+    ref = f"emulated:{tmp_path / 'big.json'};batch=64;dilation=1;bytes=1"
+    calib = "tests/data/calibrated-1Gbps.yaml"
+    even = predict(ref, "dp", 4, {}, calib, 12.5e6, iterations=3)
+    assert even.seed_times_s == ()
+    preset = load_preset(calib)
+    preset["network"] = {**preset["network"], "flow_share": 0.95, "flow_spread": 0.05}
+    uneven_file = tmp_path / "uneven.yaml"
+    uneven_file.write_text(yaml.safe_dump(preset), encoding="utf-8")
+    uneven = predict(ref, "dp", 4, {}, str(uneven_file), 12.5e6, iterations=3)
+    times = uneven.seed_times_s
+    assert len(times) == SEEDS and list(times) == sorted(times) and times[0] < times[-1]
+    assert uneven.iteration_time_s == times[SEEDS // 2]
+    assert times[0] > even.iteration_time_s
+
+
 def test_a_run_above_the_cpu_threshold_is_flagged() -> None:
     from realrun.machine import MACHINE_STATES
     from realrun.metrics import CPU_FLAG_SHARE, emulation_columns, machine_busy_share
@@ -386,13 +417,14 @@ def test_a_pipeline_case_its_micro_batches_cannot_split_is_not_registered() -> N
         predict_case(case, resolve(case), "tests/data/calibrated-1Gbps.yaml")
 
 
-def test_the_unseen_matrix_is_other_cases_of_every_family() -> None:
-    from analysis.emulated_validation import SEED_MATRIX, UNSEEN_MATRIX
+@pytest.mark.parametrize("name", ["unseen", "unseen2"])
+def test_an_unseen_matrix_is_other_cases_of_every_family(name) -> None:
+    from analysis.emulated_validation import MATRICES
 
-    seen = {c.case_id for c in SEED_MATRIX}
-    assert not seen & {c.case_id for c in UNSEEN_MATRIX}
+    others = {c.case_id for m, cases in MATRICES.items() if m != name for c in cases}
+    assert not others & {c.case_id for c in MATRICES[name]}
     assert {"dp", "ps", "gossip", "mp", "gpipe", "pipedream", "spectrain", "zb-h1"} <= {
-        c.scheme for c in UNSEEN_MATRIX
+        c.scheme for c in MATRICES[name]
     }
 
 

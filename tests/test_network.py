@@ -403,3 +403,89 @@ def test_the_cost_per_byte_follows_the_busy_link_directions():
     assert {HostSpec(link_cpu_s_per_byte=6e-9).link_cpu(n) for n in range(11)} == {6e-9}
     # only then does the network count the busy directions for a charge
     assert spec.link_cpu_by_load and not HostSpec(link_cpu_s_per_byte=6e-9).link_cpu_by_load
+
+
+# ---- concurrent flows' uneven shares (network.flow_share, network.flow_spread) ----------
+
+
+def spread_star(share: float, spread: float, n: int = 3):
+    """``n`` ranks, each on its own link to one switch, with a flow share and spread."""
+    b = TopologyBuilder("star")
+    for i in range(n):
+        b.device(f"r{i}", "gpu", i)
+    b.device("s", "switch", -1)
+    for i in range(n):
+        b.link(f"r{i}", "s", "ethernet", B, LAT)
+    return b.build(list(range(n)), flow_share=share, flow_spread=spread)
+
+
+def test_uplink_factors_scale_only_the_links_into_a_switch_and_follow_the_seed():
+    from simcore.network import uplink_factors
+
+    topo = spread_star(0.9, 0.05, n=4)
+    f0 = uplink_factors(topo, 0)
+    ups = {link.index for link in topo.links if topo.devices[link.dst].kind == "switch"}
+    assert set(f0) == ups and len(ups) == 4
+    assert f0 == uplink_factors(topo, 0)  # one seed, one draw
+    assert f0 != uplink_factors(topo, 1)
+    assert uplink_factors(spread_star(0.9, 0.0), 3) == dict.fromkeys(
+        (link.index for link in spread_star(0.9, 0.0).links if link.dst == 3), 0.9
+    )
+    assert uplink_factors(spread_star(1.0, 0.0), 0) == {}  # nothing measured, nothing drawn
+
+
+@settings(max_examples=30, deadline=None)
+@given(share=st.floats(0.5, 1.0), spread=st.floats(0.0, 0.3), seed=st.integers(0, 10**6))
+def test_uplink_factors_have_the_measured_mean_and_spread_over_many_links(share, spread, seed):
+    """Log-normal factors of mean ``share`` and coefficient of variation ``spread``,
+    capped at 1: over 4000 uplinks none is above 1, and where the cap rarely bites
+    (``share`` three spreads below 1) the sample's mean and CV are within a few of their
+    standard errors."""
+    import statistics
+
+    from simcore.network import uplink_factors
+
+    f = list(uplink_factors(spread_star(share, spread, n=4000), seed).values()) or [1.0]
+    assert max(f) <= 1.0
+    if share * (1 + 3 * spread) > 1.0:
+        return
+    mean = statistics.fmean(f)
+    assert mean == pytest.approx(share, rel=6 * spread / 4000**0.5 + 1e-12)
+    cv = statistics.pstdev(f) / mean
+    assert cv == pytest.approx(spread, abs=0.15 * spread + 1e-12)
+
+
+@pytest.mark.parametrize("net_cls", [DetailedNetwork, AnalyticNetwork])
+def test_a_flow_goes_at_its_senders_drawn_rate(net_cls):
+    """A message from r0 to r1 takes its bytes over r0's uplink rate as drawn (the
+    downlink keeps the full rate, so the uplink is the bottleneck)."""
+    from simcore.network import uplink_factors
+
+    topo = spread_star(0.8, 0.1)
+    factors = uplink_factors(topo, 7)
+    up = next(link.index for link in topo.links if link.src == 0)
+    n = 3_000_000
+    env = simpy.Environment()
+    c = 1000  # the detailed model's chunk: its last one crosses the downlink after
+    kw = {"chunk_bytes": c} if net_cls is DetailedNetwork else {}
+    net = net_cls(env, topo, rate_factors=factors, **kw)
+    got = []
+    net.send(0, 1, n, lambda m: got.append(env.now))
+    env.run()
+    tail = c / B if net_cls is DetailedNetwork else 0.0
+    assert got == [pytest.approx(n / (B * factors[up]) + tail + 2 * LAT, rel=1e-9)]
+
+
+@pytest.mark.parametrize(
+    "share, spread, message",
+    [
+        (0.0, 0.0, r"network\.flow_share must be in \(0, 1\], got 0\.0"),
+        (1.2, 0.0, r"network\.flow_share must be in \(0, 1\], got 1\.2"),
+        (0.9, -0.1, r"network\.flow_spread must be in \[0, 1\), got -0\.1"),
+    ],
+)
+def test_a_flow_share_or_spread_out_of_range_is_refused(share, spread, message):
+    from simcore.topology import TopologyError
+
+    with pytest.raises(TopologyError, match=message):
+        spread_star(share, spread)

@@ -59,6 +59,14 @@ def _int_list(flag: str, value: str, low: int, high: int, what: str) -> list[int
     help="Ping-pong between host 0 and each of hosts 1..N-1.",
 )
 @click.option(
+    "--flow-hosts",
+    type=click.IntRange(2, 64),
+    default=8,
+    show_default=True,
+    help="Hosts that send at once (a ring of flows) to measure how evenly concurrent "
+    "flows share the shaped links; netns with --bandwidth only.",
+)
+@click.option(
     "--repeats",
     type=click.IntRange(1, 1000),
     default=5,
@@ -94,6 +102,7 @@ def calibrate(
     cluster: str,
     bandwidth: str | None,
     hosts: int,
+    flow_hosts: int,
     repeats: int,
     sizes: str | None,
     allreduce_ranks: str,
@@ -106,13 +115,14 @@ def calibrate(
     unshaped (wall time and CPU seconds per message), two TCP flows sharing a shaped
     link, gloo all-reduces (also beside threads that keep every core computing),
     one-thread reductions, copies and matmuls, processes that compute and sleep in
-    turn (the machine's scheduler), and spinning processes beside a shaped exchange
-    (what the link's packet work takes from them); fits the network's latency and
+    turn (the machine's scheduler), spinning processes beside a shaped exchange
+    (what the link's packet work takes from them), and a ring of flows from every host
+    at once (how evenly concurrent flows share the links); fits the network's latency and
     goodput, the CPU cost per message, per byte sent and per byte reduced, how long a
     sending connection keeps a link before a new one shares it, how soon an idle core
     takes over a thread queued on a busier one, how long a woken thread waits for a
-    core, and the shaped link's CPU per byte; writes them as a topology file. Takes
-    about a minute with the defaults.
+    core, the shaped link's CPU per byte, and concurrent flows' mean share and spread;
+    writes them as a topology file. Takes a minute or two with the defaults.
 
     \b
     Examples:
@@ -176,6 +186,7 @@ def calibrate(
             repeats=repeats,
             allreduce_ranks=ar,
             progress=progress,
+            flow_hosts=flow_hosts,
         )
     except ValueError as err:
         raise BadInput(str(err)) from None

@@ -221,6 +221,7 @@ def _emulated_prediction(job: Job, spec: Any, calibration: str) -> dict[str, Any
         "predicted_run_iteration_time_s": p.run_iteration_time_s,
         "prediction_calibration": calibration,
         "predicted_comm_bytes_per_iteration": p.result.comm_bytes_per_iteration,
+        "predicted_seed_iteration_times_s": list(p.seed_times_s),
     }
 
 
@@ -740,7 +741,7 @@ def emulated_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
                 "predicted",
                 f"{format_time(r['predicted_iteration_time_s'])} per iteration by sim run "
                 f"({100 * r['prediction_rel_err']:+.1f}%; --calibration "
-                f"{r['prediction_calibration']})",
+                f"{r['prediction_calibration']})" + _seed_range(r),
             )
         )
     busy = r.get("machine_cpu_busy_share")
@@ -754,3 +755,11 @@ def emulated_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         )
         rows.append(("machine CPU", f"{100 * busy:.0f}% busy while measured ({flag})"))
     return rows
+
+
+def _seed_range(r: dict[str, Any]) -> str:
+    """The range of a prediction over the seeds that drew its links' rates ('' if one)."""
+    times = r.get("predicted_seed_iteration_times_s") or []
+    if len(times) < 2:
+        return ""
+    return f"; {format_time(min(times))} to {format_time(max(times))} over {len(times)} seeds"

@@ -24,7 +24,7 @@ from analysis.matrix_defaults import (
 from dtsim.cli.errors import BadInput
 from dtsim.cli.output import check_output_dir, output_folder, table
 
-EMULATED_MATRICES = ("seed", "unseen", "scaling", "bandwidth")
+EMULATED_MATRICES = ("seed", "unseen", "unseen2", "scaling", "bandwidth")
 """``--matrix`` names of ``--device emulated`` (and ``--quick``'s)."""
 
 
@@ -54,7 +54,8 @@ EMULATED_MATRICES = ("seed", "unseen", "scaling", "bandwidth")
     "Transformer and a user model by file, batch 36, 500 Mbit/s, all eight schemes, to run "
     "only with the model frozen and its predictions registered first, --predict-only). "
     "emulated: seed (the default; 25 cases, all eight schemes, 4 to 16 ranks), unseen (10 "
-    "other cases of the same workloads, never tuned on), scaling (2 to 16 ranks), "
+    "other cases of the same workloads, never tuned on), unseen2 (24 more), scaling (2 to "
+    "16 ranks), "
     "bandwidth (1 to 25 Gbit/s) or quick.",
 )
 @click.option(
