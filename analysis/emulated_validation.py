@@ -199,11 +199,11 @@ UNSEEN2_MATRIX = _cases(
     ("gpipe", "vgg16", 4, "25Gbps"),
     ("gpipe", "gnmt", 4, "10Gbps", 50.0),
     ("pipedream", "vgg16", 8, "10Gbps", 10.0, (), 98),
-    ("pipedream", "inception_v3", 4, "10Gbps"),
+    ("pipedream", "inception_v3", 4, "10Gbps", 10.0, (), 132),
     ("spectrain", "vgg16", 8, "10Gbps"),
     ("spectrain", "alexnet", 4, "10Gbps", 20.0),
     ("zb-h1", "gnmt", 4, "10Gbps", 50.0),
-    ("zb-h1", "inception_v3", 8, "10Gbps"),
+    ("zb-h1", "resnet50", 8, "10Gbps"),
 )
 """Twenty-four more cases of the seed papers' workloads, none in another matrix, written
 down (2026-11-29) with the model frozen after concurrent flows' spread was added, before
