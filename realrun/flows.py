@@ -32,6 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from realrun.machine import MACHINE_STATES, machine_cpu_s
+from realrun.metrics import CPU_FLAG_SHARE
+
 __all__ = ["HOSTS", "RATE_FRACTIONS", "ROUNDS", "WINDOW", "at", "fit_spread", "measure"]
 
 HOSTS = 8
@@ -44,7 +47,9 @@ Mbit/s, 2-3% at 25, 1.4% at 50, 0.5% at 100), so a calibration moved to another 
 takes the spread measured nearest it (:func:`at`)."""
 
 ROUNDS = 2
-"""Rounds (a lone flow, then the ring) per rate."""
+"""Rounds (a lone flow, then the ring) per rate. A rate whose ring kept the machine more
+than :data:`realrun.metrics.CPU_FLAG_SHARE` busy (``cpu_bound``: the links together carry
+more than the cores can move, about 1.3 Gbit/s here) is kept but not used (:func:`at`)."""
 
 WINDOW = (0.1, 0.9)
 """The share of a flow's bytes between which its receiver times it."""
@@ -197,30 +202,59 @@ def measure(
             rows = []
             for _ in range(rounds):
                 (single,) = _flows(cluster, [(0, 1)], nbytes, timeout_s)
+                before = machine_cpu_s()
                 ring_rates = _flows(cluster, ring, nbytes, timeout_s)
-                rows.append({"single_bytes_per_s": single, "ring_bytes_per_s": ring_rates})
+                rows.append(
+                    {
+                        "single_bytes_per_s": single,
+                        "ring_bytes_per_s": ring_rates,
+                        "machine_busy_share": _busy_share(before, machine_cpu_s()),
+                    }
+                )
             share, spread = fit_spread(rows)
+            busy = max((r["machine_busy_share"] for r in rows), default=math.nan)
             out.append(
                 {
                     "rate_bytes_per_s": rate,
                     "hosts": hosts,
                     "share": share,
                     "spread": spread,
+                    "machine_busy_share": busy,
+                    "cpu_bound": bool(busy > CPU_FLAG_SHARE),
                     "rounds": rows,
                 }
             )
     return out
 
 
+def _busy_share(before: list[float] | None, after: list[float] | None) -> float:
+    """The busy share of every core between two ``/proc/stat`` readings (NaN without)."""
+    if before is None or after is None:
+        return math.nan
+    diff = [b - a for a, b in zip(before, after, strict=False)]
+    total = sum(diff)
+    if total <= 0:
+        return math.nan
+    idle = diff[MACHINE_STATES.index("idle")] + diff[MACHINE_STATES.index("iowait")]
+    return max(0.0, min(1.0, 1.0 - idle / total))
+
+
 def at(ladder: Sequence[Mapping[str, Any]], rate_bytes_per_s: float) -> tuple[float, float]:
     """``(share, spread)`` at ``rate_bytes_per_s`` from :func:`measure`'s entries: linear
     in the logarithm of the rate between the two measured rates around it, the nearest
-    measured rate's outside them; the share at most 1 (no flow beats a lone one)."""
+    measured rate's outside them; the share at most 1 (no flow beats a lone one). An
+    entry whose ring kept the machine's cores busy (``cpu_bound``) measured the cores,
+    whose work the hosts' CPU model already charges, not the links: it is left out, and
+    with none left the flows are even, ``(1.0, 0.0)``."""
+    if not ladder:
+        raise ValueError("no concurrent-flow measurements")
     points = sorted(
-        (float(e["rate_bytes_per_s"]), float(e["share"]), float(e["spread"])) for e in ladder
+        (float(e["rate_bytes_per_s"]), float(e["share"]), float(e["spread"]))
+        for e in ladder
+        if not e.get("cpu_bound")
     )
     if not points:
-        raise ValueError("no concurrent-flow measurements")
+        return 1.0, 0.0
     x = math.log(rate_bytes_per_s)
     if x <= math.log(points[0][0]):
         share, spread = points[0][1:]

@@ -49,6 +49,18 @@ def test_between_measured_rates_the_share_and_spread_follow_the_log_of_the_rate(
         at([], 1e6)
 
 
+def test_a_rate_whose_ring_kept_the_cores_busy_is_left_out():
+    """At rates where the links together carry more than the cores can move, the flows
+    measure the machine (whose work the hosts' CPU model charges already), not the links:
+    such an entry is not used, and a calibration with none left has even flows."""
+    ladder = [
+        {"rate_bytes_per_s": 1e6, "share": 0.95, "spread": 0.03, "cpu_bound": False},
+        {"rate_bytes_per_s": 8e6, "share": 0.40, "spread": 0.10, "cpu_bound": True},
+    ]
+    assert at(ladder, 8e6) == (0.95, 0.03)
+    assert at(ladder[1:], 8e6) == (1.0, 0.0)
+
+
 @pytest.mark.parametrize(
     "kw, message",
     [
@@ -84,3 +96,5 @@ def test_a_ring_of_flows_on_shaped_links_each_gets_at_most_the_rate():
         assert 0.5 * rate < g <= 1.0 * rate
     assert (entry["share"], entry["spread"]) == fit_spread(rows)
     assert 0.5 < entry["share"] < 2.0 and entry["spread"] >= 0.0
+    # four 40 Mbit/s flows leave most of the cores idle
+    assert 0.0 <= rows[0]["machine_busy_share"] <= 1.0 and entry["cpu_bound"] is False
