@@ -122,7 +122,8 @@ def calibrate(
     sending connection keeps a link before a new one shares it, how soon an idle core
     takes over a thread queued on a busier one, how long a woken thread waits for a
     core, the shaped link's CPU per byte, and concurrent flows' mean share and spread;
-    writes them as a topology file. Takes a minute or two with the defaults.
+    writes them as a topology file. Takes about six minutes at 100Mbps with the
+    defaults.
 
     \b
     Examples:
