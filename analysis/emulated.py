@@ -127,15 +127,15 @@ def predict(
         settings.update({f"scheme.{k}": v for k, v in scaled.items()})
         config = build_config(RunSpec().replace(**settings), record_spans=False)
         net = preset.get("network") or {}
-        varied = float(net.get("flow_spread", 0.0)) > 0 or float(net.get("flow_share", 1.0)) < 1
-        seeds = range(SEEDS) if float(net.get("flow_spread", 0.0)) > 0 else range(1)
+        drawn = float(net.get("flow_spread", 0.0)) > 0  # uplink rates drawn per seed
+        seeds = range(SEEDS) if drawn else range(1)
         runs = sorted(
             (simulate(replace(config, seed=seed)) for seed in seeds),
             key=lambda r: float(r.iteration_time_s),
         )
     result = runs[len(runs) // 2]
     t = float(result.iteration_time_s)
-    times = tuple(float(r.iteration_time_s) / spec.dilation for r in runs) if varied else ()
+    times = tuple(float(r.iteration_time_s) / spec.dilation for r in runs) if drawn else ()
     return EmulatedPrediction(
         t, t / spec.dilation, run_rate, calibration, result, config, seed_times_s=times
     )

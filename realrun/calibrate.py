@@ -1030,7 +1030,7 @@ def _measure(
     world: int,
     job: Mapping[str, Any],
     tick: Callable[[str], None],
-    flow_hosts: int = 8,
+    flow_hosts: int = flows.HOSTS,
 ) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]], Any, Any]:
     """Run every benchmark of a calibration once: ``(scheduler rows, the ranks' results,
     qdisc counters, the shaped link's CPU row or None, the concurrent flows' rounds or

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from realrun.machine import MACHINE_STATES, machine_cpu_s
+from realrun.machine import busy_share, machine_cpu_s
 from realrun.metrics import CPU_FLAG_SHARE
 
 __all__ = ["HOSTS", "RATE_FRACTIONS", "ROUNDS", "WINDOW", "at", "fit_spread", "measure"]
@@ -208,7 +208,7 @@ def measure(
                     {
                         "single_bytes_per_s": single,
                         "ring_bytes_per_s": ring_rates,
-                        "machine_busy_share": _busy_share(before, machine_cpu_s()),
+                        "machine_busy_share": _nan_if_none(busy_share(before, machine_cpu_s())),
                     }
                 )
             share, spread = fit_spread(rows)
@@ -225,18 +225,6 @@ def measure(
                 }
             )
     return out
-
-
-def _busy_share(before: list[float] | None, after: list[float] | None) -> float:
-    """The busy share of every core between two ``/proc/stat`` readings (NaN without)."""
-    if before is None or after is None:
-        return math.nan
-    diff = [b - a for a, b in zip(before, after, strict=False)]
-    total = sum(diff)
-    if total <= 0:
-        return math.nan
-    idle = diff[MACHINE_STATES.index("idle")] + diff[MACHINE_STATES.index("iowait")]
-    return max(0.0, min(1.0, 1.0 - idle / total))
 
 
 def at(ladder: Sequence[Mapping[str, Any]], rate_bytes_per_s: float) -> tuple[float, float]:
@@ -279,3 +267,7 @@ def fit_spread(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
     mean = float(np.mean(np.concatenate(flows)))
     within = float(np.mean([f.var(ddof=1) if f.size > 1 else 0.0 for f in flows]))
     return mean / single, math.sqrt(within) / mean
+
+
+def _nan_if_none(x: float | None) -> float:
+    return math.nan if x is None else x

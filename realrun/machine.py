@@ -82,3 +82,16 @@ def machine_cpu_s() -> list[float] | None:
     if not fields or fields[0] != "cpu" or len(fields) < 1 + len(MACHINE_STATES):
         return None
     return [int(v) * _TICK_S for v in fields[1 : 1 + len(MACHINE_STATES)]]
+
+
+def busy_share(before: list[float] | None, after: list[float] | None) -> float | None:
+    """The busy share of every core between two :func:`machine_cpu_s` readings (all but
+    idle and iowait), or ``None`` without both or with no time between them."""
+    if before is None or after is None:
+        return None
+    diff = [y - x for x, y in zip(before, after, strict=False)]
+    total = sum(diff)
+    if total <= 0:
+        return None
+    idle = diff[MACHINE_STATES.index("idle")] + diff[MACHINE_STATES.index("iowait")]
+    return max(0.0, min(1.0, 1.0 - idle / total))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from realrun.job import PIPELINE_SCHEMES
-from realrun.machine import MACHINE_STATES
+from realrun.machine import busy_share
 from simcore import metrics
 from simcore.records import BACKWARD, COMPUTE, FORWARD, PREDICT, RECV, SEND, UPDATE
 from traces.emulated import is_emulated_ref, parse_ref
@@ -197,15 +197,9 @@ def machine_busy_share(ranks: list[Mapping[str, Any]], before: int, last: int) -
     ``None`` when none did."""
     for r in ranks:
         marks = r.get("machine_at_end") or {}
-        a, b = marks.get(str(before)), marks.get(str(last))
-        if a is None or b is None:
-            continue
-        diff = [y - x for x, y in zip(a, b, strict=False)]
-        total = sum(diff)
-        if total <= 0:
-            continue
-        idle = diff[MACHINE_STATES.index("idle")] + diff[MACHINE_STATES.index("iowait")]
-        return max(0.0, min(1.0, 1.0 - idle / total))
+        share = busy_share(marks.get(str(before)), marks.get(str(last)))
+        if share is not None:
+            return share
     return None
 
 
