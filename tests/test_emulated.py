@@ -428,6 +428,17 @@ def test_an_unseen_matrix_is_other_cases_of_every_family(name) -> None:
     }
 
 
+def test_the_scaling_matrix_dilates_growing_host_work_beyond_8_ranks() -> None:
+    from analysis.emulated_validation import SCALING_MATRIX, scaling_dilation
+
+    k = {(c.scheme, c.gpus): c.dilation for c in SCALING_MATRIX}
+    assert {n for _s, n in k} == {2, 4, 8, 16}
+    assert k["p3", 8] == k["p3", 4] == 50 and k["p3", 16] == 100
+    assert k["gpipe", 8] == 10 and k["gpipe", 16] == 20
+    assert k["dp", 16] == k["gossip", 16] == 10  # host work per rank, not per cluster
+    assert scaling_dilation("p3", 32) == 200
+
+
 def test_predictions_are_registered_once_and_scored_as_written(tmp_path) -> None:
     from analysis import emulated_validation as ev
     from simcore.config import ConfigError
