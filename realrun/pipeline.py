@@ -71,6 +71,7 @@ with saved-tensor hooks).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -287,10 +288,14 @@ class _SavedBytes:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
 
 
-def accumulate(sums: list[torch.Tensor | None], grads: Sequence[torch.Tensor | None]) -> None:
+def accumulate(
+    sums: list[torch.Tensor | None], grads: Sequence[torch.Tensor | None], add: bool = True
+) -> None:
     """Add one micro-batch's weight gradients into ``sums`` in place (no allocation per
     micro-batch); a sum starts as the gradient itself, or a copy of it where autograd
-    handed the same tensor to two weights (``a + b`` gives both one gradient)."""
+    handed the same tensor to two weights (``a + b`` gives both one gradient). With
+    ``add`` false a sum stays the first gradient (an emulated device's gradients carry
+    no values, and a GPU would sum them on the device, not on the host's CPU)."""
     started: set[int] = set()
     for i, g in enumerate(grads):
         if g is None:
@@ -300,7 +305,7 @@ def accumulate(sums: list[torch.Tensor | None], grads: Sequence[torch.Tensor | N
             ptr = g.untyped_storage().data_ptr()
             sums[i] = g.detach().clone() if ptr in started else g.detach()
             started.add(ptr)
-        else:
+        elif add:
             total.add_(g)
 
 
@@ -648,13 +653,14 @@ class PipelineRuntime:
         x_req = [t for t in k["x"] if t.requires_grad]
         w = [weights[n] for n in self.names]
         bstart = self.rec.now()
-        got = (
-            torch.autograd.grad(outs, x_req + w, gouts, allow_unused=True)
-            if outs
-            else [None] * (len(x_req) + len(w))
-        )
+        with self._weight_grads():
+            got = (
+                torch.autograd.grad(outs, x_req + w, gouts, allow_unused=True)
+                if outs
+                else [None] * (len(x_req) + len(w))
+            )
         self.mod.on_grad = None
-        accumulate(self.grads, got[len(x_req) :])
+        accumulate(self.grads, got[len(x_req) :], add=not self.emulated)
         if self.record_layers:  # the accumulation is part of the last layer's backward
             marks = sorted(self._grad_marks, key=lambda m: m[1])
             for i, ((name, index), t) in enumerate(marks):
@@ -717,18 +723,24 @@ class PipelineRuntime:
         outs, gouts = k.pop("grad_of")
         start = self.rec.now()
         w = [k["weights"][n] for n in self.names]
-        with emudevice.backward_part("weight"):
+        with emudevice.backward_part("weight"), self._weight_grads():
             got = (
                 torch.autograd.grad(outs, w, gouts, allow_unused=True)
                 if outs and w
                 else [None] * len(w)
             )
-        accumulate(self.grads, got)
+        accumulate(self.grads, got, add=not self.emulated)
         self._hold(-k["held"])
         self.passes.append([mb, sch.WEIGHT_GRAD, k["version"]])
         name = f"stage{self.stage} mb{mb} weight grad"
         emudevice.sync()
         self.rec.span(COMPUTE, BACKWARD, name, start, self.rec.now(), it)
+
+    def _weight_grads(self) -> Any:
+        """Where a backward runs: on an emulated device, with the layers' kept weight
+        gradients (:func:`realrun.emudevice.kept_weight_grads`), which the micro-batches
+        do not sum (:func:`accumulate`)."""
+        return emudevice.kept_weight_grads() if self.emulated else contextlib.nullcontext()
 
     def _hold(self, nbytes: int) -> None:
         self.act_held += nbytes

@@ -141,6 +141,35 @@ def test_the_zero_bubble_split_charges_each_part_once(tmp_path) -> None:
     assert emudevice.CLOCK.busy_s - busy == pytest.approx(5 * (0.02 + 0.04))
 
 
+def test_a_pipelines_micro_batches_reuse_kept_weight_gradients(tmp_path) -> None:
+    from realrun.pipeline import accumulate
+
+    emudevice, model = _chain_model(tmp_path)
+    x = torch.zeros(64, 100)
+    params = list(model.parameters())
+
+    def grads() -> list[torch.Tensor]:
+        return list(torch.autograd.grad(model(x).pow(2).mean(), params))
+
+    first, second = grads(), grads()  # both alive: a new tensor per backward
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(first, second, strict=True))
+    with emudevice.kept_weight_grads():
+        kept = grads()
+        again = grads()
+    assert [g.data_ptr() for g in kept] == [g.data_ptr() for g in again]
+    assert all(g.shape == p.shape for g, p in zip(kept, params, strict=True))
+    sums: list[torch.Tensor | None] = [None] * len(params)
+    accumulate(sums, kept, add=False)
+    before = [s.clone() for s in sums if s is not None]
+    accumulate(sums, [torch.ones_like(p) for p in params], add=False)  # not summed
+    assert all(torch.equal(a, b) for a, b in zip(before, sums, strict=True))
+    summed: list[torch.Tensor | None] = [None] * len(params)
+    for _ in range(2):  # real compute: summed
+        accumulate(summed, [torch.ones_like(p) for p in params])
+    assert all(s is not None and float(s.sum()) == 2 * s.numel() for s in summed)
+    emudevice.sync()
+
+
 def test_the_layer_graph_of_an_emulated_model_is_its_trace() -> None:
     from realrun import emudevice
     from realrun.graph import layer_graph
