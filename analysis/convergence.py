@@ -17,30 +17,34 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-CONVERGENCE_SCHEMES = (
-    "dp",
-    "ps",
-    "p3",
-    "gossip",
-    "gossip-gradients",
-    "gossip-gradients+weights",
-    "mp",
-    "gpipe",
-    "pipedream",
-    "vanilla",
-    "spectrain",
-)
-"""Schemes ``sim train`` compares; ``vanilla`` is ``pipedream`` with ``stash=false``;
-``gossip`` averages weights and momentum (the authors' final exchange), ``gossip-X`` is
-``gossip`` with ``exchange=X`` (:data:`GOSSIP_VARIANTS`)."""
 
-GOSSIP_VARIANTS = {"gossip-gradients": "gradients", "gossip-gradients+weights": "gradients+weights"}
+def _study() -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every convergence scheme's real scheme and options, from the scheme classes'
+    ``convergence_variants``, in ``sim schemes`` order."""
+    from simcore.schemes import registry
+
+    return {
+        variant: (name, dict(options))
+        for name, cls in registry().items()
+        for variant, options in cls.convergence_variants.items()
+    }
+
+
+CONVERGENCE_SCHEMES = tuple(_study())
+"""Schemes ``sim train`` compares, as their classes name them (``convergence_variants``):
+``vanilla`` is ``pipedream`` with ``stash=false``; ``gossip`` averages weights and
+momentum (the authors' final exchange), ``gossip-X`` is ``gossip`` with ``exchange=X``
+(:data:`GOSSIP_VARIANTS`)."""
+
+GOSSIP_VARIANTS = {
+    variant: options["exchange"]
+    for variant, (name, options) in _study().items()
+    if name == "gossip" and "exchange" in options
+}
 """Convergence names of gossip's other exchanges (:data:`simcore.schemes.gossip.EXCHANGES`)."""
 
 DIGITS_MODELS = ("digits_cnn", "digits_mlp", "digits_lstm", "digits_transformer")
 """The zoo's models of the paper's four families sized for the digits data."""
-
-PIPELINES = ("mp", "gpipe", "pipedream", "vanilla", "spectrain")
 
 
 @dataclass(frozen=True)
@@ -78,17 +82,13 @@ class TrainSettings:
 def scheme_of(name: str) -> tuple[str, dict[str, Any]]:
     """The real scheme and options of a convergence scheme name (``vanilla`` is PipeDream
     without stashing; the asynchronous pipelines are straight: one GPU per stage)."""
-    if name not in CONVERGENCE_SCHEMES:
+    study = _study()
+    if name not in study:
         raise ValueError(
             f"scheme: {name!r} is not allowed; choose from: {', '.join(CONVERGENCE_SCHEMES)}"
         )
-    if name == "vanilla":
-        return "pipedream", {"straight": True, "stash": False}
-    if name == "pipedream":
-        return "pipedream", {"straight": True}
-    if name in GOSSIP_VARIANTS:
-        return "gossip", {"exchange": GOSSIP_VARIANTS[name]}
-    return name, {}
+    real, options = study[name]
+    return real, dict(options)
 
 
 def training_job(
@@ -104,48 +104,32 @@ def training_job(
 ) -> Any:
     """The job of ``epochs`` epochs of convergence scheme ``scheme`` (see
     :data:`CONVERGENCE_SCHEMES`) on ``gpus`` ranks, ``batch`` samples per weight update
-    (:mod:`realrun.data`); a pipeline's stages are those ``sim run`` would use
-    (:func:`analysis.resolve.pipeline_plan`)."""
-    from analysis.resolve import pipeline_plan
+    (:mod:`realrun.data`; :func:`realrun.job.job_from_spec`); a pipeline's stages are those
+    ``sim run`` would use (:func:`analysis.resolve.zoo_config`)."""
+    from analysis.resolve import zoo_config
     from realrun import data
-    from realrun.job import PIPELINE_SCHEMES, PS_SCHEMES, Job
+    from realrun.job import Job, job_from_spec
+    from simcore.schemes import get_scheme
 
     real, options = scheme_of(scheme)
     if gpus < 1:
         raise ValueError(f"gpus: {gpus} is not allowed; give 1 or more")
-    if real == "gossip" and gpus & (gpus - 1):
-        raise ValueError(
-            f"gpus: {gpus} is not allowed; gossip pairs workers on a hypercube and needs a "
-            "power of two, e.g. 2 or 4"
-        )
-    pipeline: dict[str, Any] = {}
-    if real in PIPELINE_SCHEMES:
+    cls = get_scheme(real)
+    per_rank = batch // gpus
+    if cls.pipeline:
+        feat = cls.features
         per_rank = batch
-        if real in data.ASYNC_PIPELINES:
+        if cls.update_per_microbatch:  # an update per micro-batch: one per stage
             options["microbatches"] = gpus
             per_rank = batch * gpus
-        elif real == "gpipe":
-            m = math.gcd(batch, 4 * gpus)
-            options["microbatches"] = m
-        pipeline = pipeline_plan(model, per_rank, gpus, real, options)
-        if len(pipeline["stage_layers"]) != gpus:
-            raise ValueError(
-                f"gpus: {gpus} is not allowed for {model}; its layers make only "
-                f"{len(pipeline['stage_layers'])} stages"
-            )
-    else:
-        if batch % gpus:
-            raise ValueError(
-                f"batch: {batch} is not allowed with {gpus} data-parallel workers; give a "
-                f"multiple of {gpus}"
-            )
-        per_rank = batch // gpus
-    job = Job(
-        scheme=real,
+        elif not feat.microbatches:  # the scheme's own count, cut to divide the batch
+            options["microbatches"] = math.gcd(batch, feat.microbatches_per_stage * gpus)
+    job = job_from_spec(
+        real,
+        gpus,
+        options,
+        plan_config=lambda opts: zoo_config(model, per_rank, gpus, real, opts, "momentum"),
         model=model,
-        workers=gpus,
-        options=options,
-        servers=gpus if real in PS_SCHEMES else 0,
         batch_size=per_rank,
         iterations=1,
         warmup_iterations=0,
@@ -153,9 +137,18 @@ def training_job(
         optimizer="momentum",
         momentum=momentum,
         lr=lr,
-        pipeline=pipeline,
         data=dataset,
     )
+    if cls.pipeline and len(job.pipeline["stage_layers"]) != gpus:
+        raise ValueError(
+            f"gpus: {gpus} is not allowed for {model}; its layers make only "
+            f"{len(job.pipeline['stage_layers'])} stages"
+        )
+    if not cls.pipeline and batch % gpus:
+        raise ValueError(
+            f"batch: {batch} is not allowed with {gpus} data-parallel workers; give a "
+            f"multiple of {gpus}"
+        )
     u = data.updates_per_epoch(job)
     k = data.updates_per_iteration(job)
     d = job.to_dict()
@@ -181,10 +174,18 @@ CURVE_COLUMNS = (
 :func:`realrun.emulate.disagreement`; empty for the other schemes)."""
 
 
-SAME_NUMERICS = ("dp", "ps", "p3", "mp", "gpipe")
-"""Schemes whose training is SGD on the whole update batch
-(:data:`realrun.emulate.SYNC_SCHEMES`): the emulator trains the first of them asked for
-once and gives the others its curves."""
+def same_numerics(name: str) -> bool:
+    """Whether convergence scheme ``name`` trains by SGD on the whole update batch (its
+    class's ``same_numerics``), as the emulator trains every such scheme."""
+    from simcore.schemes import get_scheme
+
+    return bool(get_scheme(scheme_of(name)[0]).same_numerics)
+
+
+SAME_NUMERICS = tuple(n for n in CONVERGENCE_SCHEMES if same_numerics(n))
+"""The convergence schemes whose training is SGD on the whole update batch
+(:func:`same_numerics`): the emulator trains the first of them asked for once and gives
+the others its curves."""
 
 
 def train(
@@ -259,8 +260,8 @@ def real_curves(
 
     from realrun import data
     from realrun.emulate import disagreement, evaluator
-    from realrun.job import PIPELINE_SCHEMES
     from realrun.launch import launch
+    from simcore.schemes import get_scheme
 
     job = dataclasses.replace(job, save_weights=True, record_layers=False)
     ev = evaluator(job)
@@ -273,26 +274,27 @@ def real_curves(
         losses: dict[int, list[float]] = {}
         per = data.updates_per_iteration(job)
         m = int(job.pipeline.get("microbatches", 1))
+        cls = get_scheme(job.scheme)
         for r in records["ranks"]:
             if r["rank"] >= job.workers:
                 continue
             path = os.path.join(out, f"epoch-weights-rank{r['rank']}.pt")
             for e, w in torch.load(path).items():
                 # a worker's own weights (gossip: worker 0's, as the emulator evaluates)
-                if job.scheme in PIPELINE_SCHEMES or r["rank"] == 0:
+                if cls.pipeline or r["rank"] == 0:
                     weights.setdefault(e, {}).update(w)
-                if job.scheme == "gossip":
+                if cls.replicas_diverge:
                     every.setdefault(e, []).append(w)
             for step, loss in r.get("losses", []):
                 # pipelines: per micro-batch; the others: per iteration (= update)
-                upd = step if per > 1 or job.scheme not in PIPELINE_SCHEMES else step // m
+                upd = step if per > 1 or not cls.pipeline else step // m
                 losses.setdefault(int(upd) // u, []).append(loss)
         rows = []
         for e in range(1, epochs + 1):
             vl, va = ev(weights[e])
             tl = losses.get(e - 1, [])
             rows.append(_row(e, u, b, sum(tl) / len(tl) if tl else math.nan, vl, va))
-            if job.scheme == "gossip":
+            if cls.replicas_diverge:
                 rows[-1]["disagreement"] = disagreement(every[e])
             if progress:
                 progress(1)
@@ -548,6 +550,7 @@ def seconds_per_update(
     from realrun import data
     from realrun.profiler import ProfileConfig, profile_model
     from simcore.engine import simulate
+    from simcore.schemes import get_scheme
     from simcore.spec import RunSpec
     from traces.jsonfmt import save
 
@@ -569,7 +572,7 @@ def seconds_per_update(
     if bandwidth:
         settings["bandwidth"] = bandwidth
     settings.update({f"scheme.{k}": v for k, v in job.options.items()})
-    if job.scheme in ("mp", "gpipe", "pipedream", "spectrain"):
+    if get_scheme(job.scheme).pipeline:
         settings["scheme.partition"] = "antichain"
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"{model}.json")

@@ -82,9 +82,9 @@ def vs_dp(df: Any, scheme: str) -> str:
 
 def pipeline_speedups(df: Any) -> str:
     """Every pipeline's speedup over one device at its number of stages."""
-    from realrun.job import PIPELINE_SCHEMES
+    from simcore.schemes import schemes_where
 
-    pipes = df[df["scheme"].isin(PIPELINE_SCHEMES)].sort_values(["gpus", "scheme"])
+    pipes = df[df["scheme"].isin(schemes_where("pipeline"))].sort_values(["gpus", "scheme"])
     rows = [
         (r["scheme"], r["trace"], r["gpus"], r["bandwidth"], f"{r['real_speedup']:.2f}x",
          f"{r['predicted_speedup']:.2f}x")

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from analysis.emulated import model_ref, predict
-from realrun.job import PIPELINE_SCHEMES
 from simcore.config import ConfigError
+from simcore.schemes import get_scheme
 from simcore.units import parse_rate
 from traces.emulated import load_run_trace, parse_ref
 
@@ -89,10 +89,11 @@ class EmuCase:
 
     @property
     def servers(self) -> int:
-        """Parameter-server ranks (as many as workers for ``ps`` and ``p3``)."""
-        if self.scheme not in ("ps", "p3"):
-            return 0
-        return int(dict(self.options).get("servers", 0) or 0) or self.gpus
+        """Parameter-server ranks (as many as workers for ``ps`` and ``p3``:
+        :func:`realrun.job.server_ranks`)."""
+        from realrun.job import server_ranks
+
+        return server_ranks(self.scheme, dict(self.options), self.gpus)
 
 
 def _cases(*rows: tuple[Any, ...]) -> tuple[EmuCase, ...]:
@@ -278,13 +279,14 @@ def predict_case(case: EmuCase, ref: str, calibration: str) -> Any:
         case.rate_bytes_per_s,
         iterations=case.iterations,
     )
-    if case.scheme in PIPELINE_SCHEMES:
-        from realrun.pipeline import plan
+    if get_scheme(case.scheme).pipeline:
+        from realrun.job import JobError, pipeline_of
 
         try:
-            plan(p.config)
+            pipeline_of(p.config)
         except ValueError as exc:
-            raise ConfigError("case", case.case_id, f"cannot run for real: {exc}") from None
+            why = exc.text if isinstance(exc, JobError) else str(exc)
+            raise ConfigError("case", case.case_id, f"cannot run for real: {why}") from None
     return p
 
 
@@ -402,7 +404,7 @@ def score_case(
     rel = (predicted - med) / med if med > 0 else math.inf
     spec = parse_ref(str(entry["model_ref"]))
     device_s = load_run_trace(str(entry["model_ref"])).compute_s / spec.dilation
-    pipeline = case.scheme in PIPELINE_SCHEMES  # the others: a batch per worker
+    pipeline = get_scheme(case.scheme).pipeline  # the others: a batch per worker
     samples = spec.batch_size * (1 if pipeline else case.gpus)
     speedup = samples / spec.batch_size * device_s  # over one device: x / iteration time
     return {

@@ -345,9 +345,9 @@ def pipeline_plan(
 ) -> dict[str, Any]:
     """The stages and micro-batches ``sim run`` would use to run model ``model`` (a zoo name
     or a reference, as in :func:`zoo_config`) with a pipeline scheme
-    (:func:`realrun.pipeline.plan` of :func:`zoo_config`): what ``sim real`` runs."""
-    from realrun.pipeline import plan
+    (:func:`realrun.job.pipeline_of` of :func:`zoo_config`): what ``sim real`` runs."""
+    from realrun.job import pipeline_of
 
-    return plan(
+    return pipeline_of(
         zoo_config(model, batch_size, gpus, scheme, options, optimizer, input_shape=input_shape)
     )

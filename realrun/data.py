@@ -34,9 +34,6 @@ import torch
 
 from realrun.job import DATASETS
 
-ASYNC_PIPELINES = ("pipedream", "spectrain")
-"""Pipelines that update the weights after every micro-batch."""
-
 __all__ = ["DATASETS", "Split", "batch", "load", "update_batch", "updates_per_epoch", "validation"]
 
 VALIDATION_FRACTION = 0.2
@@ -132,16 +129,18 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def data_workers(job: Any) -> int:
     """Workers that split an update batch: the job's workers, or 1 for a pipeline."""
-    from realrun.job import PIPELINE_SCHEMES
+    from simcore.schemes import get_scheme
 
-    return 1 if job.scheme in PIPELINE_SCHEMES else job.workers
+    return 1 if get_scheme(job.scheme).pipeline else job.workers
 
 
 def updates_per_iteration(job: Any) -> int:
     """Weight updates per iteration: a micro-batch each in the asynchronous pipelines
-    (``pipedream``, ``spectrain``: PipeDream's 1F1B updates after every backward), one
-    otherwise."""
-    if job.scheme in ASYNC_PIPELINES:
+    (whose class says ``update_per_microbatch``: PipeDream's 1F1B updates after every
+    backward), one otherwise."""
+    from simcore.schemes import get_scheme
+
+    if get_scheme(job.scheme).update_per_microbatch:
         return int(job.pipeline["microbatches"])
     return 1
 

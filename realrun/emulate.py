@@ -3,10 +3,11 @@ process, with the numerics of the distributed run.
 
 What a scheme does to the *numbers* is much smaller than what it does to the time:
 
-* ``dp``, ``ps``, ``p3`` (synchronous: every step applies the mean gradient of all the
-  workers' samples, as ``tests/test_real.py`` checks against the real runtimes), ``mp``
-  and ``gpipe`` (the micro-batches' gradients summed with the loss over ``M``, one step
-  per mini-batch): plain SGD on each update batch;
+* the schemes whose class says ``same_numerics``: ``dp``, ``ps``, ``p3`` (synchronous:
+  every step applies the mean gradient of all the workers' samples, as
+  ``tests/test_real.py`` checks against the real runtimes), ``mp``, ``gpipe`` and the
+  other pipelines with a flush (the micro-batches' gradients summed with the loss over
+  ``M``, one step per mini-batch): plain SGD on each update batch;
 * ``gossip``: one model per worker, all from the same initial weights; each iteration
   every worker takes the gradient of its batch (with ``shuffle``, the batch its partner
   sent) and steps, exchanging with its partner
@@ -15,12 +16,13 @@ What a scheme does to the *numbers* is much smaller than what it does to the tim
   and optimizer state the last partner sent at the start of the last one, and sends its
   own; ``gradients`` averages the gradient with the partner's; ``gradients+weights`` also
   the weights the gradients were taken on;
-* ``pipedream`` (stashing on or off) and ``spectrain``: every stage's forward and backward
-  of every micro-batch on the weight version the schedule prescribes
-  (:func:`realrun.pipeline.prescribed_versions`, predicted as ``W - s * lr * v`` for
-  SpecTrain), each stage's update after the backward that precedes it in its action list:
-  the single-process replay of :func:`realrun.pipeline.replay_reference`, over epochs,
-  keeping only the weight versions still to be used.
+* ``pipedream`` (stashing on or off) and ``spectrain`` (``update_per_microbatch``):
+  every stage's forward and backward of every micro-batch on the weight version the
+  schedule prescribes (:func:`realrun.pipeline.prescribed_versions`, predicted as
+  ``W - s * lr * v`` for SpecTrain), each stage's update after the backward that precedes
+  it in its action list: the single-process replay of
+  :func:`realrun.pipeline.replay_reference`, over epochs, keeping only the weight versions
+  still to be used.
 
 After every epoch (``U`` update batches, :mod:`realrun.data`) the weights each stage has
 after its ``e * U``-th update are put together and evaluated on the validation split
@@ -42,12 +44,7 @@ from realrun import data, zoo
 from realrun.job import Job
 from realrun.runtime import build_model, loss_of, make_optimizer
 from simcore import schedule as sch
-
-SYNC_SCHEMES = ("dp", "ps", "p3", "mp", "gpipe")
-"""Schemes whose numerics are SGD on the whole update batch."""
-
-ASYNC_PIPELINES = data.ASYNC_PIPELINES
-"""Pipelines the emulator replays stage by stage."""
+from simcore.schemes import get_scheme
 
 
 @dataclass
@@ -146,11 +143,12 @@ def emulate(
     if not job.data:
         raise ValueError("the emulator trains on a data set; give the job one (data='digits')")
     epochs = epochs_of(job) if epochs is None else epochs
-    if job.scheme in SYNC_SCHEMES:
+    cls = get_scheme(job.scheme)
+    if cls.same_numerics:
         return _sync(job, epochs, keep_weights, on_epoch)
-    if job.scheme == "gossip":
+    if job.scheme == "gossip":  # the emulator's model of gossip's exchanges
         return _gossip(job, epochs, keep_weights, on_epoch)
-    if job.scheme in ASYNC_PIPELINES:
+    if cls.update_per_microbatch:  # replayed stage by stage
         return _pipeline(job, epochs, keep_weights, on_epoch, spectrain_distance)
     raise ValueError(f"scheme: {job.scheme!r} is not allowed; the emulator has no model of it")
 

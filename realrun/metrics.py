@@ -31,10 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from realrun.job import PIPELINE_SCHEMES
 from realrun.machine import busy_share
 from simcore import metrics
 from simcore.records import BACKWARD, COMPUTE, FORWARD, PREDICT, RECV, SEND, UPDATE
+from simcore.schemes import get_scheme
 from traces.emulated import is_emulated_ref, parse_ref
 from traces.model import Trace
 
@@ -231,19 +231,21 @@ def spans(records: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     return [tuple(s) for r in ranks for s in r["spans"]]
 
 
-POSTED_SEND_SCHEMES = (*PIPELINE_SCHEMES, "gossip")
-"""Schemes whose ranks hand each message to gloo on their main thread (``isend`` through
-:class:`realrun.p2p.PostedLink`), so that their send spans are the main thread's time;
-the parameter servers' messenger sends from a thread of its own."""
+def posts_sends(job: Mapping[str, Any]) -> bool:
+    """Whether the ranks of ``job`` (a record's job) hand each message to gloo on their
+    main thread (``isend`` through :class:`realrun.p2p.PostedLink`), so that their send
+    spans are the main thread's time (the scheme class's ``posts_sends``: the pipelines
+    and gossip); the parameter servers' messenger sends from a thread of its own."""
+    return bool(get_scheme(job["scheme"]).posts_sends)
 
 
 def send_hold_s(records: Mapping[str, Any]) -> float:
     """The most any worker's main thread spent per measured iteration handing messages to
     gloo (the sum of its send spans in the measured iterations; the simulator's sends never
     hold a rank), or 0 for a scheme that sends from another thread
-    (:data:`POSTED_SEND_SCHEMES`)."""
+    (:func:`posts_sends`)."""
     job = records["job"]
-    if job["scheme"] not in POSTED_SEND_SCHEMES:
+    if not posts_sends(job):
         return 0.0
     warm, iters = int(job["warmup_iterations"]), int(job["iterations"])
     held = [
@@ -264,9 +266,9 @@ def isend_overhead_s(
     :func:`trace_from_run` charges compute (so that the thread's time is the trace's or
     the sends', never both nor neither), their mean less that CPU, never below zero;
     ``None`` for a scheme whose ranks do not send on their main thread
-    (:data:`POSTED_SEND_SCHEMES`) or a run without sends."""
+    (:func:`posts_sends`) or a run without sends."""
     job = records["job"]
-    if job["scheme"] not in POSTED_SEND_SCHEMES:
+    if not posts_sends(job):
         return None
     warm = int(job["warmup_iterations"])
     shares = _gap_shares(records, base)
@@ -317,7 +319,7 @@ def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:
     batch = int(job["batch_size"]) // int(plan.get("microbatches", 1) or 1)
     index = {layer.name: i for i, layer in enumerate(base.layers)}
     shares = _gap_shares(records, base)
-    posted = job["scheme"] in POSTED_SEND_SCHEMES
+    posted = posts_sends(job)
     samples: dict[tuple[str, str], list[float]] = {}
     gap_s: dict[tuple[str, str], float] = {}
     for r in records["ranks"]:
@@ -396,7 +398,7 @@ def median_trace(traces: Sequence[Trace]) -> Trace:
 
 ISEND = "isend"
 """Kind of a :func:`_charged_spans` entry: a main thread's time handing a message to
-gloo (a send span of :data:`POSTED_SEND_SCHEMES`), charged like compute."""
+gloo (a send span of a scheme that :func:`posts_sends`), charged like compute."""
 GAP = "gap"
 """Kind of a :func:`_charged_spans` entry: the main thread's time between a forward or
 backward span and a wait right after it, when layers the runtime does not record ran
@@ -453,7 +455,7 @@ def _charged_spans(
     """``(kind, name, iteration, layer, charged seconds)`` of the rank's compute spans of
     measured iterations (``layer`` -1 for a span of no one layer), each charged from the
     end of the span before it (waits get none), scaled by the rank's :func:`cpu_factor`.
-    With ``sends`` (:data:`POSTED_SEND_SCHEMES`) the main thread's send spans between
+    With ``sends`` (:func:`posts_sends`) the main thread's send spans between
     compute spans are charged too, as entries of kind :data:`ISEND` (the simulator holds
     a sending rank for them: ``HostSpec.isend_s``, :func:`isend_overhead_s`; their
     ``layer`` is the message's bytes), not in the span after; a send from inside a
@@ -567,7 +569,7 @@ def posted_cpu_s_per_end(
     not a pipeline, a run without messages in the measured iterations, or records made
     before the main thread's clock was kept."""
     job = records["job"]
-    if job["scheme"] not in PIPELINE_SCHEMES:
+    if not get_scheme(job["scheme"]).pipeline:
         return None
     warm, iters = int(job["warmup_iterations"]), int(job["iterations"])
     first, last = str(warm - 1), str(warm + iters - 1)
@@ -659,7 +661,7 @@ def _stage_means(
     stage_layers = (records["job"].get("pipeline") or {}).get("stage_layers")
     per_stage: dict[int, list[float]] = {}
     shares = _gap_shares(records, base)
-    posted = records["job"]["scheme"] in POSTED_SEND_SCHEMES
+    posted = posts_sends(records["job"])
     for r in records["ranks"]:
         if r.get("role", "worker") != "worker":
             continue

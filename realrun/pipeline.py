@@ -10,10 +10,12 @@ stage and makes an action's stage the current one before running it
 stages on the same rank (a V's turn) the outputs and input gradients are handed over in
 memory, as the schedule has no send for them.
 
-**Plan** (:func:`plan`, made once by ``sim real`` or a test and stored in the job): the
-same partition call ``sim run`` makes, on an analytic trace of the real model (same layer
-names and order as :func:`realrun.graph.layer_graph`), the stages' trace layer indices,
-their replica counts and the micro-batches per iteration. Every rank splits the model
+**Plan** (:func:`realrun.job.pipeline_of`, made once by ``sim real`` or a test and
+stored in the job): the simulator scheme's own
+:meth:`~simcore.schemes._pipeline.PipelineScheme.plan`, the partition ``sim run`` makes,
+on an analytic trace of the real model (same layer names and order as
+:func:`realrun.graph.layer_graph`): the stages' trace layer indices, their replica counts
+and the micro-batches per iteration. Every rank splits the model
 along it (:mod:`realrun.stages`) and builds the schedule with the simulator scheme's own
 ``make_schedule``: the very action lists ``sim run`` executes.
 
@@ -79,6 +81,7 @@ import torch
 import torch.distributed as dist
 
 from realrun import emudevice
+from realrun.job import real_scheme, scheme_options
 from realrun.p2p import Expected, PostedLink
 from realrun.runtime import (
     ACT,
@@ -101,62 +104,7 @@ KEY_STRIDE = 1024
 """Message key: ``micro-batch * KEY_STRIDE + index of the boundary tensor``."""
 
 
-# ---- the plan: partition, micro-batches ------------------------------------------------------
-
-
-def plan(config: Any) -> dict[str, Any]:
-    """The stages and micro-batches ``sim run`` would use for ``config`` (a
-    :class:`~simcore.config.SimConfig` of a pipeline scheme on a trace of the zoo model; see
-    module docs and :func:`analysis.resolve.pipeline_plan`, which builds it):
-    ``{"stage_layers", "replicas", "microbatches", "tail", "partition", "chunks",
-    "out_bytes"}`` (``out_bytes``: what crosses after each stage, whole batch)."""
-    from types import SimpleNamespace
-
-    from simcore.config import OPTIMIZERS
-    from simcore.engine import resolve_topology
-    from simcore.schemes import get_scheme
-
-    scheme, gpus, batch_size = config.scheme, config.gpus, config.effective_batch_size
-    cls = get_scheme(scheme)
-    opts = config.options if config.options is not None else cls.Options()
-    topology = resolve_topology(config, cls.dedicated_servers(opts, config.gpus))
-    cls.check(config, opts, topology)
-    sim = cls.__new__(cls)
-    sim.options = opts
-    sim.ctx = SimpleNamespace(
-        topology=topology,
-        trace=config.trace,
-        num_ranks=gpus,
-        config=config,
-        optimizer_state_bytes=lambda b: OPTIMIZERS[config.optimizer][0] * b,
-    )
-    sim.feat = cls.features.for_options(opts)
-    part = sim.make_partition()
-    m = sim.microbatches(part)
-    if batch_size % m:
-        up = -(-batch_size // m) * m
-        raise ValueError(
-            f"batch size {batch_size} is not a multiple of the {m} "
-            "micro-batches (a real micro-batch needs whole samples, all of "
-            f"one size); use e.g. --batch-size {up} or set "
-            "scheme.microbatches"
-        )
-    tail = 0 if sim.feat.flush else -(-(gpus - 1) // m)
-    try:  # a micro-batch count the schedule cannot take is refused before any rank starts
-        cls.make_schedule(_placed(cls, opts, part.replicas), m, 1, opts)
-    except sch.ScheduleError as exc:
-        from simcore.config import ConfigError
-
-        raise ConfigError("scheme.microbatches", m, str(exc)) from None
-    return {
-        "stage_layers": [list(s.layers) for s in part.stages],
-        "replicas": list(part.replicas),
-        "microbatches": m,
-        "tail": tail,
-        "partition": part.method,
-        "chunks": sim.feat.chunks,
-        "out_bytes": [s.out_bytes for s in part.stages],
-    }
+# ---- the schedule -----------------------------------------------------------------------------
 
 
 def make_schedule(
@@ -168,31 +116,13 @@ def make_schedule(
 ) -> sch.Schedule:
     """The simulator scheme's schedule for these stages (``make_schedule`` of its class;
     with virtual stages, ``replicas`` has one entry per stage and the scheme places them)."""
-    from simcore.config import options_from_mapping
-    from simcore.schemes import get_scheme
-
-    cls = get_scheme(scheme)
-    opts = options_from_mapping(cls.Options, dict(options), prefix="scheme.")
-    return cls.make_schedule(_placed(cls, opts, replicas), microbatches, iterations, opts)
-
-
-def _placed(cls: Any, opts: Any, replicas: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-    """The ranks of every stage: consecutive replicas, or the scheme's placement of its
-    virtual stages (``replicas`` then has one entry per stage)."""
-    feat = cls.features.for_options(opts)
-    if feat.chunks > 1 or feat.placement != "loop":
-        return cls.place(sch.straight_stages(len(replicas) // feat.chunks), opts)
-    return sch.stages_from_replicas(replicas)
+    cls, opts = real_scheme(scheme), scheme_options(scheme, options)
+    return cls.make_schedule(cls.stage_ranks(opts, replicas), microbatches, iterations, opts)
 
 
 def features(scheme: str, options: Mapping[str, Any]) -> Any:
     """The scheme's :class:`~simcore.schemes._pipeline.PipelineFeatures` with its options."""
-    from simcore.config import options_from_mapping
-    from simcore.schemes import get_scheme
-
-    cls = get_scheme(scheme)
-    opts = options_from_mapping(cls.Options, dict(options), prefix="scheme.")
-    return cls.features.for_options(opts)
+    return real_scheme(scheme).features.for_options(scheme_options(scheme, options))
 
 
 def prescribed_versions(schedule: sch.Schedule, rank: int) -> list[tuple[int, str, int]]:

@@ -3,8 +3,10 @@
 :func:`estimate` counts, from the configuration alone (no topology is built, so an absurd
 ``gpus`` is answered at once), the simulated system's events (compute ops and message
 transfers, chunk by chunk in the detailed model) and the messages the run keeps for its
-metrics, and turns them into seconds and bytes with per-event and per-message costs
-measured on a 2-core machine (``bench/guard_estimate.py`` compares them with real runs).
+metrics (each scheme counts its own messages,
+:meth:`~simcore.schemes.base.Scheme.estimate_work` of a :class:`Workload`), and turns
+them into seconds and bytes with per-event and per-message costs measured on a 2-core
+machine (``bench/guard_estimate.py`` compares them with real runs).
 The estimate is meant to be right within a small factor; a caller (the ``sim``
 command) compares it with what the machine can give and refuses runs that could not
 finish, saying what to change.
@@ -16,9 +18,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from simcore.config import SimConfig
+from simcore.work import Workload
 
 SECONDS_PER_OP = 0.4e-6
 """Wall seconds per compute op (a GPU queues runs of ops as one event)."""
@@ -38,8 +40,6 @@ BYTES_PER_SPAN = 250
 """Memory per span record kept for a Chrome trace."""
 BASE_BYTES = 30 << 20
 """Python, SimPy, numpy and the trace."""
-BIG_ARRAY_BYTES = 4_000_000
-"""``ps`` splits arrays from this size over all servers (see ``simcore.schemes.ps``)."""
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,6 @@ class WorkEstimate:
     mean_field: bool
 
 
-def _opt(config: SimConfig, name: str, default: Any) -> Any:
-    return getattr(config.options, name, default) if config.options is not None else default
-
-
 def _per_box(config: SimConfig) -> int:
     topo = config.topology
     preset = getattr(topo, "preset", None)
@@ -77,74 +73,43 @@ def _per_box(config: SimConfig) -> int:
         return 1
 
 
-def _mean_field(config: SimConfig, p: int, g: int) -> bool:
-    """Whether ``ps``/``p3`` would run their mean-field model (a close approximation of
-    :func:`simcore.schemes._psbase.use_mean_field` that needs no topology)."""
-    mode = _opt(config, "mean_field", "auto")
-    if config.scheme not in ("ps", "p3") or mode == "off" or config.fidelity != "analytic":
-        return False
-    if config.compute_jitter > 0 or _opt(config, "placement", "colocated") != "colocated":
-        return False
-    if _opt(config, "servers", 0) or _opt(config, "round_robin", "global") != "global":
-        return False
-    boxes = p // g
-    return p % g == 0 and boxes >= (2 if mode == "on" else 5)
+def workload(config: SimConfig) -> Workload:
+    """The :class:`Workload` of ``config``."""
+    from simcore.schemes import get_scheme
+
+    cls = get_scheme(config.scheme)
+    p = int(getattr(config.topology, "gpus", 0) or config.topology.num_gpus)
+    layers = [x for x in config.trace.layers if x.kind != "input"]
+    g = min(p, _per_box(config))
+    return Workload(
+        config=config,
+        options=config.options if config.options is not None else cls.Options(),
+        gpus=p,
+        iterations=config.total_iterations,
+        layers=max(1, len(layers)),
+        param_bytes=tuple(x.param_bytes for x in layers if x.param_bytes > 0),
+        activation_bytes=sum(x.activation_bytes for x in layers),
+        per_box=g,
+        boxes=max(1, math.ceil(p / g)),
+    )
 
 
 def estimate(config: SimConfig) -> WorkEstimate:
-    """The :class:`WorkEstimate` of ``config`` (see module docs)."""
-    p = int(getattr(config.topology, "gpus", 0) or config.topology.num_gpus)
-    its = config.total_iterations
-    trace = config.trace
-    layers = [x for x in trace.layers if x.kind != "input"]
-    n_layers = max(1, len(layers))
-    params = [x.param_bytes for x in layers if x.param_bytes > 0]
-    n_params = len(params)
-    pbytes = sum(params)
-    g = min(p, _per_box(config))
-    boxes = max(1, math.ceil(p / g))
-    detailed = config.fidelity == "detailed"
-    chunk = max(1, config.chunk_bytes)
-    hops = 3 if boxes > 1 else 2
-    scheme = config.scheme
-    mf = _mean_field(config, p, g)
-    simulated = 2 * g if mf else p
-    compute = p * 2 * n_layers * its
-    messages = 0
-    moved = 0.0  # bytes that cross links (chunked in the detailed model)
-    if scheme == "dp":
-        buckets = 1 + pbytes // (25 << 20)
-        if detailed:
-            messages = its * buckets * 2 * max(0, p - 1) * p
-            moved = its * 2.0 * pbytes * p
-        else:
-            messages = its * buckets
-    elif scheme == "ps":
-        big = sum(1 for b in params if b >= BIG_ARRAY_BYTES)
-        servers = _opt(config, "servers", 0) or boxes
-        shards = (n_params + big) if mf else (n_params - big + big * servers)
-        messages = its * 4 * simulated * shards
-        moved = its * 2.0 * pbytes * simulated
-    elif scheme == "p3":
-        slice_bytes = max(1, _opt(config, "slice_params", 50_000) * trace.dtype_bytes)
-        slices = sum(-(-b // slice_bytes) for b in params)
-        messages = its * 2 * simulated * slices * (2 if mf else 1)
-        moved = its * 2.0 * pbytes * simulated
-    elif scheme == "gossip":
-        messages = its * p * (n_params + 1)
-        moved = its * float(pbytes) * p
-    else:  # pipelines: stages (chunks per GPU x GPUs) x micro-batches
-        from simcore.schemes import get_scheme
+    """The :class:`WorkEstimate` of ``config`` (see module docs): the scheme's own
+    :meth:`~simcore.schemes.base.Scheme.estimate_work`, in seconds and bytes."""
+    from simcore.schemes import get_scheme
 
-        feat = getattr(get_scheme(scheme), "features", None)  # a pipeline's, or none
-        v = _opt(config, "chunks", 0) or (feat.chunks if feat else 1)
-        m = _opt(config, "microbatches", 0) or ((feat.microbatches_per_stage if feat else 1) * p)
-        compute = its * m * 2 * n_layers + its * m * p * v
-        messages = its * m * 2 * p * v
-        moved = its * m * 2.0 * sum(x.activation_bytes for x in layers) / n_layers * p
+    w = workload(config)
+    work = get_scheme(config.scheme).estimate_work(w)
+    p, its = w.gpus, w.iterations
+    chunk = max(1, config.chunk_bytes)
+    hops = 3 if w.boxes > 1 else 2
+    simulated = p if work.simulated_gpus is None else work.simulated_gpus
+    compute = p * 2 * w.layers * its if work.compute_ops is None else work.compute_ops
+    messages = work.messages
     transfers = messages
-    if detailed:
-        transfers = max(messages, int(moved * hops / chunk) + messages)
+    if w.detailed:
+        transfers = max(messages, int(work.moved_bytes * hops / chunk) + messages)
     events = int(compute + transfers)
     followers = p - simulated
     memory = (
@@ -163,7 +128,11 @@ def estimate(config: SimConfig) -> WorkEstimate:
         + (transfers - messages) * SECONDS_PER_CHUNK
     )
     return WorkEstimate(
-        events=events, messages=messages, memory_bytes=int(memory), seconds=seconds, mean_field=mf
+        events=events,
+        messages=messages,
+        memory_bytes=int(memory),
+        seconds=seconds,
+        mean_field=work.mean_field,
     )
 
 

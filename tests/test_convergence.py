@@ -152,11 +152,15 @@ def test_every_scheme_sees_the_same_update_batches_in_the_same_order() -> None:
     )
 
 
-def test_the_schemes_merged_as_one_are_those_the_emulator_trains_as_sgd() -> None:
+def test_the_schemes_merged_as_one_are_those_the_emulator_trains_alike() -> None:
+    """``SAME_NUMERICS`` (their classes' ``same_numerics``) are the study's synchronous
+    schemes, and the emulator gives each of them dp's curves; a stale pipeline's differ."""
     from analysis.convergence import SAME_NUMERICS
-    from realrun.emulate import SYNC_SCHEMES
 
-    assert SAME_NUMERICS == SYNC_SCHEMES
+    assert SAME_NUMERICS == ("dp", "ps", "p3", "mp", "gpipe")
+    curves = {s: emulate(_job(s, gpus=2, batch=64), 1).epochs for s in (*SAME_NUMERICS, "vanilla")}
+    assert all(curves[s] == curves["dp"] for s in SAME_NUMERICS)
+    assert curves["vanilla"] != curves["dp"]
 
 
 def test_split_is_standardised_and_disjoint() -> None:

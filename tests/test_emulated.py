@@ -192,13 +192,13 @@ def test_a_pipelines_real_stage_boundaries_carry_the_simulators_bytes(stages: in
     # input that a decoder stage reads, a layer without predecessors
     from analysis.emulated import predict
     from realrun import emudevice
-    from realrun.pipeline import plan
+    from realrun.job import pipeline_of
     from realrun.stages import split_model
     from realrun.usermodel import resolve_model
 
     ref = "emulated:gnmt;batch=96;dilation=1;bytes=8"
     p = predict(ref, "gpipe", stages, {}, "tests/data/calibrated-1Gbps.yaml", 1.25e9)
-    pl = plan(p.config)
+    pl = pipeline_of(p.config)
     micro = 96 // pl["microbatches"]
     with torch.device("meta"):
         model = emudevice.build(ref)
@@ -376,10 +376,10 @@ def test_spectrains_backward_on_predicted_weights_takes_the_traces_time(capsys, 
     records = json.loads((keep / "records.json").read_text())
     job = records["job"]
     from analysis.emulated import predict
-    from realrun.pipeline import plan
+    from realrun.job import pipeline_of
 
     p = predict(job["model"], "spectrain", 4, {}, "tests/data/calibrated-1Gbps.yaml", None)
-    pipe = plan(p.config)
+    pipe = pipeline_of(p.config)
     assert job["pipeline"]["stage_layers"] == pipe["stage_layers"]  # the prediction's stages
     trace = load_run_trace(job["model"])
     share = 1 / pipe["microbatches"]

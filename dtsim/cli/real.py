@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -17,13 +16,7 @@ from dtsim.cli.clean import clean_stale
 from dtsim.cli.errors import BadInput
 from dtsim.cli.options import run_options, spec_from_params
 from dtsim.cli.output import check_output, check_output_dir, output_folder, table, write_json
-from realrun.job import (
-    DEFAULT_REAL_BATCH,
-    PIPELINE_SCHEMES,
-    PS_SCHEMES,
-    REAL_SCHEMES,
-    Job,
-)
+from realrun.job import DEFAULT_REAL_BATCH, Job
 from realrun.owner import temp_dir
 from realrun.spec import RealSpec
 from simcore.units import format_bytes, format_rate, format_time
@@ -257,21 +250,18 @@ def check_ranks(job: Job | None, workers: int = 0, emulated: bool = False) -> No
 
 
 def make_job(spec: Any, *, profile: bool = False, calibration: str | None = None) -> Job:
-    """The :class:`Job` for a run spec (``BadInput`` naming what cannot run for real). An
-    emulated pipeline runs the stages of the prediction made with ``calibration`` (the
-    calibrated hosts at the run's rate), so the run and its prediction split alike."""
+    """The :class:`Job` for a run spec (:func:`realrun.job.job_from_spec`; ``BadInput``
+    naming what cannot run for real). An emulated pipeline runs the stages of the
+    prediction made with ``calibration`` (the calibrated hosts at the run's rate), so the
+    run and its prediction split alike."""
+    from analysis.resolve import zoo_config
+    from dtsim.cli.errors import flag_name
     from realrun import zoo
+    from realrun.job import JobError, job_from_spec
     from realrun.spec import DEFAULT_REAL_MODEL, default_workers
     from realrun.usermodel import resolve_model
-    from simcore.config import options_from_mapping
-    from simcore.schemes import get_scheme
-    from simcore.schemes.gossip import is_power_of_two
+    from simcore.config import ConfigError
 
-    if spec.scheme not in REAL_SCHEMES:
-        raise BadInput(
-            f"--scheme: {spec.scheme!r} has no real runtime yet; choose one of: "
-            f"{', '.join(REAL_SCHEMES)}"
-        )
     workers = spec.gpus or default_workers()
     if spec.device == "emulated":
         model = emulated_ref(spec, workers)
@@ -291,78 +281,65 @@ def make_job(spec: Any, *, profile: bool = False, calibration: str | None = None
         )
     resolved = resolve_model(model, spec.input_shape)  # ConfigError: one line
     model, input_shape = resolved.ref, resolved.input_shape
-    scheme = get_scheme(spec.scheme)
-    options = options_from_mapping(scheme.Options, spec.scheme_options, prefix="scheme.")
-    opts = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
-    if spec.scheme == "gossip" and not is_power_of_two(workers):
-        lower = 1 << (workers.bit_length() - 1)
-        raise BadInput(
-            f"--gpus: {workers} is not allowed; gossip pairs workers on a hypercube "
-            f"and needs a power of two, e.g. {lower} or {2 * lower}"
-        )
-    if spec.scheme == "dp" and opts.get("algorithm") != "ring":
-        raise BadInput(
-            f"scheme.algorithm: {opts.get('algorithm')!r} is not allowed for a real "
-            "run; gloo and NCCL all-reduce with a ring (ring)"
-        )
-    servers = 0
-    dedicated = False
-    if spec.scheme in PS_SCHEMES:
-        dedicated = opts["placement"] == "dedicated"
-        servers = int(opts["servers"]) or workers
     backend = spec.backend
     if backend is None:
         import torch
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    batch_size = spec.batch_size or DEFAULT_REAL_BATCH
+    options = spec.scheme_options
+    if spec.device == "emulated":
+        from analysis.emulated import scaled_options
+        from traces.emulated import parse_ref
+
+        batch_size = parse_ref(model).batch_size
+        options = scaled_options(spec.scheme, options, parse_ref(model).byte_scale)
+
+    def plan_config(opts: dict[str, Any]) -> Any:
+        """The simulated configuration a pipeline's stages follow: the prediction's for an
+        emulated run, else ``sim run``'s of the zoo model."""
+        if spec.device == "emulated" and calibration:
+            return _predict_emulated(spec, model, workers, calibration).config
+        return zoo_config(
+            model, batch_size, workers, spec.scheme, opts, spec.optimizer, input_shape=input_shape
+        )
+
+    try:
+        job = job_from_spec(
+            spec.scheme,
+            workers,
+            options,
+            plan_config=plan_config,
+            model=model,
+            input_shape=input_shape,
+            batch_size=batch_size,
+            iterations=spec.iterations,
+            warmup_iterations=spec.warmup_iterations,
+            seed=spec.seed,
+            optimizer=spec.optimizer,
+            lr=spec.lr,
+            backend=backend,
+            timeout_s=spec.timeout_s,
+            profile=profile,
+            fault=os.environ.get("DTSIM_REAL_FAULT", ""),
+        )
+    except JobError as exc:
+        context = click.get_current_context(silent=True)
+        raise BadInput(exc.describe(flag_name(exc.field, context and context.command))) from None
+    except ConfigError as exc:
+        raise BadInput(str(exc)) from None
+    except ValueError as exc:
+        raise BadInput(f"--batch-size: {exc}") from None
     if backend == "nccl":
         import torch
 
-        if spec.scheme != "dp":
-            raise BadInput(
-                f"--backend: nccl runs dp only; {spec.scheme} exchanges messages "
-                "with tags over gloo (use --backend gloo)"
-            )
         if not torch.cuda.is_available() or torch.cuda.device_count() < workers:
             have = torch.cuda.device_count() if torch.cuda.is_available() else 0
             raise BadInput(
                 f"--backend: nccl needs one CUDA device per rank: {workers} "
                 f"asked, {have} present (use --backend gloo)"
             )
-    batch_size = spec.batch_size or DEFAULT_REAL_BATCH
-    if spec.device == "emulated":
-        from analysis.emulated import scaled_options
-        from traces.emulated import parse_ref
-
-        batch_size = parse_ref(model).batch_size
-        opts = scaled_options(spec.scheme, opts, parse_ref(model).byte_scale)
-    pipeline: dict[str, Any] = {}
-    if spec.scheme in PIPELINE_SCHEMES and spec.device == "emulated" and calibration:
-        pipeline = _emulated_pipeline_plan(spec, model, workers, calibration)
-    elif spec.scheme in PIPELINE_SCHEMES:
-        pipeline = _pipeline_plan(
-            model, batch_size, workers, spec.scheme, opts, spec.optimizer, input_shape
-        )
-    return Job(
-        scheme=spec.scheme,
-        model=model,
-        input_shape=input_shape,
-        workers=workers,
-        options=opts,
-        servers=servers,
-        dedicated_servers=dedicated,
-        pipeline=pipeline,
-        batch_size=batch_size,
-        iterations=spec.iterations,
-        warmup_iterations=spec.warmup_iterations,
-        seed=spec.seed,
-        optimizer=spec.optimizer,
-        lr=spec.lr,
-        backend=backend,
-        timeout_s=spec.timeout_s,
-        profile=profile,
-        fault=os.environ.get("DTSIM_REAL_FAULT", ""),
-    )
+    return job
 
 
 def _emulation(job: Job) -> Any:
@@ -378,6 +355,7 @@ def emulated_ref(spec: Any, workers: int) -> str:
     model_ref` of ``--model`` (resnet50 when none), ``--batch-size``, ``--dilation`` and
     ``--byte-scale``; ``BadInput`` naming the option that is wrong."""
     from analysis.emulated import model_ref
+    from realrun.job import server_ranks
     from simcore.config import ConfigError
     from traces.catalog import default_model
 
@@ -385,9 +363,7 @@ def emulated_ref(spec: Any, workers: int) -> str:
         raise BadInput(
             "--input-shape: an emulated model's inputs come from its trace; leave it out"
         )
-    servers = 0
-    if spec.scheme in PS_SCHEMES:
-        servers = int(spec.scheme_options.get("servers", 0) or 0) or workers
+    servers = server_ranks(spec.scheme, spec.scheme_options, workers)
     rate = spec.bandwidth if spec.cluster == "netns" else None
     try:
         return model_ref(
@@ -403,28 +379,6 @@ def emulated_ref(spec: Any, workers: int) -> str:
         raise BadInput(exc.describe(f"--{exc.field.replace('_', '-')}")) from None
 
 
-def _pipeline_plan(
-    model: str,
-    batch_size: int,
-    gpus: int,
-    scheme: str,
-    opts: dict[str, Any],
-    optimizer: str,
-    input_shape: tuple[int, ...] | None = None,
-) -> dict[str, Any]:
-    """The partition and micro-batches ``sim run`` would use (``BadInput`` if the case
-    cannot be split or run for real)."""
-    from analysis.resolve import pipeline_plan
-    from simcore.config import ConfigError
-
-    try:
-        return pipeline_plan(model, batch_size, gpus, scheme, opts, optimizer, input_shape)
-    except ConfigError as exc:
-        raise BadInput(str(exc)) from None
-    except ValueError as exc:
-        raise BadInput(f"--batch-size: {exc}") from None
-
-
 def _predict_emulated(spec: Any, model: str, workers: int, calibration: str, **kw: Any) -> Any:
     """:func:`analysis.emulated.predict` of ``spec``'s scheme on ``workers`` devices
     running the emulated ``model``, with the cluster's scheme options (predict scales
@@ -436,23 +390,6 @@ def _predict_emulated(spec: Any, model: str, workers: int, calibration: str, **k
         model, spec.scheme, workers, spec.scheme_options, calibration, cluster_rate,
         optimizer=spec.optimizer, **kw,
     )  # fmt: skip
-
-
-def _emulated_pipeline_plan(
-    spec: Any, model: str, workers: int, calibration: str
-) -> dict[str, Any]:
-    """The partition and micro-batches of the prediction of an emulated pipeline run
-    (:func:`analysis.emulated.predict` with ``calibration``; ``BadInput`` if it cannot be
-    split or run for real)."""
-    from realrun.pipeline import plan
-    from simcore.config import ConfigError
-
-    try:
-        return plan(_predict_emulated(spec, model, workers, calibration).config)
-    except ConfigError as exc:
-        raise BadInput(str(exc)) from None
-    except ValueError as exc:
-        raise BadInput(f"--batch-size: {exc}") from None
 
 
 def _execute(

@@ -1,24 +1,19 @@
-"""The real runtimes of the data-parallel schemes, one module per scheme, registered by the
-simulator's scheme name: ``dp`` (DDP itself), ``ps`` and ``p3`` (parameter-server ranks),
-``gossip`` (GossipGraD's pairwise exchange); the pipeline schemes (``mp``, ``gpipe``,
-``pipedream``, ``spectrain``) share one schedule runtime, :mod:`realrun.pipeline`."""
+"""The real runtimes of the data-parallel schemes, one module per scheme: ``dp`` (DDP
+itself), ``ps`` and ``p3`` (parameter-server ranks), ``gossip`` (GossipGraD's pairwise
+exchange); the pipeline schemes share one schedule runtime, :mod:`realrun.pipeline`. Which
+runtime runs a scheme is the scheme class's own fact (``real_runtime``), so a scheme and
+its runtime are added without an edit here."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-from realrun.job import PIPELINE_SCHEMES
-
-RUNTIMES = {"dp": "DPRuntime", "ps": "PSRuntime", "p3": "P3Runtime", "gossip": "GossipRuntime"}
-"""Scheme name -> class in ``realrun.schemes.<name>``."""
-
 
 def get_runtime(name: str) -> Any:
-    """The runtime class of scheme ``name``."""
-    if name in PIPELINE_SCHEMES:
-        from realrun.pipeline import PipelineRuntime
+    """The runtime class of scheme ``name``: its simulator class's ``real_runtime``
+    (``"module:Class"``), imported now (:class:`realrun.job.JobError` when it has none)."""
+    from realrun.job import real_scheme
 
-        return PipelineRuntime
-    module = importlib.import_module(f"realrun.schemes.{name}")
-    return getattr(module, RUNTIMES[name])
+    module, _, cls_name = real_scheme(name).real_runtime.partition(":")
+    return getattr(importlib.import_module(module), cls_name)

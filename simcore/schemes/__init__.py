@@ -18,7 +18,7 @@ from simcore.config import ConfigError
 from simcore.scheme_names import ORDER, scheme_names
 from simcore.schemes.base import Scheme
 
-__all__ = ["ORDER", "Scheme", "get_scheme", "registry", "scheme_names"]
+__all__ = ["ORDER", "Scheme", "get_scheme", "registry", "scheme_names", "schemes_where"]
 
 
 @cache
@@ -49,4 +49,8 @@ def registry() -> dict[str, type[Scheme]]:
     return {name: get_scheme(name) for name in scheme_names()}
 
 
-__all__ = ["ORDER", "Scheme", "get_scheme", "registry", "scheme_names"]
+def schemes_where(attribute: str) -> tuple[str, ...]:
+    """The names of the schemes whose class ``attribute`` is true (a flag set, a name
+    given), in display order (imports every scheme module): ``schemes_where("pipeline")``,
+    ``schemes_where("real_runtime")``."""
+    return tuple(name for name, cls in registry().items() if getattr(cls, attribute))

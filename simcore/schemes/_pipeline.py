@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -62,7 +63,7 @@ from simpy import Event
 
 from simcore import schedule as sch
 from simcore.collectives import ALLREDUCE_ALGORITHMS
-from simcore.config import ConfigError, SimConfig, option
+from simcore.config import OPTIMIZERS, ConfigError, SimConfig, option
 from simcore.device import Run
 from simcore.network import Message
 from simcore.partition import METHODS, Partition, PartitionError, partition
@@ -70,6 +71,8 @@ from simcore.records import BACKWARD, FORWARD, PREDICT, RECOMPUTE, UPDATE
 from simcore.schedule import Schedule, ScheduleError, stages_from_replicas
 from simcore.schemes.base import Scheme
 from simcore.topology import Topology
+from simcore.work import SchemeWork, Workload
+from traces.model import Trace
 
 PREDICT_PASSES = 3
 """Weight-sized memory passes of SpecTrain's prediction (read W and v, write W_hat)."""
@@ -200,14 +203,43 @@ class StagePlan:
         return sum(d for d, _n, _i in self.bwd)
 
 
+@dataclass(frozen=True)
+class PipelinePlan:
+    """How a pipeline run is laid out, the same for the simulator and the real runtime
+    (:meth:`PipelineScheme.plan`).
+
+    Attributes:
+        features: the run's features (the scheme's, with its options applied).
+        partition: the stages the partitioner cut.
+        microbatches: micro-batches per iteration.
+        stages: the ranks of every stage the schedule runs (virtual stages placed on
+            their ranks).
+        lead: unmeasured iterations run before the measured ones (0 with a flush; see
+            module docs).
+        tail: iterations' micro-batches run after the measured ones (0 with a flush).
+    """
+
+    features: PipelineFeatures
+    partition: Partition
+    microbatches: int
+    stages: tuple[tuple[int, ...], ...]
+    lead: int
+    tail: int
+
+
 class PipelineScheme(Scheme):
     """Base of the pipeline schemes (see module docs). A subclass sets ``name``,
     ``summary``, ``Options`` and :attr:`features`, and implements :meth:`make_schedule`:
-    that is a whole new pipeline scheme."""
+    that is a whole new pipeline scheme, with its real runtime (the shared one,
+    :mod:`realrun.pipeline`, runs any schedule)."""
 
     Options = PipelineOptions
     features: ClassVar[PipelineFeatures] = PipelineFeatures(microbatches=1)
     """The scheme's features (see :class:`PipelineFeatures`)."""
+    pipeline = True
+    same_numerics = True  # a flush: one step on the summed micro-batch gradients
+    posts_sends = True
+    real_runtime = "realrun.pipeline:PipelineRuntime"
 
     # ---- configuration -----------------------------------------------------------------
     @classmethod
@@ -240,38 +272,38 @@ class PipelineScheme(Scheme):
                 f"at most the batch size ({batch}): a micro-batch holds at least one sample",
             )
 
-    def make_partition(self) -> Partition:
-        """The stages for this run: the chosen method over all GPUs, with the
-        inter-stage bandwidth of the topology (between the first two GPUs)."""
-        ctx = self.ctx
-        n = ctx.num_ranks
-        bw = ctx.topology.stage_bandwidth()
-        straight = self.feat.straight
-        cuts = [c.strip() for c in self.options.stages.split(",") if c.strip()]
+    @classmethod
+    def make_partition(
+        cls, config: SimConfig, options: Any, topology: Topology, trace: Trace
+    ) -> Partition:
+        """The stages of ``trace`` for this run: the chosen method over all GPUs (times
+        the scheme's stages per GPU), with the inter-stage bandwidth of the topology
+        (between the first two GPUs)."""
+        feat = cls.features.for_options(options)
+        cuts = [c.strip() for c in options.stages.split(",") if c.strip()]
         try:
             return partition(
-                ctx.trace,
-                n * self.feat.chunks,
-                bw,
-                method=self.options.partition,
-                straight=straight,
-                activation_term=self.options.activations,
-                optimizer_copies=ctx.optimizer_state_bytes(1),
+                trace,
+                topology.num_gpus * feat.chunks,
+                topology.stage_bandwidth(),
+                method=options.partition,
+                straight=feat.straight,
+                activation_term=options.activations,
+                optimizer_copies=OPTIMIZERS[config.optimizer][0],
                 cuts=cuts or None,
             )
         except PartitionError as exc:
             if cuts:
-                raise ConfigError("scheme.stages", self.options.stages, str(exc)) from None
-            raise ConfigError("scheme.partition", self.options.partition, str(exc)) from None
+                raise ConfigError("scheme.stages", options.stages, str(exc)) from None
+            raise ConfigError("scheme.partition", options.partition, str(exc)) from None
 
-    def microbatches(self, part: Partition) -> int:
-        """Micro-batches per iteration: the option, or the scheme's automatic choice
-        (capped at the batch size; for replicated stages, a multiple of every stage's
-        replica count)."""
-        feat = self.feat
+    @classmethod
+    def microbatches(cls, feat: PipelineFeatures, part: Partition, batch: int, ranks: int) -> int:
+        """Micro-batches per iteration of a ``batch``-sample mini-batch on ``ranks`` GPUs:
+        the option, or the scheme's automatic choice (capped at the batch size; for
+        replicated stages, a multiple of every stage's replica count)."""
         if feat.microbatches > 0:
             return feat.microbatches
-        batch = self.ctx.config.effective_batch_size
         if feat.microbatches_per_gpu:
             # Whole rounds: a multiple of every stage's replica count, within the batch.
             lcm = math.lcm(*part.replicas)
@@ -286,8 +318,42 @@ class PipelineScheme(Scheme):
                 )
             m = -(-feat.microbatches_per_gpu * part.gpus // lcm) * lcm
             return min(m, batch // lcm * lcm)
-        m = feat.microbatches_per_stage * self.ctx.num_ranks
+        m = feat.microbatches_per_stage * ranks
         return max(1, min(m, batch))
+
+    @classmethod
+    def plan(
+        cls, config: SimConfig, options: Any, topology: Topology, trace: Trace
+    ) -> PipelinePlan:
+        """The stages, micro-batches and lead and tail iterations of ``config`` with
+        ``options`` on ``topology``, ``trace`` being the layers to split (pure: the
+        simulator and the real runtime both lay their runs out with it; ``ConfigError``
+        naming the setting that cannot work)."""
+        feat = cls.features.for_options(options)
+        n = topology.num_gpus
+        part = cls.make_partition(config, options, topology, trace)
+        mbs = cls.microbatches(feat, part, config.effective_batch_size, n)
+        stages = cls.stage_ranks(options, part.replicas)
+        for k, ranks in enumerate(stages):
+            if mbs % len(ranks):
+                raise ConfigError(
+                    "scheme.microbatches",
+                    mbs,
+                    f"stage {k} has {len(ranks)} replicas: the micro-batches "
+                    "per iteration must be a multiple of that",
+                )
+        lead = 0 if feat.flush else -(-2 * (n - 1) // mbs)
+        tail = 0 if feat.flush else -(-(n - 1) // mbs)
+        return PipelinePlan(feat, part, mbs, stages, lead, tail)
+
+    @classmethod
+    def schedule_for(cls, plan: PipelinePlan, iterations: int, options: Any) -> Schedule:
+        """The schedule of ``plan`` for ``iterations`` iterations (:meth:`make_schedule`;
+        ``ConfigError`` naming the micro-batches when the schedule cannot take them)."""
+        try:
+            return cls.make_schedule(plan.stages, plan.microbatches, iterations, options)
+        except ScheduleError as exc:
+            raise ConfigError("scheme.microbatches", plan.microbatches, str(exc)) from None
 
     @classmethod
     def make_schedule(
@@ -311,38 +377,47 @@ class PipelineScheme(Scheme):
             raise ScheduleError(f"{cls.name} has no replicated stages")
         return sch.placement(len(stages), feat.chunks, feat.placement)
 
+    @classmethod
+    def stage_ranks(cls, options: Any, replicas: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """The ranks of every stage the schedule runs, from the replica counts of the
+        partition's stages: consecutive ranks, or the scheme's placement of its virtual
+        stages (``replicas`` then has one entry per stage, ``chunks`` per rank)."""
+        feat = cls.features.for_options(options)
+        if feat.chunks > 1 or feat.placement != "loop":
+            return cls.place(sch.straight_stages(len(replicas) // feat.chunks), options)
+        return stages_from_replicas(replicas)
+
     def replicas(self) -> int:
         """One model replica: the whole pipeline processes ``batch_size`` per iteration."""
         return 1
+
+    @classmethod
+    def estimate_work(cls, work: Workload) -> SchemeWork:
+        """Every stage (chunks per GPU x GPUs) runs every micro-batch forward and backward
+        and sends its activations and gradients on."""
+        p, its = work.gpus, work.iterations
+        v = cls.features.for_options(work.options).chunks
+        m = getattr(work.options, "microbatches", 0) or cls.features.microbatches_per_stage * p
+        return SchemeWork(
+            messages=its * m * 2 * p * v,
+            moved_bytes=its * m * 2.0 * work.activation_bytes / work.layers * p,
+            compute_ops=its * m * 2 * work.layers + its * m * p * v,
+        )
 
     # ---- set-up ------------------------------------------------------------------------
     def start(self) -> None:
         ctx = self.ctx
         opts = self.options
-        self.feat = feat = type(self).features.for_options(opts)
+        plan = self.plan(ctx.config, opts, ctx.topology, ctx.trace)
+        self.feat = feat = plan.features
         """The features of this run (the scheme's, with its options applied)."""
-        self.part = self.make_partition()
-        self.microbatches_per_iteration = mbs = self.microbatches(self.part)
-        if feat.chunks > 1 or feat.placement != "loop":
-            stages = self.place(sch.straight_stages(ctx.num_ranks), opts)
-        else:
-            stages = stages_from_replicas(self.part.replicas)
-        for k, ranks in enumerate(stages):
-            if mbs % len(ranks):
-                raise ConfigError(
-                    "scheme.microbatches",
-                    mbs,
-                    f"stage {k} has {len(ranks)} replicas: the micro-batches "
-                    "per iteration must be a multiple of that",
-                )
-        depth = ctx.num_ranks
-        self.lead = 0 if feat.flush else -(-2 * (depth - 1) // mbs)
-        try:
-            tail = 0 if feat.flush else -(-(depth - 1) // mbs)
-            self.schedule = self.make_schedule(stages, mbs, self.lead + ctx.iterations + tail, opts)
-            ctx.simulated_iterations = self.lead + ctx.iterations + tail
-        except ScheduleError as exc:
-            raise ConfigError("scheme.microbatches", mbs, str(exc)) from None
+        self.part = plan.partition
+        self.microbatches_per_iteration = plan.microbatches
+        self.lead = plan.lead
+        runs = plan.lead + ctx.iterations + plan.tail
+        self.schedule = self.schedule_for(plan, runs, opts)
+        ctx.simulated_iterations = runs
+        stages = plan.stages
         self.plans = [
             self._plan(k, st, ranks) for k, (st, ranks) in enumerate(zip(self.part.stages, stages))
         ]

@@ -74,6 +74,7 @@ from simcore.network import Message, ShadowLink
 from simcore.schemes._ops import LayerOps
 from simcore.schemes.base import Scheme
 from simcore.topology import Topology
+from simcore.work import Workload
 
 PLACEMENTS = ("colocated", "dedicated")
 MEAN_FIELD = ("auto", "on", "off")
@@ -219,12 +220,34 @@ class ParameterServerScheme(Scheme):
     is uneven by design) instead of balancing them (``p3``)."""
     control_bytes: ClassVar[int] = 64
     """Size of an acknowledgement or pull request (push-then-pull protocol)."""
+    parameter_servers = True
+    same_numerics = True
 
     @classmethod
     def dedicated_servers(cls, options: Any, gpus: int) -> int:
         if options.placement != "dedicated":
             return 0
         return options.servers or gpus
+
+    @classmethod
+    def server_ranks(cls, options: Any, workers: int) -> int:
+        """The option's servers, or one per worker (a real run's worker is a machine)."""
+        return int(options.servers) or workers
+
+    @classmethod
+    def estimated_mean_field(cls, work: Workload) -> bool:
+        """Whether the run would use the mean-field model (a close approximation of
+        :func:`use_mean_field` that needs no topology)."""
+        config, options = work.config, work.options
+        mode = options.mean_field
+        if mode == "off" or config.fidelity != "analytic" or config.compute_jitter > 0:
+            return False
+        if options.placement != "colocated" or options.servers:
+            return False
+        if getattr(options, "round_robin", "global") != "global":
+            return False
+        p, g = work.gpus, work.per_box
+        return p % g == 0 and p // g >= (2 if mode == "on" else MEAN_FIELD_MIN_MACHINES)
 
     @classmethod
     def check(cls, config: SimConfig, options: Any, topology: Topology) -> None:

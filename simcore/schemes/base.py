@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from simpy import Environment
@@ -14,6 +15,7 @@ from simcore.config import OPTIMIZERS, SimConfig
 from simcore.device import Gpu
 from simcore.network import Network
 from simcore.topology import Topology
+from simcore.work import SchemeWork, Workload
 from traces.model import Trace
 
 if TYPE_CHECKING:
@@ -117,7 +119,10 @@ class Scheme(ABC):
 
     Subclasses set ``name`` (registry key = module name = CLI string), ``summary`` (one
     line for ``sim schemes``) and ``Options`` (a frozen dataclass of
-    :func:`simcore.config.option` fields), and implement :meth:`start`.
+    :func:`simcore.config.option` fields), and implement :meth:`start`. The class also
+    holds every other fact about the scheme that the real runtime, the work guard and the
+    analyses ask for (the attributes and classmethods below), so that a scheme is its
+    module: nothing else lists scheme names.
     """
 
     name: ClassVar[str] = ""
@@ -125,6 +130,36 @@ class Scheme(ABC):
     Options: ClassVar[type] = NoOptions
     priority_network: ClassVar[bool] = False
     """Whether link queues are priority-ordered (P3) instead of FIFO."""
+    pipeline: ClassVar[bool] = False
+    """Whether the ranks are the stages of a pipeline that splits one mini-batch into
+    micro-batches (a real run then carries the pipeline's plan), rather than workers with
+    a batch each."""
+    parameter_servers: ClassVar[bool] = False
+    """Whether a real run adds parameter-server ranks to the workers
+    (:meth:`server_ranks`)."""
+    same_numerics: ClassVar[bool] = False
+    """Whether training is SGD on each whole update batch, the numbers one process
+    computes (synchronous data parallelism, pipelines with a flush): the staleness
+    emulator trains every such scheme the same way."""
+    update_per_microbatch: ClassVar[bool] = False
+    """Whether the weights are updated after every micro-batch (the asynchronous
+    pipelines' 1F1B) instead of once per iteration."""
+    replicas_diverge: ClassVar[bool] = False
+    """Whether every worker trains a model of its own that the exchanges only pull
+    together (gossip), so the workers' weights differ."""
+    posts_sends: ClassVar[bool] = False
+    """Whether the real runtime's ranks hand every message to gloo on their main thread
+    (``isend``, :class:`realrun.p2p.PostedLink`), so their send spans are the main
+    thread's time, instead of sending from a thread of their own."""
+    real_runtime: ClassVar[str] = ""
+    """The real runtime that runs the scheme with torch.distributed, as
+    ``"module:Class"``, imported by a real run's ranks only (the simulator stays
+    torch-free); ``""``: the scheme has none."""
+    real_backends: ClassVar[tuple[str, ...]] = ("gloo",)
+    """The torch.distributed backends the real runtime runs on."""
+    convergence_variants: ClassVar[Mapping[str, Mapping[str, Any]]] = MappingProxyType({})
+    """The scheme's runs in ``sim train``'s convergence study, by the name the study gives
+    each, with the options it sets; empty: not in the study."""
 
     def __init__(self, ctx: SimContext) -> None:
         self.ctx = ctx
@@ -146,6 +181,24 @@ class Scheme(ABC):
         """Reject configurations the scheme cannot run (raise ``ConfigError``); the base
         accepts everything."""
         return None
+
+    @classmethod
+    def server_ranks(cls, options: Any, workers: int) -> int:
+        """Parameter-server ranks a real run with ``workers`` workers adds (default 0)."""
+        return 0
+
+    @classmethod
+    def real_refusal(cls, options: Any, workers: int) -> tuple[str, str] | None:
+        """Why the real runtime cannot run ``options`` on ``workers`` workers, as ``(the
+        setting, what follows its name in the message)``, or ``None`` when it can (the
+        base accepts everything)."""
+        return None
+
+    @classmethod
+    def estimate_work(cls, work: Workload) -> SchemeWork:
+        """The messages and bytes a simulation of ``work`` moves (see
+        :mod:`simcore.guard`); the base: compute only, no messages."""
+        return SchemeWork()
 
     def replicas(self) -> int:
         """Model replicas that each process ``batch_size`` samples per iteration (the

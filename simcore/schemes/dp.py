@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from simpy import Event
@@ -25,6 +26,7 @@ from simcore.config import option
 from simcore.records import BACKWARD, UPDATE
 from simcore.schemes._ops import LayerOps
 from simcore.schemes.base import Scheme
+from simcore.work import SchemeWork, Workload
 from traces.model import Trace
 
 
@@ -85,6 +87,33 @@ class DataParallel(Scheme):
     name = "dp"
     summary = "data parallelism, all-reduce of DDP-style gradient buckets overlapped with backward"
     Options = DPOptions
+    same_numerics = True
+    real_runtime = "realrun.schemes.dp:DPRuntime"
+    real_backends = ("gloo", "nccl")
+    convergence_variants = MappingProxyType({"dp": {}})
+
+    @classmethod
+    def real_refusal(cls, options: Any, workers: int) -> tuple[str, str] | None:
+        if options.algorithm != "ring":
+            return (
+                "scheme.algorithm",
+                f"{options.algorithm!r} is not allowed for a real run; gloo and NCCL "
+                "all-reduce with a ring (ring)",
+            )
+        return None
+
+    @classmethod
+    def estimate_work(cls, work: Workload) -> SchemeWork:
+        """One all-reduce per bucket and iteration; in the detailed model a ring's
+        ``2 (p - 1)`` steps of every rank, moving twice the gradients per rank."""
+        p, its = work.gpus, work.iterations
+        pbytes = sum(work.param_bytes)
+        buckets = 1 + pbytes // work.options.bucket_bytes
+        if not work.detailed:
+            return SchemeWork(messages=its * buckets)
+        return SchemeWork(
+            messages=its * buckets * 2 * max(0, p - 1) * p, moved_bytes=its * 2.0 * pbytes * p
+        )
 
     def start(self) -> None:
         ctx = self.ctx

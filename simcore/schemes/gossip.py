@@ -66,6 +66,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from functools import cache
+from types import MappingProxyType
 from typing import Any
 
 from simpy import Event
@@ -77,6 +78,7 @@ from simcore.records import UPDATE
 from simcore.schemes._ops import LayerOps
 from simcore.schemes.base import Scheme
 from simcore.topology import Topology
+from simcore.work import SchemeWork, Workload
 
 SCHEDULES = ("hypercube", "dissemination")
 """Partner schedules (see module docs)."""
@@ -138,6 +140,14 @@ class GossipOptions:
 def is_power_of_two(n: int) -> bool:
     """Whether ``n`` is 1, 2, 4, 8, ..."""
     return n >= 1 and n & (n - 1) == 0
+
+
+def _needs_power_of_two(p: int) -> str:
+    """What ``p`` workers, not a power of two, are told (the nearest powers)."""
+    lower = 1 << (p.bit_length() - 1)
+    return (
+        f"gossip pairs workers on a hypercube and needs a power of two, e.g. {lower} or {2 * lower}"
+    )
 
 
 def _gf2_mulmod(a: int, b: int, poly: int, bits: int) -> int:
@@ -257,6 +267,16 @@ class Gossip(Scheme):
         "iteration (hypercube or dissemination), asynchronous"
     )
     Options = GossipOptions
+    replicas_diverge = True
+    posts_sends = True
+    real_runtime = "realrun.schemes.gossip:GossipRuntime"
+    convergence_variants = MappingProxyType(
+        {
+            "gossip": {},
+            "gossip-gradients": {"exchange": "gradients"},
+            "gossip-gradients+weights": {"exchange": "gradients+weights"},
+        }
+    )
 
     @classmethod
     def step_passes(cls, optimizer: str, gpus: int, exchange: str = "weights") -> int:
@@ -269,17 +289,27 @@ class Gossip(Scheme):
     def check(cls, config: SimConfig, options: Any, topology: Topology) -> None:
         p = topology.num_gpus
         if not is_power_of_two(p):
-            lower = 1 << (p.bit_length() - 1)
-            raise ConfigError(
-                "gpus",
-                p,
-                f"gossip pairs workers on a hypercube and needs a "
-                f"power of two, e.g. {lower} or {2 * lower}",
-            )
+            raise ConfigError("gpus", p, _needs_power_of_two(p))
         if options.mean_field == "on":
             plan = mirror_plan(config, options, topology)
             if isinstance(plan, str):
                 raise ConfigError("scheme.mean_field", "on", plan)
+
+    @classmethod
+    def real_refusal(cls, options: Any, workers: int) -> tuple[str, str] | None:
+        if not is_power_of_two(workers):
+            return ("gpus", f"{workers} is not allowed; {_needs_power_of_two(workers)}")
+        return None
+
+    @classmethod
+    def estimate_work(cls, work: Workload) -> SchemeWork:
+        """A message per layer with parameters, and one more, per worker and iteration,
+        each worker sending its parameters' bytes."""
+        p, its = work.gpus, work.iterations
+        return SchemeWork(
+            messages=its * p * (len(work.param_bytes) + 1),
+            moved_bytes=its * float(sum(work.param_bytes)) * p,
+        )
 
     def start(self) -> None:
         ctx = self.ctx

@@ -13,6 +13,7 @@ antichain partitioner). Automatic ``M``: four per stage.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from simcore.config import option
@@ -37,6 +38,7 @@ class GPipe(PipelineScheme):
     summary = "synchronous micro-batch pipeline with a flush per mini-batch (GPipe)"
     Options = GPipeOptions
     features = PipelineFeatures(microbatches_per_stage=4)
+    convergence_variants = MappingProxyType({"gpipe": {}})
 
     @classmethod
     def make_schedule(

@@ -10,6 +10,7 @@ weights after its backward. Runs on the shared pipeline runner
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from simcore.schedule import Schedule, gpipe
@@ -22,6 +23,7 @@ class ModelParallel(PipelineScheme):
     name = "mp"
     summary = "model parallelism: layers split over the GPUs, one batch at a time"
     features = PipelineFeatures(microbatches=1)
+    convergence_variants = MappingProxyType({"mp": {}})
 
     @classmethod
     def make_schedule(

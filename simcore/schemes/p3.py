@@ -28,9 +28,11 @@ paper's changes:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from simcore.config import option
 from simcore.schemes._psbase import MEAN_FIELD, ParameterServerScheme, ServerOptions, Shard
+from simcore.work import SchemeWork, Workload
 
 ROUND_ROBIN = ("global", "per-key")
 """How slices are dealt to servers (see module docs)."""
@@ -90,6 +92,25 @@ class P3(ParameterServerScheme):
     Options = P3Options
     fused = True
     priority_network = True
+    real_runtime = "realrun.schemes.p3:P3Runtime"
+    convergence_variants = MappingProxyType({"p3": {}})
+
+    @classmethod
+    def estimate_work(cls, work: Workload) -> SchemeWork:
+        """A fused push and its answer for every slice per simulated worker and
+        iteration (a mean field simulates two machines and sends each slice's share to
+        both of their servers)."""
+        mf = cls.estimated_mean_field(work)
+        simulated = 2 * work.per_box if mf else work.gpus
+        slice_bytes = max(1, work.options.slice_params * work.config.trace.dtype_bytes)
+        slices = sum(-(-b // slice_bytes) for b in work.param_bytes)
+        its = work.iterations
+        return SchemeWork(
+            messages=its * 2 * simulated * slices * (2 if mf else 1),
+            moved_bytes=its * 2.0 * sum(work.param_bytes) * simulated,
+            simulated_gpus=simulated,
+            mean_field=mf,
+        )
 
     def make_shards(self, num_servers: int) -> list[Shard]:
         trace = self.ctx.trace

@@ -18,6 +18,7 @@ time per micro-batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from simcore.config import option
@@ -40,6 +41,11 @@ class PipeDream(PipelineScheme):
     summary = "asynchronous 1F1B pipeline with weight stashing and replicated stages"
     Options = PipeDreamOptions
     features = PipelineFeatures(straight=False, stash=True, flush=False, microbatches_per_gpu=1)
+    same_numerics = False
+    update_per_microbatch = True
+    convergence_variants = MappingProxyType(
+        {"pipedream": {"straight": True}, "vanilla": {"straight": True, "stash": False}}
+    )
 
     @classmethod
     def make_schedule(

@@ -11,9 +11,11 @@ protocol (see :mod:`simcore.schemes._psbase`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from simcore.config import option
 from simcore.schemes._psbase import MEAN_FIELD, ParameterServerScheme, ServerOptions, Shard
+from simcore.work import SchemeWork, Workload
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,27 @@ class ParameterServer(ParameterServerScheme):
     Options = PSOptions
     fused = False
     keeps_placement = True
+    real_runtime = "realrun.schemes.ps:PSRuntime"
+    convergence_variants = MappingProxyType({"ps": {}})
+
+    @classmethod
+    def estimate_work(cls, work: Workload) -> SchemeWork:
+        """Push, acknowledgement, pull request and value of every shard per simulated
+        worker and iteration (arrays from ``big_array_bytes`` split over the servers; a
+        mean field simulates two machines and folds a split array's parts)."""
+        mf = cls.estimated_mean_field(work)
+        simulated = 2 * work.per_box if mf else work.gpus
+        params = work.param_bytes
+        big = sum(1 for b in params if b >= work.options.big_array_bytes)
+        servers = work.options.servers or work.boxes
+        shards = (len(params) + big) if mf else (len(params) - big + big * servers)
+        its = work.iterations
+        return SchemeWork(
+            messages=its * 4 * simulated * shards,
+            moved_bytes=its * 2.0 * sum(params) * simulated,
+            simulated_gpus=simulated,
+            mean_field=mf,
+        )
 
     def make_shards(self, num_servers: int) -> list[Shard]:
         layers = [

@@ -13,6 +13,7 @@ operation per pass; in memory: one buffer for the prediction, no stash.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from simcore.schedule import Schedule, one_f_one_b
@@ -26,6 +27,9 @@ class SpecTrain(PipelineScheme):
     summary = "asynchronous 1F1B pipeline with weight prediction instead of stashing"
     Options = MicrobatchOptions
     features = PipelineFeatures(predict=True, flush=False, microbatches_per_gpu=1)
+    same_numerics = False
+    update_per_microbatch = True
+    convergence_variants = MappingProxyType({"spectrain": {}})
 
     @classmethod
     def make_schedule(
