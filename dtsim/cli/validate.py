@@ -22,6 +22,7 @@ from analysis.matrix_defaults import (
     SIM_SEEDS,
 )
 from dtsim.cli.errors import BadInput
+from dtsim.cli.options import out_option
 from dtsim.cli.output import check_output_dir, output_folder, table
 
 EMULATED_MATRICES = ("seed", "unseen", "unseen2", "scaling", "bandwidth")
@@ -126,13 +127,10 @@ EMULATED_MATRICES = ("seed", "unseen", "unseen2", "scaling", "bandwidth")
     show_default=True,
     help="Samples per worker per iteration (a pipeline: its mini-batch); a multiple of 12.",
 )
-@click.option(
-    "-o",
-    "--out",
+@out_option(
+    "Output folder; cases already in it are skipped (an interrupted run resumes).",
+    folder=True,
     default="validation",
-    show_default=True,
-    metavar="DIR",
-    help="Output folder; cases already in it are skipped (an interrupted run resumes).",
 )
 @click.option(
     "--calibration",
