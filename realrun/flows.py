@@ -43,7 +43,7 @@ HOSTS = 8
 RATE_FRACTIONS = (0.125, 0.25, 0.5, 1.0)
 """The rates ``sim calibrate`` measures concurrent flows at, as shares of its own rate:
 the spread depends on the rate (it grows as the rate falls; measurements in
-docs/emulated_devices.md), so a calibration moved to another rate takes the spread
+docs/emulated_cluster.md), so a calibration moved to another rate takes the spread
 measured nearest it (:func:`at`)."""
 
 ROUNDS = 2
