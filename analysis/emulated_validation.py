@@ -301,7 +301,7 @@ def register(
     """Predict every case and write ``predictions.json`` (see module docs); a folder
     that has one gets it back unchanged, with the cases it lacks refused
     (``ConfigError``)."""
-    from analysis.validate import sha256_file, source_commit
+    from analysis.validation.prediction import sha256_file, source_commit
     from traces.atomic import write_text
 
     path = predictions_path(out_dir)
@@ -372,11 +372,12 @@ Runner = Callable[[Any, float | None, int], list[dict[str, Any]]]
 def job_for(case: EmuCase, entry: Mapping[str, Any], calibration: str) -> Any:
     """The real run of a registered case (its registered model reference and the
     simulated configuration's pipeline plan)."""
-    from analysis import validate as va
+    from analysis.validation.harness import make_job
+    from analysis.validation.matrix import Case
 
     ref = str(entry["model_ref"])
     p = predict_case(case, ref, calibration)
-    vcase = va.Case(
+    vcase = Case(
         case.scheme,
         ref,
         float(entry["run_rate_bytes_per_s"] or 0.0),
@@ -385,14 +386,14 @@ def job_for(case: EmuCase, entry: Mapping[str, Any], calibration: str) -> Any:
         iterations=case.iterations,
         options=case.options,
     )
-    return va.make_job(vcase, p.config, timeout_s=300.0)
+    return make_job(vcase, p.config, timeout_s=300.0)
 
 
 def score_case(
     case: EmuCase, entry: Mapping[str, Any], results: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
     """The row of a case from its repeats' summarised results (see module docs)."""
-    from analysis.validate import without_shuffle_labels
+    from analysis.validation.rows import without_shuffle_labels
 
     times = [float(r["emulated_iteration_time_s"]) for r in results]
     med = statistics.median(times)
@@ -439,9 +440,9 @@ def score_case(
 
 
 def netns_runner() -> Runner:
-    """Runs a job on an emulated cluster shaped to the run's rate (:func:`analysis.
-    validate.netns_runner`)."""
-    from analysis.validate import netns_runner as runner
+    """Runs a job on an emulated cluster shaped to the run's rate
+    (:func:`analysis.validation.harness.netns_runner`)."""
+    from analysis.validation.harness import netns_runner as runner
 
     return runner()
 

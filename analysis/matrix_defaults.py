@@ -1,5 +1,6 @@
-"""The validation matrix's defaults, declared once for ``analysis.validate`` and the ``sim
-validate`` command (a module without imports, so the command line starts fast)."""
+"""The validation matrix's defaults, declared once for ``analysis.validate`` (and its parts
+in ``analysis.validation``) and the ``sim validate`` command (a module without imports, so
+the command line starts fast)."""
 
 RANKS = (2, 3, 4)
 """Rank counts a validation matrix cycles through."""

@@ -110,7 +110,8 @@ def main() -> int:
     ap.add_argument("out", help="a sim validate output folder")
     ap.add_argument("prefix", help="cases whose id starts with this (p3-mlp_medium-200Mbps)")
     args = ap.parse_args()
-    from analysis.validate import kept_repeats, load_records, measured_case_config
+    from analysis.validation.harness import kept_repeats, load_records
+    from analysis.validation.replay import measured_case_config
 
     for row, case, k, path in kept_repeats(args.out, args.prefix):
         real = real_account(load_records(path))

@@ -109,7 +109,7 @@ def main() -> int:
     ap.add_argument("prefix", help="cases whose id starts with this (p3-mlp_medium-200Mbps)")
     args = ap.parse_args()
     from analysis.resolve import load_preset
-    from analysis.validate import kept_repeats, load_records
+    from analysis.validation.harness import kept_repeats, load_records
 
     for row, case, k, path in kept_repeats(args.out, args.prefix):
         if k == 0:

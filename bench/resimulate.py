@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sim-jitter", type=float, default=SIM_JITTER,
                     help=f"their compute jitter, a CV (default {SIM_JITTER})")  # fmt: skip
     args = ap.parse_args(argv)
-    from analysis.validate import Ensemble
+    from analysis.validation.replay import Ensemble
     from simcore.config import ConfigError
 
     try:
@@ -97,13 +97,13 @@ def _compare(
     import pandas as pd
 
     from analysis.resolve import load_preset
-    from analysis.validate import (
-        case_from_row,
+    from analysis.validation.harness import table_path
+    from analysis.validation.matrix import case_from_row
+    from analysis.validation.replay import (
         measured_case_config,
         measured_files,
         remeasure,
         simulate_ensemble,
-        table_path,
     )
 
     table = pd.read_parquet(table_path(out))

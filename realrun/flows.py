@@ -42,14 +42,14 @@ HOSTS = 8
 
 RATE_FRACTIONS = (0.125, 0.25, 0.5, 1.0)
 """The rates ``sim calibrate`` measures concurrent flows at, as shares of its own rate:
-the spread depends on the rate (measured on 2026-11-29 with 8 hosts: 5.9% at 12.5
-Mbit/s, 2-3% at 25, 1.4% at 50, 0.5% at 100), so a calibration moved to another rate
-takes the spread measured nearest it (:func:`at`)."""
+the spread depends on the rate (it grows as the rate falls; measurements in
+docs/emulated_cluster.md), so a calibration moved to another rate takes the spread
+measured nearest it (:func:`at`)."""
 
 ROUNDS = 2
 """Rounds (a lone flow, then the ring) per rate. A rate whose ring kept the machine more
 than :data:`realrun.metrics.CPU_FLAG_SHARE` busy (``cpu_bound``: the links together carry
-more than the cores can move, about 1.3 Gbit/s here) is kept but not used (:func:`at`)."""
+more than the cores can move) is kept but not used (:func:`at`)."""
 
 WINDOW = (0.1, 0.9)
 """The share of a flow's bytes between which its receiver times it."""

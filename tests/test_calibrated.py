@@ -143,17 +143,17 @@ def test_the_docs_list_every_knob_with_its_source() -> None:
 def test_a_case_preset_says_what_came_from_the_profile_and_what_from_the_run(
     tmp_path: Any,
 ) -> None:
-    from analysis import validate as va
     from analysis.resolve import load_preset
+    from analysis.validation.inputs import case_topology
 
     trace = str(tmp_path / "t.json")
     update = {"memory_bandwidth_bytes_per_s": 5e9, "step_overhead_s": 1e-4}
-    predicted = load_preset(va.case_topology(str(tmp_path), CALIBRATED, trace, update))
+    predicted = load_preset(case_topology(str(tmp_path), CALIBRATED, trace, update))
     sources = predicted["measured"]["sources"]
     assert sources["gpu.step_overhead"] == "profile" and "host.isend_s" not in sources
     assert sources["network.lead"] == "fit-by-simulation:two flows"
     replayed = load_preset(
-        va.case_topology(
+        case_topology(
             str(tmp_path),
             CALIBRATED,
             str(tmp_path / "r.json"),

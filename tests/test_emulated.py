@@ -349,7 +349,7 @@ def test_eight_emulated_ranks_of_each_family_move_the_simulators_bytes(
         ]
     )  # fmt: skip
     assert r["device_type"] == "emulated" and r["gpus"] == 8
-    from analysis.validate import without_shuffle_labels
+    from analysis.validation.rows import without_shuffle_labels
 
     r = without_shuffle_labels(r)  # gossip's shuffle sends labels, which no trace has
     assert r["comm_bytes_per_iteration"] == pytest.approx(

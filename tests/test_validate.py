@@ -12,8 +12,48 @@ from typing import Any
 
 import pytest
 
-from analysis import validate as va
-from analysis.matrix_defaults import FAIL_ABOVE
+from analysis import validate
+from analysis.matrix_defaults import FAIL_ABOVE, MAX_ITERATIONS, MIN_MEASURED_S
+from analysis.validate import format_summary, run_validation
+from analysis.validation import prediction
+from analysis.validation.harness import kept_repeats, load_records, records_path, table_path
+from analysis.validation.inputs import (
+    calibration_columns,
+    calibration_path,
+    case_topology,
+    pool_calibrations,
+    prepare_calibrations,
+)
+from analysis.validation.matrix import (
+    HELDOUT_BATCH,
+    PIPELINES,
+    SCHEMES,
+    Case,
+    bandwidth_label,
+    build_matrix,
+    case_from_row,
+    check_model,
+    heldout_matrix,
+    heldout_model,
+    quick_matrix,
+)
+from analysis.validation.prediction import (
+    Prediction,
+    check_registered,
+    predictions_path,
+    register_predictions,
+    sha256_file,
+)
+from analysis.validation.replay import Ensemble, measured_case_config, remeasure, simulate_ensemble
+from analysis.validation.report import timeline_paths, write_report
+from analysis.validation.rows import (
+    case_row,
+    host_links,
+    prediction_columns,
+    summarise,
+    summarise_prediction,
+    without_shuffle_labels,
+)
 from dtsim.cli import main
 from simcore.config import ConfigError
 from simcore.engine import simulate
@@ -34,16 +74,16 @@ def run_main(capsys: Any, *args: str) -> tuple[int, str, str]:
 
 
 def test_default_matrix_covers_the_issue() -> None:
-    cases = va.build_matrix()
+    cases = build_matrix()
     assert len(cases) >= 24
-    assert {c.scheme for c in cases} == set(va.SCHEMES)
+    assert {c.scheme for c in cases} == set(SCHEMES)
     assert {c.model for c in cases} == {"mlp_medium", "cnn_medium"}
     assert {c.bandwidth_bytes_per_s for c in cases} == {200 * MBIT, 1000 * MBIT}
     assert {c.ranks for c in cases} == {2, 3, 4}
     assert all(c.ranks in (2, 4) for c in cases if c.scheme == "gossip")
     assert len({c.case_id for c in cases}) == len(cases)
     # every scheme meets both models at both bandwidths
-    for s in va.SCHEMES:
+    for s in SCHEMES:
         assert {(c.model, c.bandwidth) for c in cases if c.scheme == s} == {
             (m, b) for m in ("mlp_medium", "cnn_medium") for b in ("200Mbps", "1Gbps")
         }
@@ -55,15 +95,15 @@ def test_default_matrix_covers_the_issue() -> None:
 
 
 def test_quick_matrix_is_small_and_mixed() -> None:
-    cases = va.quick_matrix()
+    cases = quick_matrix()
     assert 3 <= len(cases) <= 5
     schemes = {c.scheme for c in cases}
-    assert "dp" in schemes and schemes & {"ps", "p3"} and schemes & set(va.PIPELINES)
+    assert "dp" in schemes and schemes & {"ps", "p3"} and schemes & set(PIPELINES)
     assert {c.bandwidth for c in cases} == {"1Gbps"}
 
 
 def test_every_rank_takes_the_cross_product() -> None:
-    cases = va.build_matrix(["dp", "gossip"], ["mlp_medium"], ["1Gbps"], [2, 3, 4], every_rank=True)
+    cases = build_matrix(["dp", "gossip"], ["mlp_medium"], ["1Gbps"], [2, 3, 4], every_rank=True)
     assert sorted((c.scheme, c.ranks) for c in cases) == [
         ("dp", 2),
         ("dp", 3),
@@ -74,43 +114,43 @@ def test_every_rank_takes_the_cross_product() -> None:
 
 
 def test_a_case_plans_enough_iterations_to_fill_its_seconds() -> None:
-    case = va.Case("gpipe", "mlp_medium", 125e6, 2, iterations=4, min_measured_s=1.0)
+    case = Case("gpipe", "mlp_medium", 125e6, 2, iterations=4, min_measured_s=1.0)
     assert case.measured_iterations == 4  # before planning: as asked
     assert case.planned(0.02).measured_iterations == 50  # 50 x 20 ms = 1 s
     assert case.planned(0.03).measured_iterations == 34  # rounded up: 1.02 s
     assert case.planned(0.5).measured_iterations == 4  # 2 s in four already
-    assert case.planned(1e-4).measured_iterations == va.MAX_ITERATIONS
-    many = replace(case, iterations=va.MAX_ITERATIONS + 20)
-    assert many.planned(1e-4).measured_iterations == va.MAX_ITERATIONS + 20
+    assert case.planned(1e-4).measured_iterations == MAX_ITERATIONS
+    many = replace(case, iterations=MAX_ITERATIONS + 20)
+    assert many.planned(1e-4).measured_iterations == MAX_ITERATIONS + 20
     exact = replace(case, min_measured_s=0.0)
     assert exact.planned(0.001).measured_iterations == 4
     # the plan is not part of the case's identity, the seconds are
     assert case.planned(0.02).case_id == case.case_id and case.planned(0.02) == case
     assert exact.case_id != case.case_id
     # ids of tables written before the seconds existed (2026-11-24 runs) are kept
-    assert va.Case("dp", "mlp_medium", 25e6, 2).case_id == "dp-mlp_medium-200Mbps-2r-b95b22"
-    assert all(c.min_measured_s == va.MIN_MEASURED_S > 0 for c in va.build_matrix())
-    assert all(c.min_measured_s == va.MIN_MEASURED_S for c in va.quick_matrix())
+    assert Case("dp", "mlp_medium", 25e6, 2).case_id == "dp-mlp_medium-200Mbps-2r-b95b22"
+    assert all(c.min_measured_s == MIN_MEASURED_S > 0 for c in build_matrix())
+    assert all(c.min_measured_s == MIN_MEASURED_S for c in quick_matrix())
 
 
 def test_a_row_gives_back_its_case_with_the_planned_iterations() -> None:
-    case = va.Case("dp", "mlp_medium", 125e6, 2, min_measured_s=1.0).planned(0.05)
+    case = Case("dp", "mlp_medium", 125e6, 2, min_measured_s=1.0).planned(0.05)
     sim = _result(0.05, [0.5, 0.5], SIM_LINKS, 4.0)
-    row = va.case_row(case, sim, [_result(0.05, [0.5, 0.5], REAL_LINKS, 4.0)])
+    row = case_row(case, sim, [_result(0.05, [0.5, 0.5], REAL_LINKS, 4.0)])
     assert (row["iterations"], row["run_iterations"], row["min_measured_s"]) == (4, 20, 1.0)
-    again = va.case_from_row(row)
+    again = case_from_row(row)
     assert again.case_id == case.case_id and again.measured_iterations == 20
     # a row of a table from before: exactly its iterations, and its old id
     old = {k: v for k, v in row.items() if k not in ("run_iterations", "min_measured_s")}
-    assert va.case_from_row(old).measured_iterations == 4
-    assert va.case_from_row(old).case_id == replace(case, min_measured_s=0.0).case_id
-    assert va.case_from_row(dict(old, run_iterations=float("nan"))).measured_iterations == 4
+    assert case_from_row(old).measured_iterations == 4
+    assert case_from_row(old).case_id == replace(case, min_measured_s=0.0).case_id
+    assert case_from_row(dict(old, run_iterations=float("nan"))).measured_iterations == 4
 
 
 def test_bandwidth_labels() -> None:
-    assert va.bandwidth_label(125e6) == "1Gbps"
-    assert va.bandwidth_label(25e6) == "200Mbps"
-    assert va.bandwidth_label(1.5 * 125e6) == "1.5Gbps"
+    assert bandwidth_label(125e6) == "1Gbps"
+    assert bandwidth_label(25e6) == "200Mbps"
+    assert bandwidth_label(1.5 * 125e6) == "1.5Gbps"
 
 
 @pytest.mark.parametrize(
@@ -129,7 +169,7 @@ def test_bandwidth_labels() -> None:
 )
 def test_bad_matrix_names_the_setting(kwargs: dict, field: str, words: str) -> None:
     with pytest.raises(ConfigError) as exc:
-        va.build_matrix(**kwargs)
+        build_matrix(**kwargs)
     assert exc.value.field == field
     assert words in str(exc.value)
 
@@ -140,18 +180,18 @@ def test_user_models_pass_through_resolved(tmp_path: Path) -> None:
         "import torch\n\ndef make():\n    return torch.nn.Sequential(torch.nn.Linear(8, 4))\n"
     )
     with pytest.raises(ConfigError, match="does not define 'Other'"):
-        va.check_model(f"{f}:Other")
+        check_model(f"{f}:Other")
     with pytest.raises(ConfigError, match="no such file"):
-        va.check_model(f"{tmp_path}/missing.py:make")
+        check_model(f"{tmp_path}/missing.py:make")
     with pytest.raises(ConfigError, match="input_shape"):
-        va.check_model(f"{f}:make")  # returns only a module: needs the input shape
-    ref = va.check_model(f"{f}:make", (8,))
+        check_model(f"{f}:make")  # returns only a module: needs the input shape
+    ref = check_model(f"{f}:make", (8,))
     assert ref.endswith("mymodel.py:make") and os.path.isabs(ref.split(":")[0])
-    (case,) = va.build_matrix(["dp"], [f"{f}:make"], ["1Gbps"], [2], input_shape=(8,))
+    (case,) = build_matrix(["dp"], [f"{f}:make"], ["1Gbps"], [2], input_shape=(8,))
     assert case.model == ref and case.input_shape == (8,)
     assert case.case_id.startswith("dp-mymodel.py_make-1Gbps-2r-")
     # a zoo model ignores the shape
-    (zoo_case,) = va.build_matrix(["dp"], ["mlp_medium"], ["1Gbps"], [2], input_shape=(8,))
+    (zoo_case,) = build_matrix(["dp"], ["mlp_medium"], ["1Gbps"], [2], input_shape=(8,))
     assert zoo_case.input_shape is None
 
 
@@ -214,7 +254,7 @@ def test_cli_failed_calibration_is_one_line(
 def test_cli_dry_run_lists_cases(capsys: Any) -> None:
     code, out, _ = run_main(capsys, "validate", "--dry-run")
     assert code == 0
-    assert out.startswith(f"{len(va.build_matrix())} cases:")
+    assert out.startswith(f"{len(build_matrix())} cases:")
     assert "spectrain cnn_medium" in out
 
 
@@ -244,7 +284,7 @@ REAL_LINKS = {"n0->switch": 100, "switch->n0": 100, "n1->switch": 100, "switch->
 
 
 def test_host_links_name_the_simulators_links_as_the_real_run_does() -> None:
-    assert va.host_links(SIM_LINKS) == va.host_links(REAL_LINKS) == REAL_LINKS
+    assert host_links(SIM_LINKS) == host_links(REAL_LINKS) == REAL_LINKS
 
 
 def test_a_cases_preset_takes_the_runs_step_and_messenger_costs(tmp_path: Path) -> None:
@@ -257,11 +297,11 @@ def test_a_cases_preset_takes_the_runs_step_and_messenger_costs(tmp_path: Path) 
     from simcore.topology import TopologySpec, build_topology
 
     calibration = os.path.join(
-        os.path.dirname(va.__file__), "..", "simcore", "presets", "topologies", "netns.yaml"
+        os.path.dirname(validate.__file__), "..", "simcore", "presets", "topologies", "netns.yaml"
     )
     trace = str(tmp_path / "m-r0.json")
     update = {"memory_bandwidth_bytes_per_s": 4e9, "step_overhead_s": 2e-4}
-    path = va.case_topology(str(tmp_path), calibration, trace, update)
+    path = case_topology(str(tmp_path), calibration, trace, update)
     assert path == str(tmp_path / "m-r0-netns.yaml")
     with open(path, encoding="utf-8") as fh:
         written = yaml.safe_load(fh)
@@ -270,7 +310,7 @@ def test_a_cases_preset_takes_the_runs_step_and_messenger_costs(tmp_path: Path) 
     assert written["gpu"]["memory_bandwidth"] == "4e+09B/s"
     trace2 = str(tmp_path / "m-r1.json")
     update = {**update, "p2p_message_cpu_s": 3e-4}
-    path = va.case_topology(str(tmp_path), calibration, trace2, update)
+    path = case_topology(str(tmp_path), calibration, trace2, update)
     topo = build_topology(TopologySpec(load_preset(path), 2))
     assert topo.host_spec is not None and topo.host_spec.p2p_message_cpu_s == 3e-4
     assert topo.host_spec.p2p_copy_cpu_s_per_byte == pytest.approx(
@@ -294,7 +334,7 @@ def _cpu_config(**kw: Any) -> Any:
 
 def test_an_ensemble_is_the_mean_of_its_seeds_and_keeps_the_nearest_run() -> None:
     config = _cpu_config()
-    sim = va.simulate_ensemble(config, va.Ensemble(seeds=4, jitter=0.1))
+    sim = simulate_ensemble(config, Ensemble(seeds=4, jitter=0.1))
     alone = [
         simulate(config.__class__(**{**config.__dict__, "seed": s, "compute_jitter": 0.1}))
         for s in range(4)
@@ -306,9 +346,9 @@ def test_an_ensemble_is_the_mean_of_its_seeds_and_keeps_the_nearest_run() -> Non
     nearest = min(sim.times_s, key=lambda t: abs(t - mean))
     assert sim.result.iteration_time_s == nearest
     # no jitter: the one deterministic simulation, whatever the seeds
-    one = va.simulate_ensemble(config, va.Ensemble(seeds=7, jitter=0.0))
+    one = simulate_ensemble(config, Ensemble(seeds=7, jitter=0.0))
     assert one.times_s == (simulate(config).iteration_time_s,)
-    assert va.Ensemble(seeds=7, jitter=0.0).runs == 1
+    assert Ensemble(seeds=7, jitter=0.0).runs == 1
 
 
 @pytest.mark.parametrize(
@@ -318,15 +358,15 @@ def test_an_ensemble_is_the_mean_of_its_seeds_and_keeps_the_nearest_run() -> Non
 )  # fmt: skip
 def test_a_bad_ensemble_names_the_setting(seeds: Any, jitter: float, field: str) -> None:
     with pytest.raises(ConfigError) as ex:
-        va.Ensemble(seeds, jitter)
+        Ensemble(seeds, jitter)
     assert ex.value.field == field
 
 
 def test_case_row_errors_spread_and_bytes() -> None:
-    case = va.Case("dp", "mlp_medium", 125e6, 2)
+    case = Case("dp", "mlp_medium", 125e6, 2)
     sim = _result(0.105, [0.5, 0.5], SIM_LINKS, 40.0)
     reals = [_result(t, [0.5, 0.5], REAL_LINKS, 40.0) for t in (0.100, 0.098, 0.104)]
-    row = va.case_row(case, sim, reals)
+    row = case_row(case, sim, reals)
     assert row["real_iteration_time_s"] == 0.100
     assert row["real_iteration_time_min_s"] == 0.098
     assert row["real_iteration_time_max_s"] == 0.104
@@ -337,26 +377,26 @@ def test_case_row_errors_spread_and_bytes() -> None:
     assert json.loads(row["real_utilization"]) == [0.5, 0.5]
     # one byte more on one link in one repeat: not exact
     reals[1] = _result(0.098, [0.5, 0.5], dict(REAL_LINKS, **{"n1->switch": 101}), 40.0)
-    row = va.case_row(case, sim, reals)
+    row = case_row(case, sim, reals)
     assert row["bytes_exact"] is False and row["bytes_max_link_diff"] == 1
 
 
 def test_why_names_the_noise_band_or_the_term_that_differs() -> None:
-    case = va.Case("ps", "cnn_medium", 25e6, 2)
+    case = Case("ps", "cnn_medium", 25e6, 2)
     # 8 % off, but between the fastest and the slowest real run: within the noise band
     noisy = [_result(t, [0.5, 0.5], REAL_LINKS, 4.0) for t in (0.09, 0.10, 0.11)]
-    row = va.case_row(case, _result(0.108, [0.5, 0.5], SIM_LINKS, 4.0), noisy)
+    row = case_row(case, _result(0.108, [0.5, 0.5], SIM_LINKS, 4.0), noisy)
     assert row["why"].startswith("within the noise band")
     # 8 % off, outside a narrow band: not noise
     narrow = [_result(t, [0.5, 0.5], REAL_LINKS, 4.0) for t in (0.099, 0.10, 0.101)]
-    row = va.case_row(case, _result(0.108, [0.54, 0.54], SIM_LINKS, 4.0), narrow)
+    row = case_row(case, _result(0.108, [0.54, 0.54], SIM_LINKS, 4.0), narrow)
     assert "differs most" in row["why"]
     # 40 % slower in simulation, compute the same: the communication term differs
     steady = [_result(0.100, [0.5, 0.5], REAL_LINKS, 4.0) for _ in range(3)]
-    row = va.case_row(case, _result(0.140, [50 / 140, 50 / 140], SIM_LINKS, 4.0), steady)
+    row = case_row(case, _result(0.140, [50 / 140, 50 / 140], SIM_LINKS, 4.0), steady)
     assert row["why"].startswith("communication and waiting per iteration differs most")
     # the compute term differs
-    row = va.case_row(case, _result(0.140, [90 / 140, 90 / 140], SIM_LINKS, 4.0), steady)
+    row = case_row(case, _result(0.140, [90 / 140, 90 / 140], SIM_LINKS, 4.0), steady)
     assert row["why"].startswith("compute per iteration differs most")
 
 
@@ -374,17 +414,17 @@ def test_why_names_sends_that_held_a_rank_and_only_those() -> None:
     }
     assert send_hold_s(records) == pytest.approx(0.002)  # 4 ms in iteration 3 of 2..3
     assert send_hold_s(dict(records, job=dict(records["job"], scheme="ps"))) == 0.0
-    case = va.Case("pipedream", "mlp_medium", 125e6, 2)
+    case = Case("pipedream", "mlp_medium", 125e6, 2)
     steady = [dict(_result(0.100, [0.5, 0.5], REAL_LINKS, 4.0), send_hold_s=0.005)] * 3
-    row = va.case_row(case, _result(0.080, [50 / 80, 50 / 80], SIM_LINKS, 4.0), steady)
+    row = case_row(case, _result(0.080, [50 / 80, 50 / 80], SIM_LINKS, 4.0), steady)
     assert row["real_send_hold_s"] == 0.005
     assert row["why"].endswith("held its main thread 5.0 ms per iteration "
                                "(simulated as every send's mean hold, host.isend_s)")  # fmt: skip
     # a hold that is a small part of the miss, or a case predicted too slow: not named
     small = [dict(r, send_hold_s=0.001) for r in steady]
-    row = va.case_row(case, _result(0.080, [50 / 80, 50 / 80], SIM_LINKS, 4.0), small)
+    row = case_row(case, _result(0.080, [50 / 80, 50 / 80], SIM_LINKS, 4.0), small)
     assert "held" not in row["why"]
-    row = va.case_row(case, _result(0.130, [50 / 130, 50 / 130], SIM_LINKS, 4.0), steady)
+    row = case_row(case, _result(0.130, [50 / 130, 50 / 130], SIM_LINKS, 4.0), steady)
     assert "held" not in row["why"]
 
 
@@ -393,11 +433,11 @@ def _synthetic_rows() -> list[dict[str, Any]]:
     # (scheme, replay error, prediction error)
     errors = [("dp", 0.02, -0.12), ("ps", -0.08, 0.04), ("gpipe", 0.30, 0.06)]
     for i, (scheme, err, pred_err) in enumerate(errors):
-        case = va.Case(scheme, "mlp_medium", 125e6, 2 + i % 2)
+        case = Case(scheme, "mlp_medium", 125e6, 2 + i % 2)
         real_t = 0.1 * (i + 1)
         reals = [_result(real_t * f, [0.6, 0.5], REAL_LINKS, 4.0) for f in (0.99, 1.0, 1.01)]
-        row = va.case_row(case, _result(real_t * (1 + err), [0.6, 0.5], SIM_LINKS, 4.0), reals)
-        row.update(va.prediction_columns(real_t * (1 + pred_err), real_t))
+        row = case_row(case, _result(real_t * (1 + err), [0.6, 0.5], SIM_LINKS, 4.0), reals)
+        row.update(prediction_columns(real_t * (1 + pred_err), real_t))
         row["prediction_source"] = "simulated at the run"
         rows.append(row)
     return rows
@@ -417,20 +457,20 @@ def test_report_from_synthetic_rows(tmp_path: Path) -> None:
     )  # fmt: skip
     # timelines of one case on both sides
     span = ("n0.rank0", "compute", "forward", "L0", 0.0, 0.01, 0, 0, 0, 0, -1)
-    real_p, sim_p, png = va.timeline_paths(str(tmp_path), rows[0]["point_id"])
+    real_p, sim_p, png = timeline_paths(str(tmp_path), rows[0]["point_id"])
     os.makedirs(os.path.dirname(real_p))
     Path(real_p).write_text(json.dumps(to_chrome_trace([span], ["n0.rank0"])))
     Path(sim_p).write_text(json.dumps(to_chrome_trace([(*span[:5], 0.012, *span[6:])])))
     cal = tmp_path / "calibration" / "1Gbps.yaml"
     cal.parent.mkdir()
     cal.write_text("name: cal\nnetwork: {bandwidth: 950Mbps, latency: 80us}\nbox: {gpus: 1}\n")
-    path = va.write_report(
+    path = write_report(
         rows, str(tmp_path), command="sim validate --quick", calibrations=[str(cal)]
     )
     text = Path(path).read_text()
-    med, mx, exact = va.summarise(rows)
+    med, mx, exact = summarise(rows)
     assert med == pytest.approx(0.08) and mx == pytest.approx(0.30) and exact == 3
-    assert va.summarise_prediction(rows) == (pytest.approx(0.06), pytest.approx(0.12))
+    assert summarise_prediction(rows) == (pytest.approx(0.06), pytest.approx(0.12))
     # the prediction is the headline; the replay a labelled diagnostic
     assert (
         "| **prediction**: median / max abs(rel err) of iteration time | **6.0% / 12.0%** |" in text
@@ -461,13 +501,13 @@ def test_resume_skips_finished_cases_and_reuses_the_calibration(
 ) -> None:
     """Three cases at two bandwidths; the run is interrupted during the third: the
     rerun runs only the third and calibrates nothing again."""
-    cases = va.build_matrix(["dp", "ps", "p3"], ["mlp_medium"], ["1Gbps", "200Mbps"], [2])[:3]
+    cases = build_matrix(["dp", "ps", "p3"], ["mlp_medium"], ["1Gbps", "200Mbps"], [2])[:3]
     ran: list[str] = []
     calibrated: list[float] = []
     stop = {"at": cases[2].case_id}
 
     def fake_run_case(
-        case: va.Case,
+        case: Case,
         out_dir: str,
         topo: str,
         repeats: int,
@@ -475,34 +515,34 @@ def test_resume_skips_finished_cases_and_reuses_the_calibration(
         ensemble: Any,
         registered: Any = None,
     ) -> dict:
-        assert ensemble == va.Ensemble()
+        assert ensemble == Ensemble()
         assert os.path.exists(topo)
         if case.case_id == stop["at"]:
             raise KeyboardInterrupt
         ran.append(case.case_id)
         reals = [_result(0.1, [0.5, 0.5], REAL_LINKS, 4.0)] * repeats
-        return va.case_row(case, _result(0.1, [0.5, 0.5], SIM_LINKS, 4.0), reals)
+        return case_row(case, _result(0.1, [0.5, 0.5], SIM_LINKS, 4.0), reals)
 
     def fake_calibrate(rate: float) -> dict:
         calibrated.append(rate)
         return {"name": "cal", "box": {"gpus": 1}, "network": {"bandwidth": rate * 0.95}}
 
-    monkeypatch.setattr(va, "run_case", fake_run_case)
+    monkeypatch.setattr(validate, "run_case", fake_run_case)
     out = str(tmp_path / "v")
     with pytest.raises(KeyboardInterrupt):
-        va.run_validation(cases, out, repeats=2, calibrator=fake_calibrate)
+        run_validation(cases, out, repeats=2, calibrator=fake_calibrate)
     assert ran == [c.case_id for c in cases[:2]]
-    assert os.path.exists(va.table_path(out))  # a consistent store after Ctrl-C
+    assert os.path.exists(table_path(out))  # a consistent store after Ctrl-C
     stop["at"] = ""
     ran.clear()
-    summary = va.run_validation(cases, out, repeats=2, calibrator=fake_calibrate)
+    summary = run_validation(cases, out, repeats=2, calibrator=fake_calibrate)
     assert ran == [cases[2].case_id]
     assert (summary.skipped, summary.computed, summary.failed) == (2, 1, 0)
     assert sorted(calibrated) == [25e6, 125e6]  # once per bandwidth, kept on resume
     assert [r["point_id"] for r in summary.rows] == [c.case_id for c in cases]
     import pandas as pd
 
-    assert len(pd.read_parquet(va.table_path(out))) == 3
+    assert len(pd.read_parquet(table_path(out))) == 3
     assert len(pd.read_csv(os.path.join(out, "validation.csv"))) == 3
     assert (Path(out) / "report.md").exists()
 
@@ -516,7 +556,7 @@ def test_every_bandwidth_is_calibrated_first_and_the_wakeup_pooled(
     from analysis.resolve import load_preset
     from tests.helpers import busy_cores_calibration
 
-    cases = va.build_matrix(["dp"], ["mlp_medium"], ["1Gbps", "200Mbps"], [2])
+    cases = build_matrix(["dp"], ["mlp_medium"], ["1Gbps", "200Mbps"], [2])
     events: list[str] = []
     own = {125e6: 1e-3, 25e6: 2e-3}
 
@@ -525,7 +565,7 @@ def test_every_bandwidth_is_calibrated_first_and_the_wakeup_pooled(
         return busy_cores_calibration(own[rate])
 
     def fake_run_case(
-        case: va.Case,
+        case: Case,
         out_dir: str,
         topo: str,
         repeats: int,
@@ -536,21 +576,21 @@ def test_every_bandwidth_is_calibrated_first_and_the_wakeup_pooled(
         events.append(f"run {case.bandwidth}")
         assert load_preset(topo)["host"]["wakeup_s"] == pytest.approx(1.5e-3, abs=1e-12)
         reals = [_result(0.1, [0.5, 0.5], REAL_LINKS, 4.0)] * repeats
-        return va.case_row(case, _result(0.1, [0.5, 0.5], SIM_LINKS, 4.0), reals)
+        return case_row(case, _result(0.1, [0.5, 0.5], SIM_LINKS, 4.0), reals)
 
-    monkeypatch.setattr(va, "run_case", fake_run_case)
+    monkeypatch.setattr(validate, "run_case", fake_run_case)
     out = str(tmp_path / "v")
-    va.run_validation(cases, out, repeats=1, calibrator=fake_calibrate)
+    run_validation(cases, out, repeats=1, calibrator=fake_calibrate)
     assert events == ["calibrate 1.25e+08", "calibrate 2.5e+07", "run 1Gbps", "run 200Mbps"]
-    files = {rate: va.calibration_path(out, rate) for rate in own}
+    files = {rate: calibration_path(out, rate) for rate in own}
     for rate, path in files.items():
         fits = load_preset(path)["measured"]["fits"]
         assert fits["wakeup_own_s"] == pytest.approx(own[rate])
         assert fits["wakeup_s"] == pytest.approx(1.5e-3, abs=1e-12)
     stamps = {p: os.stat(p).st_mtime_ns for p in files.values()}
-    assert va.pool_calibrations(out) == []  # pooled already
+    assert pool_calibrations(out) == []  # pooled already
     events.clear()
-    summary = va.run_validation(cases, out, repeats=1, calibrator=fake_calibrate)
+    summary = run_validation(cases, out, repeats=1, calibrator=fake_calibrate)
     assert events == [] and summary.skipped == 2
     assert {p: os.stat(p).st_mtime_ns for p in files.values()} == stamps
 
@@ -616,7 +656,7 @@ def test_validate_end_to_end_on_an_emulated_cluster(
     sim_samples = df["sim_throughput_samples_s"] * df["sim_iteration_time_s"]
     assert list(sim_samples.round(6)) == list(real_samples.round(6))
     for pid in df["point_id"]:
-        for path in va.timeline_paths(out, pid):
+        for path in timeline_paths(out, pid):
             assert os.path.getsize(path) > 0, path
     # compute measured in a one-rank dp run, and in gpipe's own two stages at its micro-batch
     assert (Path(out) / "traces" / "mlp_medium-dp-b24.json").exists()
@@ -625,7 +665,7 @@ def test_validate_end_to_end_on_an_emulated_cluster(
     # both are simulated on each repeat's own measured compute (gpipe on its stages),
     # three times with a little jitter
     by = df.set_index("scheme")
-    ensemble = va.Ensemble(seeds=3)
+    ensemble = Ensemble(seeds=3)
     assert (df["sim_seeds"] == 3).all() and (df["sim_jitter"] == ensemble.jitter).all()
     assert (df["sim_iteration_time_min_s"] <= df["sim_iteration_time_s"]).all()
     assert (df["sim_iteration_time_s"] <= df["sim_iteration_time_max_s"]).all()
@@ -638,13 +678,13 @@ def test_validate_end_to_end_on_an_emulated_cluster(
         kept = Path(out) / "traces" / "measured" / f"{by.loc[scheme, 'point_id']}-r0.json"
         assert kept.exists()
         # what was kept simulates the repeat again to the same time (gpipe on its cuts)
-        case = va.case_from_row(by.loc[scheme].to_dict() | {"scheme": scheme})
+        case = case_from_row(by.loc[scheme].to_dict() | {"scheme": scheme})
         assert case.case_id == by.loc[scheme, "point_id"]
-        config = va.measured_case_config(case, out, 0)
-        again = va.simulate_ensemble(config, ensemble).iteration_time_s
+        config = measured_case_config(case, out, 0)
+        again = simulate_ensemble(config, ensemble).iteration_time_s
         assert again == pytest.approx(sims[0], abs=5.1e-5)  # the table keeps 0.1 ms
         # the run's records are kept, and read again they give the same simulation
-        records = va.load_records(va.records_path(out, case, 0))
+        records = load_records(records_path(out, case, 0))
         assert records["job"]["scheme"] == scheme and len(records["ranks"]) == 2
         # the run measured the iterations planned to fill 0.3 s at the predicted time
         # (at least --iterations), and its simulations as many
@@ -653,13 +693,13 @@ def test_validate_end_to_end_on_an_emulated_cluster(
         assert config.iterations == planned
         predicted = case.planned(float(by.loc[scheme, "sim_profiled_iteration_time_s"]))
         assert abs(predicted.measured_iterations - planned) <= max(1, planned // 10)
-        rebuilt = va.remeasure(case, out, 0, str(tmp_path / "again"), ensemble).iteration_time_s
+        rebuilt = remeasure(case, out, 0, str(tmp_path / "again"), ensemble).iteration_time_s
         assert rebuilt == pytest.approx(again, rel=1e-9)
     # the bench scripts walk every kept repeat, or those of the cases a prefix names
-    walked = [(case.case_id, k, path) for _row, case, k, path in va.kept_repeats(out)]
+    walked = [(case.case_id, k, path) for _row, case, k, path in kept_repeats(out)]
     assert [(pid, 0) for pid in df["point_id"]] == [(pid, k) for pid, k, _p in walked]
     assert all(os.path.exists(path) for *_x, path in walked)
-    assert [c.scheme for _r, c, _k, _p in va.kept_repeats(out, "gpipe-")] == ["gpipe"]
+    assert [c.scheme for _r, c, _k, _p in kept_repeats(out, "gpipe-")] == ["gpipe"]
     # gpipe's iteration of four micro-batches is short: more than two measured
     assert int(by.loc["gpipe", "run_iterations"]) > 2
     med = float(df["abs_prediction_rel_err"].median())
@@ -682,11 +722,11 @@ def test_validate_quick_fidelity(tmp_path: Path, prefix: str) -> None:
     gates: the predictions of these cases missed by 6-11 % (docs/prediction.md), so a
     gate on them at 10 % would fail CI by chance; it moves to the prediction once the
     predictions meet it."""
-    summary = va.run_validation(va.quick_matrix(), str(tmp_path / "v"), repeats=3)
+    summary = run_validation(quick_matrix(), str(tmp_path / "v"), repeats=3)
     assert summary.failed == 0, summary.errors
     assert summary.bytes_exact == summary.cases
-    assert summary.prediction_median_abs_rel_err >= 0, va.format_summary(summary)
-    assert summary.median_abs_rel_err <= FAIL_ABOVE, va.format_summary(summary)
+    assert summary.prediction_median_abs_rel_err >= 0, format_summary(summary)
+    assert summary.median_abs_rel_err <= FAIL_ABOVE, format_summary(summary)
 
 
 def test_gossip_labels_are_left_out_link_by_link() -> None:
@@ -699,11 +739,11 @@ def test_gossip_labels_are_left_out_link_by_link() -> None:
         warmup_iterations=1,
         gpus=2,
     )
-    adjusted = va.without_shuffle_labels(real)
+    adjusted = without_shuffle_labels(real)
     assert adjusted["comm_bytes_by_link"] == REAL_LINKS
     assert adjusted["comm_bytes_per_iteration"] == 40.0
-    row = va.case_row(
-        va.Case("gossip", "mlp_medium", 125e6, 2),
+    row = case_row(
+        Case("gossip", "mlp_medium", 125e6, 2),
         _result(0.1, [0.5, 0.5], SIM_LINKS, 40.0),
         [adjusted],
     )
@@ -716,11 +756,12 @@ CALIBRATED = os.path.join(os.path.dirname(__file__), "data", "calibrated-1Gbps.y
 
 
 def _fake_predict(predicted_s: float = 0.2) -> Any:
-    """A stand-in for :func:`analysis.validate.predict_case` (no profiling run): writes a
-    profile and a case preset into the output folder and predicts ``predicted_s``."""
+    """A stand-in for :func:`analysis.validation.prediction.predict_case` (no profiling
+    run): writes a profile and a case preset into the output folder and predicts
+    ``predicted_s``."""
     from types import SimpleNamespace
 
-    def predict(case: va.Case, out_dir: str, calibration: str) -> va.Prediction:
+    def predict(case: Case, out_dir: str, calibration: str) -> Prediction:
         folder = Path(out_dir) / "traces"
         folder.mkdir(parents=True, exist_ok=True)
         trace = folder / f"{case.model}.json"
@@ -731,7 +772,7 @@ def _fake_predict(predicted_s: float = 0.2) -> Any:
         sim = {"throughput_samples_s": 48 / predicted_s, "comm_bytes_per_iteration": 4.0}
         result = SimpleNamespace(to_dict=lambda: sim, iteration_time_s=predicted_s)
         planned = case.planned(predicted_s)
-        return va.Prediction(planned, predicted_s, None, result, str(trace), str(topo), {})
+        return Prediction(planned, predicted_s, None, result, str(trace), str(topo), {})
 
     return predict
 
@@ -739,13 +780,13 @@ def _fake_predict(predicted_s: float = 0.2) -> Any:
 def test_predictions_are_registered_once_with_their_inputs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(va, "predict_case", _fake_predict(0.2))
-    cases = va.build_matrix(["dp"], ["mlp_medium"], ["1Gbps", "200Mbps"], [2], min_measured_s=1.0)
+    monkeypatch.setattr(prediction, "predict_case", _fake_predict(0.2))
+    cases = build_matrix(["dp"], ["mlp_medium"], ["1Gbps", "200Mbps"], [2], min_measured_s=1.0)
     out = str(tmp_path / "v")
-    cals = va.prepare_calibrations(cases, out, topology_file=CALIBRATED)
+    cals = prepare_calibrations(cases, out, topology_file=CALIBRATED)
     assert set(cals.values()) == {CALIBRATED}
-    data = va.register_predictions(cases, out, cals, command="sim validate ...")
-    on_disk = json.loads(Path(va.predictions_path(out)).read_text())
+    data = register_predictions(cases, out, cals, command="sim validate ...")
+    on_disk = json.loads(Path(predictions_path(out)).read_text())
     assert on_disk == data
     assert data["commit"] is None or len(data["commit"]) == 40
     by_rate = {e["case"]: e for e in data["cases"].values()}
@@ -753,31 +794,31 @@ def test_predictions_are_registered_once_with_their_inputs(
     for entry in (fast, slow):
         assert entry["iteration_time_s"] == 0.2
         assert entry["run_iterations"] == 5  # 1 s at 0.2 s an iteration
-        assert entry["trace_sha256"] == va.sha256_file(os.path.join(out, entry["trace"]))
-        assert entry["calibration_sha256"] == va.sha256_file(CALIBRATED)
+        assert entry["trace_sha256"] == sha256_file(os.path.join(out, entry["trace"]))
+        assert entry["calibration_sha256"] == sha256_file(CALIBRATED)
         assert entry["calibration_rate"] == "1Gbps"
         assert entry["registered_at"] == data["registered_at"]
     assert (fast["calibration_moved"], slow["calibration_moved"]) == (False, True)
     with pytest.raises(ConfigError, match="never rewritten"):
-        va.register_predictions(cases, out, cals)
-    assert json.loads(Path(va.predictions_path(out)).read_text()) == data
+        register_predictions(cases, out, cals)
+    assert json.loads(Path(predictions_path(out)).read_text()) == data
 
 
 def test_a_registered_prediction_is_scored_only_on_its_own_inputs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(va, "predict_case", _fake_predict(0.2))
-    (case,) = va.build_matrix(["dp"], ["mlp_medium"], ["1Gbps"], [2], min_measured_s=1.0)
+    monkeypatch.setattr(prediction, "predict_case", _fake_predict(0.2))
+    (case,) = build_matrix(["dp"], ["mlp_medium"], ["1Gbps"], [2], min_measured_s=1.0)
     out = str(tmp_path / "v")
-    data = va.register_predictions([case], out, {case.bandwidth_bytes_per_s: CALIBRATED})
+    data = register_predictions([case], out, {case.bandwidth_bytes_per_s: CALIBRATED})
     entry = data["cases"][case.case_id]
-    prediction = va.predict_case(case, out, CALIBRATED)
-    va.check_registered(prediction, entry, out)  # the same files: fine
+    predicted = prediction.predict_case(case, out, CALIBRATED)
+    check_registered(predicted, entry, out)  # the same files: fine
     with pytest.raises(ConfigError, match="iterations"):
-        va.check_registered(replace(prediction, case=case.planned(0.01)), entry, out)
-    Path(prediction.trace_file).write_text('{"profile": 2}')
+        check_registered(replace(predicted, case=case.planned(0.01)), entry, out)
+    Path(predicted.trace_file).write_text('{"profile": 2}')
     with pytest.raises(ConfigError, match="changed since the predictions were registered"):
-        va.check_registered(prediction, entry, out)
+        check_registered(predicted, entry, out)
 
 
 def test_run_validation_hands_each_case_its_registered_prediction(
@@ -786,18 +827,18 @@ def test_run_validation_hands_each_case_its_registered_prediction(
     """Registered cases run on the calibration they were predicted with (nothing is
     calibrated for them) and their rows carry the registered time; the summary leads
     with the prediction's error."""
-    monkeypatch.setattr(va, "predict_case", _fake_predict(0.2))
-    cases = va.build_matrix(["dp", "ps"], ["mlp_medium"], ["1Gbps"], [2])
+    monkeypatch.setattr(prediction, "predict_case", _fake_predict(0.2))
+    cases = build_matrix(["dp", "ps"], ["mlp_medium"], ["1Gbps"], [2])
     out = str(tmp_path / "v")
-    va.register_predictions(cases[:1], out, {125e6: CALIBRATED})
+    register_predictions(cases[:1], out, {125e6: CALIBRATED})
     seen: dict[str, Any] = {}
 
     def fake_run_case(case, out_dir, topo, repeats, runner, ensemble, registered=None):
         seen[case.scheme] = (topo, registered)
         reals = [_result(0.25, [0.5, 0.5], REAL_LINKS, 4.0)] * repeats
-        row = va.case_row(case, _result(0.24, [0.5, 0.5], SIM_LINKS, 4.0), reals)
+        row = case_row(case, _result(0.24, [0.5, 0.5], SIM_LINKS, 4.0), reals)
         predicted = registered["iteration_time_s"] if registered else 0.25
-        row.update(va.prediction_columns(predicted, row["real_iteration_time_s"]))
+        row.update(prediction_columns(predicted, row["real_iteration_time_s"]))
         return row
 
     def fake_calibrate(rate: float) -> dict:
@@ -806,14 +847,14 @@ def test_run_validation_hands_each_case_its_registered_prediction(
 
             return yaml.safe_load(fh)
 
-    monkeypatch.setattr(va, "run_case", fake_run_case)
-    summary = va.run_validation(cases, out, repeats=1, calibrator=fake_calibrate)
+    monkeypatch.setattr(validate, "run_case", fake_run_case)
+    summary = run_validation(cases, out, repeats=1, calibrator=fake_calibrate)
     assert seen["dp"][0] == CALIBRATED and seen["dp"][1]["iteration_time_s"] == 0.2
-    assert seen["ps"][1] is None and seen["ps"][0] == va.calibration_path(out, 125e6)
+    assert seen["ps"][1] is None and seen["ps"][0] == calibration_path(out, 125e6)
     assert summary.prediction_median_abs_rel_err == pytest.approx(0.1)  # 20% and 0% off
     assert summary.prediction_max_abs_rel_err == pytest.approx(0.2)
     assert summary.median_abs_rel_err == pytest.approx(0.04)
-    text = va.format_summary(summary)
+    text = format_summary(summary)
     assert "prediction: median 10.0%, max 20.0% | replay: median 4.0%, max 4.0%" in text
 
 
@@ -827,12 +868,12 @@ def test_one_calibration_serves_every_rate_with_calibrate_at(tmp_path: Path) -> 
 
             return yaml.safe_load(fh)
 
-    cases = va.build_matrix(["dp"], ["mlp_medium"], ["200Mbps", "500Mbps", "1Gbps"], [2])
+    cases = build_matrix(["dp"], ["mlp_medium"], ["200Mbps", "500Mbps", "1Gbps"], [2])
     out = str(tmp_path / "v")
-    cals = va.prepare_calibrations(cases, out, calibrate_at=125e6, calibrator=fake_calibrate)
+    cals = prepare_calibrations(cases, out, calibrate_at=125e6, calibrator=fake_calibrate)
     assert rates == [125e6]
-    assert set(cals.values()) == {va.calibration_path(out, 125e6)}
-    cols = va.calibration_columns(cals[25e6], 25e6)
+    assert set(cals.values()) == {calibration_path(out, 125e6)}
+    cols = calibration_columns(cals[25e6], 25e6)
     assert cols["calibration_rate"] == "1Gbps" and cols["calibration_moved"] is True
     assert cols["calibration_age_h"] > 0
 
@@ -840,7 +881,7 @@ def test_one_calibration_serves_every_rate_with_calibrate_at(tmp_path: Path) -> 
 def test_cli_predict_only_registers_and_refuses_to_rewrite(
     capsys: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(va, "predict_case", _fake_predict(0.2))
+    monkeypatch.setattr(prediction, "predict_case", _fake_predict(0.2))
     out = str(tmp_path / "v")
     args = ["validate", "--predict-only", "--calibration", CALIBRATED, "--schemes", "dp"]
     args += ["--models", "mlp_medium", "--bandwidths", "200Mbps,1Gbps", "--ranks", "2"]
@@ -850,7 +891,7 @@ def test_cli_predict_only_registers_and_refuses_to_rewrite(
     assert "dp mlp_medium 200Mbps x2" in text and "moved from 1Gbps" in text
     assert "2 predictions registered at" in text
     assert "--predict-only" not in text.split("score them:")[1]
-    assert os.path.exists(va.predictions_path(out))
+    assert os.path.exists(predictions_path(out))
     code, _, err = run_main(capsys, *args)
     assert code == 2 and "never rewritten" in err and "Traceback" not in err
 
@@ -861,12 +902,12 @@ def test_cli_predict_only_registers_and_refuses_to_rewrite(
 def test_the_heldout_matrix_is_what_the_development_one_is_not() -> None:
     """24 cases, all eight schemes, 2-4 ranks, at a rate, a batch and on models the
     development matrix does not have (a ResNet, a Transformer, a user's model by file)."""
-    cases = va.heldout_matrix()
-    dev = va.build_matrix()
+    cases = heldout_matrix()
+    dev = build_matrix()
     assert len(cases) >= 24
-    assert {c.scheme for c in cases} == set(va.SCHEMES)
+    assert {c.scheme for c in cases} == set(SCHEMES)
     assert {c.ranks for c in cases} == {2, 3, 4}
-    assert {c.batch_size for c in cases} == {va.HELDOUT_BATCH} != {c.batch_size for c in dev}
+    assert {c.batch_size for c in cases} == {HELDOUT_BATCH} != {c.batch_size for c in dev}
     assert not {c.bandwidth_bytes_per_s for c in cases} & {c.bandwidth_bytes_per_s for c in dev}
     assert not {c.model for c in cases} & {c.model for c in dev}
     user = [c.model for c in cases if c.model.endswith(":wide_mlp")]
@@ -883,7 +924,7 @@ def test_heldout_models_build_with_their_documented_sizes() -> None:
     sizes = {
         "resnet_small": 78_042,
         "transformer_small": 674_954,
-        va.heldout_model("user_model.py:wide_mlp"): 3_170_314,
+        heldout_model("user_model.py:wide_mlp"): 3_170_314,
     }
     for ref, params in sizes.items():
         model = resolve_model(ref).build()

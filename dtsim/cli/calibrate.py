@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from dtsim.cli.errors import BadInput
+from dtsim.cli.options import out_option
 from dtsim.cli.output import check_output, table
 from simcore.units import UnitError, parse_rate, parse_size
 
@@ -88,14 +89,8 @@ def _int_list(flag: str, value: str, low: int, high: int, what: str) -> list[int
     help="Time gloo's all-reduce on the first P hosts for each P (comma-separated; "
     "'none' to skip).",
 )
-@click.option(
-    "--out",
-    "-o",
-    type=click.Path(dir_okay=False),
-    default="calibration.yaml",
-    show_default=True,
-    metavar="FILE",
-    help="The topology file to write (for 'sim run --topology FILE').",
+@out_option(
+    "The topology file to write (for 'sim run --topology FILE').", default="calibration.yaml"
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the calibration as one JSON object.")
 def calibrate(

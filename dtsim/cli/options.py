@@ -75,6 +75,31 @@ def setting_option(f: dataclasses.Field, *, as_list: bool = False) -> Callable[.
     )
 
 
+def out_option(
+    help: str,
+    *,
+    folder: bool = False,
+    default: str | None = None,
+    metavar: str | None = None,
+    dest: str = "out",
+) -> Callable[..., Any]:
+    """The ``-o``/``--out`` option every command that writes results declares: a file, or
+    with ``folder`` a folder, shown as ``FILE``/``DIR`` unless ``metavar`` says otherwise;
+    ``default`` is shown in ``--help`` when there is one. The path is not checked here:
+    commands check it before their work (``dtsim.cli.output.check_output`` /
+    ``check_output_dir``), with messages that say what is wrong with it."""
+    return click.option(
+        "-o",
+        "--out",
+        dest,
+        type=click.Path(),
+        default=default,
+        show_default=default is not None,
+        metavar=metavar or ("DIR" if folder else "FILE"),
+        help=help,
+    )
+
+
 def run_options(f: Callable[..., Any], spec_cls: type = RunSpec) -> Callable[..., Any]:
     """Decorate a command with the options that describe one run: a flag for each setting
     of ``spec_cls`` declared with ``flag=N``, ``--config`` and ``--set``."""

@@ -6,6 +6,8 @@ import os
 
 import click
 
+from dtsim.cli.options import out_option
+
 
 @click.command("plot")
 @click.argument("results", metavar="RESULTS", type=click.Path(dir_okay=False))
@@ -31,13 +33,7 @@ import click
     help="Keep only these rows (repeatable); for --kind gantt: device, stream, kind or iteration.",
 )
 @click.option("--title", default=None, help="Figure title.")
-@click.option(
-    "-o",
-    "--out",
-    default=None,
-    metavar="FIG",
-    help="Figure file (.png, .svg, .pdf). [default: RESULTS-KIND.png]",
-)
+@out_option("Figure file (.png, .svg, .pdf). [default: RESULTS-KIND.png]", metavar="FIG")
 def plot(
     results: str,
     kind: str,

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from dtsim.cli.errors import BadInput
-from dtsim.cli.options import setting_option
+from dtsim.cli.options import out_option, setting_option
 from dtsim.cli.output import check_output
 from realrun.options import DEFAULT_EFFICIENCY, DEVICES, DTYPES
 from realrun.spec import RealSpec
@@ -48,13 +48,7 @@ declared once there, with the same defaults as 'sim real'."""
     show_default=True,
     help="Element type of parameters and activations.",
 )
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, writable=True),
-    default=None,
-    metavar="FILE",
-    help="Trace file to write. [default: MODEL-DEVICE-bBATCH.json]",
-)
+@out_option("Trace file to write. [default: MODEL-DEVICE-bBATCH.json]")
 @click.option(
     "--format",
     "fmt",

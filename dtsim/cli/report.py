@@ -6,17 +6,15 @@ import sys
 
 import click
 
+from dtsim.cli.options import out_option
+
 
 @click.command("report")
-@click.option(
-    "-o",
-    "--out",
-    "out_dir",
+@out_option(
+    "Folder for report.md, figures/ and data/ (created if needed).",
+    folder=True,
     default="report",
-    show_default=True,
-    metavar="DIR",
-    type=click.Path(file_okay=False),
-    help="Folder for report.md, figures/ and data/ (created if needed).",
+    dest="out_dir",
 )
 @click.option(
     "--quick", is_flag=True, help="Fewer models, bandwidths and GPU counts (a few seconds)."

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from dtsim.cli.options import setting_option
+from dtsim.cli.options import out_option, setting_option
 from simcore.spec import FLAG_FIELDS as SWEEP_FLAGS
 from simcore.spec import flag_fields
 
@@ -37,13 +37,9 @@ def _list_options(f: Any) -> Any:
     help="Sweep any other setting, e.g. chunk_bytes=256KiB,1MiB or "
     "scheme.algorithm=ring,tree (repeatable).",
 )
-@click.option(
-    "-o",
-    "--out",
+@out_option(
+    "Results table (.parquet or .csv); finished points in it are skipped.",
     default="sweep.parquet",
-    show_default=True,
-    metavar="FILE",
-    help="Results table (.parquet or .csv); finished points in it are skipped.",
 )
 @click.option(
     "-j",

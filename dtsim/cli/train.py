@@ -12,6 +12,7 @@ import click
 
 from analysis.convergence import CONVERGENCE_SCHEMES, DIGITS_MODELS, TrainSettings
 from dtsim.cli.errors import BadInput
+from dtsim.cli.options import out_option
 
 _D = TrainSettings()
 
@@ -141,15 +142,11 @@ def _seeds(values: Sequence[str]) -> list[int]:
     is_flag=True,
     help="Multi-process runs (torch.distributed, gloo) instead of the staleness emulator.",
 )
-@click.option(
-    "-o",
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    metavar="DIR",
-    help="Write curves.csv/.parquet, table.csv/.md, to_target.csv, "
+@out_option(
+    "Write curves.csv/.parquet, table.csv/.md, to_target.csv, "
     "time_to_accuracy.csv, a PNG per model and, with gossip, disagreement.png here.",
+    folder=True,
+    dest="out_dir",
 )
 @click.option(
     "--progress/--no-progress",

@@ -17,11 +17,13 @@ from analysis.matrix_defaults import (
     ITERATIONS,
     MAX_ITERATIONS,
     MIN_MEASURED_S,
+    RANKS,
     REPEATS,
     SIM_JITTER,
     SIM_SEEDS,
 )
 from dtsim.cli.errors import BadInput
+from dtsim.cli.options import out_option
 from dtsim.cli.output import check_output_dir, output_folder, table
 
 EMULATED_MATRICES = ("seed", "unseen", "unseen2", "scaling", "bandwidth")
@@ -126,13 +128,10 @@ EMULATED_MATRICES = ("seed", "unseen", "unseen2", "scaling", "bandwidth")
     show_default=True,
     help="Samples per worker per iteration (a pipeline: its mini-batch); a multiple of 12.",
 )
-@click.option(
-    "-o",
-    "--out",
+@out_option(
+    "Output folder; cases already in it are skipped (an interrupted run resumes).",
+    folder=True,
     default="validation",
-    show_default=True,
-    metavar="DIR",
-    help="Output folder; cases already in it are skipped (an interrupted run resumes).",
 )
 @click.option(
     "--calibration",
@@ -241,7 +240,19 @@ def validate(
       sim validate --out validation/
       sim validate --schemes dp,pipedream --models mlp_medium --bandwidths 1Gbps --ranks 2
     """
-    from analysis import validate as va
+    from analysis.validate import format_summary, run_validation
+    from analysis.validation.harness import table_path
+    from analysis.validation.matrix import (
+        BANDWIDTHS,
+        HELDOUT_BATCH,
+        MODELS,
+        SCHEMES,
+        build_matrix,
+        heldout_matrix,
+        parse_list,
+        quick_matrix,
+    )
+    from analysis.validation.replay import Ensemble
     from simcore.config import ConfigError
 
     if device == "emulated":
@@ -274,7 +285,7 @@ def validate(
             raise ConfigError("calibrate_at", calibrate_at, str(exc)) from None
         if not rate_at > 0:
             raise ConfigError("calibrate_at", calibrate_at, "expected a positive rate, e.g. 1Gbps")
-    ensemble = va.Ensemble(sim_seeds, sim_jitter)
+    ensemble = Ensemble(sim_seeds, sim_jitter)
     matrix: tuple[tuple[Any, ...], ...] = ()
     if quick or matrix_name == "heldout":
         given = [
@@ -297,34 +308,30 @@ def validate(
                 f"drop {named} to choose the matrix"
             )
         if quick:
-            cases = va.quick_matrix(
+            cases = quick_matrix(
                 iterations=iterations, batch_size=batch_size, min_measured_s=min_measured_s
             )
         else:
             if batch_size != BATCH:
-                raise BadInput(
-                    f"--matrix heldout: its batch is {va.HELDOUT_BATCH}; drop --batch-size"
-                )
-            cases = va.heldout_matrix(iterations=iterations, min_measured_s=min_measured_s)
+                raise BadInput(f"--matrix heldout: its batch is {HELDOUT_BATCH}; drop --batch-size")
+            cases = heldout_matrix(iterations=iterations, min_measured_s=min_measured_s)
     else:
         rank_list = []
-        for text in va.parse_list(
-            "ranks", ranks if ranks is not None else ",".join(map(str, va.RANKS))
-        ):
+        for text in parse_list("ranks", ranks if ranks is not None else ",".join(map(str, RANKS))):
             try:
                 rank_list.append(int(text))
             except ValueError:
                 raise ConfigError("ranks", text, "expected whole numbers from 2 to 4") from None
         matrix = (
-            va.parse_list("schemes", schemes) if schemes is not None else va.SCHEMES,
-            va.parse_list("models", models) if models is not None else va.MODELS,
-            va.parse_list("bandwidths", bandwidths) if bandwidths is not None else va.BANDWIDTHS,
+            parse_list("schemes", schemes) if schemes is not None else SCHEMES,
+            parse_list("models", models) if models is not None else MODELS,
+            parse_list("bandwidths", bandwidths) if bandwidths is not None else BANDWIDTHS,
             tuple(rank_list),
         )
         from realrun.usermodel import parse_input_shape
 
         shape = parse_input_shape(input_shape)
-        cases = va.build_matrix(
+        cases = build_matrix(
             *matrix,
             every_rank=every_rank,
             input_shape=shape,
@@ -361,11 +368,11 @@ def validate(
     show = sys.stderr.isatty() if progress is None else progress
     bar = _Bar(len(cases), show)
     if predict_only:
-        _predict_only(va, cases, out, calibration, rate_at, bar, command)
+        _predict_only(cases, out, calibration, rate_at, bar, command)
         return
     try:
         with output_folder("--out", out, keep_partial=True):
-            summary = va.run_validation(
+            summary = run_validation(
                 cases,
                 out,
                 repeats=repeats,
@@ -384,7 +391,7 @@ def validate(
         raise
     bar.close()
     click.echo(summary_table(summary.rows))
-    click.echo(va.format_summary(summary))
+    click.echo(format_summary(summary))
     for line in summary.errors[:10]:
         click.echo(f"  failed: {line}")
     med = summary.prediction_median_abs_rel_err
@@ -404,12 +411,11 @@ def validate(
     if summary.failed:
         _fail(
             f"{summary.failed} of {summary.cases} cases failed; their errors are in the "
-            f"'error' column of {va.table_path(out)}"
+            f"'error' column of {table_path(out)}"
         )
 
 
 def _predict_only(
-    va: Any,
     cases: Any,
     out: str,
     calibration: str | None,
@@ -418,7 +424,10 @@ def _predict_only(
     command: str,
 ) -> None:
     """``--predict-only``: calibrate, profile and register every case's prediction."""
-    path = va.predictions_path(out)
+    from analysis.validation.inputs import prepare_calibrations
+    from analysis.validation.prediction import predictions_path, register_predictions
+
+    path = predictions_path(out)
     if os.path.exists(path):
         raise BadInput(
             f"--out: {out} already holds registered predictions ({path}); they are never "
@@ -426,10 +435,10 @@ def _predict_only(
         )
     try:
         with output_folder("--out", out, keep_partial=True):
-            calibrations = va.prepare_calibrations(
+            calibrations = prepare_calibrations(
                 cases, out, topology_file=calibration, calibrate_at=rate_at, progress=bar
             )
-            data = va.register_predictions(
+            data = register_predictions(
                 cases, out, calibrations, command=command, progress=bar,
             )  # fmt: skip
     finally:
@@ -460,7 +469,7 @@ def _fail(message: str) -> None:
 def summary_table(rows: Any) -> str:
     """One line per case: measured and predicted iteration time, the prediction's and the
     replay's error, the real runs' spread, bytes."""
-    from analysis.validate import predicted_s, prediction_err
+    from analysis.validation.rows import predicted_s, prediction_err
 
     lines = [
         f"{'case':<34} {'measured':>9} {'predicted':>9} {'error':>7} {'replay':>7} "
@@ -630,7 +639,7 @@ def _validate_emulated(
     try:
         with output_folder("--out", out, keep_partial=True):
             if calibration is None:
-                from analysis.validate import default_calibrator, ensure_calibration
+                from analysis.validation.inputs import default_calibrator, ensure_calibration
 
                 rate = parse_rate(calibrate_at or ev.CALIBRATION_RATE)
                 bar.describe(f"calibrating at {calibrate_at or ev.CALIBRATION_RATE}")

@@ -1,0 +1,311 @@
+"""What a validation's predictions are made from, measured on this machine.
+
+The emulated cluster's **calibration**, once per link rate or once at one rate that
+every case is moved to (:func:`prepare_calibrations`; the host's wake-up wait fitted
+over all of them, :func:`pool_calibrations`), kept as ``calibration/<bandwidth>.yaml``;
+where a case's calibration came from, as a row's columns (:func:`calibration_columns`).
+The model's **profile** inside the runtime the case uses (:func:`ensure_trace`), kept
+as ``traces/...json`` with its optimizer step's cost; and the case's preset: the
+calibration with the costs measured with a trace (:func:`case_topology`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from analysis.validation.harness import make_job, sim_config
+from analysis.validation.matrix import PIPELINES, Case, bandwidth_label, zoo_model
+from realrun.owner import temp_prefix
+from simcore.config import ConfigError
+from traces.atomic import write_text
+
+PROFILE_ITERATIONS, PROFILE_WARMUP = 12, 2
+"""Iterations of the real run a case's compute is measured in (means over the measured ones)."""
+PROFILE_REPEATS = 3
+"""Profile runs per trace; each layer's time is their median (as the real side's is the
+median of its repeats): one run on this shared machine has been 25% off another."""
+
+Calibrator = Callable[[float], Mapping[str, Any]]
+"""``calibrator(rate_bytes_per_s) -> topology preset mapping``."""
+
+
+def default_calibrator(rate_bytes_per_s: float) -> Mapping[str, Any]:
+    """Calibrate the emulated cluster at this link rate (:mod:`realrun.calibrate`)."""
+    from realrun.calibrate import calibrate
+
+    return calibrate(cluster="netns", bandwidth_bytes_per_s=rate_bytes_per_s)
+
+
+def calibration_path(out_dir: str, rate_bytes_per_s: float) -> str:
+    """Where the calibrated preset of this rate lives in a validation's output folder."""
+    return os.path.join(out_dir, "calibration", f"{bandwidth_label(rate_bytes_per_s)}.yaml")
+
+
+def ensure_calibration(
+    out_dir: str, rate_bytes_per_s: float, calibrator: Calibrator = default_calibrator
+) -> str:
+    """The calibrated preset file for this rate: the one already in ``out_dir``, or a new
+    one (calibrated now, written atomically)."""
+    path = calibration_path(out_dir, rate_bytes_per_s)
+    if os.path.exists(path):
+        return path
+    from realrun.calibrate import write_calibration
+
+    preset = dict(calibrator(rate_bytes_per_s))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_calibration(preset, path)
+    return path
+
+
+def pool_calibrations(out_dir: str) -> list[str]:
+    """Fit the host's wake-up wait once over every calibration in ``out_dir``
+    (:func:`realrun.calibrate.pool_wakeup`) and write it into each of them; the files
+    that changed. The busy-cores benchmark behind it runs on unshaped links, so each
+    bandwidth's calibration measures the same host property, and a single run of it
+    moves with the machine's scheduling from one minute to the next (seen 1.55-2.1 ms
+    between two calibrations started a minute apart); the validation's cases all get
+    the wait fitted to every run."""
+    import yaml
+
+    from realrun.calibrate import pool_wakeup, write_calibration
+
+    paths = calibration_files(out_dir)
+    presets = []
+    for path in paths:
+        with open(path) as fh:
+            presets.append(yaml.safe_load(fh))
+
+    def pooled(preset: Mapping[str, Any]) -> tuple[Any, Any]:
+        fits = (preset.get("measured") or {}).get("fits") or {}
+        return (preset.get("host") or {}).get("wakeup_s"), fits.get("wakeup_pooled_over")
+
+    changed = []
+    for path, before, after in zip(paths, presets, pool_wakeup(presets), strict=True):
+        (was, over), (now, now_over) = pooled(before), pooled(after)
+        if over != now_over or not math.isclose(was or 0.0, now or 0.0, rel_tol=1e-4):
+            write_calibration(after, path)
+            changed.append(path)
+    return changed
+
+
+def calibration_files(out_dir: str) -> list[str]:
+    """The calibrated preset files in ``out_dir/calibration/``, sorted."""
+    d = os.path.join(out_dir, "calibration")
+    if not os.path.isdir(d):
+        return []
+    return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".yaml"))
+
+
+def prepare_calibrations(
+    cases: Sequence[Case],
+    out_dir: str,
+    *,
+    topology_file: str | None = None,
+    calibrate_at: float | None = None,
+    calibrator: Calibrator = default_calibrator,
+    progress: Callable[[Case, str], None] | None = None,
+) -> dict[float, str]:
+    """The preset file each case's link rate is simulated on: ``topology_file`` for every
+    rate where given (a calibrated one is moved to each case's rate when simulated);
+    else one calibration at ``calibrate_at`` for every rate (the what-if across link
+    rates); else one calibration per rate, all taken before the first case so that the
+    host's wake-up wait is fitted over all of them (:func:`pool_calibrations`). Kept in
+    ``out_dir/calibration/`` and reused."""
+    rates = list(dict.fromkeys(c.bandwidth_bytes_per_s for c in cases))
+    if topology_file is not None:
+        return dict.fromkeys(rates, topology_file)
+    if calibrate_at is not None:
+        if not (calibrate_at > 0 and math.isfinite(calibrate_at)):
+            raise ConfigError("calibrate_at", calibrate_at, "expected a positive link rate")
+        if not os.path.exists(calibration_path(out_dir, calibrate_at)) and progress and cases:
+            progress(replace(cases[0], bandwidth_bytes_per_s=calibrate_at), "calibrate")
+        return dict.fromkeys(rates, ensure_calibration(out_dir, calibrate_at, calibrator))
+    fresh = False
+    calibrations: dict[float, str] = {}
+    for case in cases:
+        rate = case.bandwidth_bytes_per_s
+        if rate in calibrations:
+            continue
+        if not os.path.exists(calibration_path(out_dir, rate)):
+            if progress:
+                progress(case, "calibrate")
+            fresh = True
+        calibrations[rate] = ensure_calibration(out_dir, rate, calibrator)
+    if fresh:
+        pool_calibrations(out_dir)
+    return calibrations
+
+
+def profile_scheme(scheme: str) -> str:
+    """The runtime a case's compute is profiled in: the pipeline's own (its stage calls,
+    weight copies and stashing are part of its compute), else the data-parallel one."""
+    return scheme if scheme in PIPELINES else "dp"
+
+
+def trace_path(
+    out_dir: str,
+    model: str,
+    batch: int,
+    input_shape: tuple[int, ...] | None = None,
+    runtime: str = "dp",
+    ranks: int = 1,
+) -> str:
+    """Where the trace of ``model`` at ``batch`` measured in ``runtime`` on ``ranks``
+    ranks lives."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model.rsplit("/", 1)[-1])
+    if input_shape is not None:
+        safe += "-" + "x".join(map(str, input_shape))
+    if not zoo_model(model):  # two files of one name in different folders differ
+        safe += "-" + hashlib.sha256(model.encode()).hexdigest()[:6]
+    on = f"-{ranks}r" if ranks > 1 else ""
+    return os.path.join(out_dir, "traces", f"{safe}-{runtime}{on}-b{batch}.json")
+
+
+def ensure_trace(out_dir: str, case: Case, topology_file: str) -> tuple[str, dict[str, float]]:
+    """The layer trace of ``case``'s model, measured on this machine now inside the
+    runtime the case uses (the median of :data:`PROFILE_REPEATS` runs), and its
+    optimizer step's cost (``memory_bandwidth_bytes_per_s``, ``step_overhead_s``);
+    reused when ``out_dir`` already has them.
+
+    A real run on this machine's loopback (:func:`profile_scheme`'s runtime) is turned
+    into the trace by :func:`realrun.metrics.trace_from_run`, so what the runtime does
+    around each layer is part of the layer's time, and each layer's time is the CPU work
+    its rank's main thread did for it. A data-parallel case is profiled on one rank
+    (every rank runs the whole model; communication is the simulator's). A pipeline is
+    profiled with its own stages, micro-batches and schedule, since what a stage does
+    around its layers (its call, receiving, weight copies) each stage pays: the
+    ``--profile-out`` of a real run. The per-layer profiler's trace only gives the
+    structure (parameters, activations, the graph)."""
+    runtime = profile_scheme(case.scheme)
+    ranks = case.ranks if runtime in PIPELINES else 1
+    path = trace_path(out_dir, case.model, case.trace_batch, case.input_shape, runtime, ranks)
+    rate_path = path.removesuffix(".json") + ".update.json"
+    if os.path.exists(path) and os.path.exists(rate_path):
+        with open(rate_path, encoding="utf-8") as fh:
+            return path, json.load(fh)
+    import tempfile
+
+    from realrun.launch import launch
+    from realrun.metrics import UpdateCost, median_trace, trace_from_run, update_cost
+    from realrun.profiler import ProfileConfig, profile_model
+    from simcore.config import OPTIMIZERS
+    from traces.jsonfmt import save
+
+    base = profile_model(
+        case.model, ProfileConfig(batch_size=case.trace_batch, progress=False), case.input_shape
+    )
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    base_path = path.removesuffix(".json") + ".layers.json"
+    save(base, base_path)  # the per-layer profile: the structure, kept for reference
+    one = replace(
+        case,
+        scheme=runtime,
+        ranks=ranks,
+        iterations=PROFILE_ITERATIONS,
+        warmup_iterations=PROFILE_WARMUP,
+        options=case.options if runtime in PIPELINES else (),
+    )
+    config = sim_config(one, base_path, topology_file, record_spans=False)
+    job = make_job(one, config)
+    runs = []
+    for _ in range(PROFILE_REPEATS):
+        with tempfile.TemporaryDirectory(prefix=temp_prefix("validate-profile")) as tmp:
+            runs.append(launch(job, tmp))
+    trace = median_trace([trace_from_run(records, base) for records in runs])
+    costs = [update_cost(records, base, OPTIMIZERS[job.optimizer][1]) for records in runs]
+    cost = UpdateCost(
+        statistics.median(c.bytes_per_s for c in costs),
+        statistics.median(c.overhead_s for c in costs),
+    )
+    tmp_path = path + ".tmp.json"
+    save(trace, tmp_path)
+    os.replace(tmp_path, path)
+    update = {
+        "memory_bandwidth_bytes_per_s": cost.bytes_per_s,
+        "step_overhead_s": cost.overhead_s,
+    }
+    write_text(rate_path, json.dumps(update))
+    return path, update
+
+
+def case_topology(
+    out_dir: str,
+    topology_file: str,
+    trace_file: str,
+    update: Mapping[str, float],
+    source: str = "profile",
+) -> str:
+    """The calibrated preset with the optimizer step's cost measured with the trace (its
+    memory bandwidth and fixed overhead, :func:`realrun.metrics.update_cost`) and, where
+    ``update`` has them, SpecTrain's fixed cost of a weight prediction
+    (``predict_overhead_s``), the messaging CPU per message (``p2p_message_cpu_s``),
+    the sending thread's hold per ``isend`` (``isend_s``) and a pipeline's transport
+    threads' CPU per message end (``posted_cpu_s``) measured in the same run; next
+    to the trace; the calibration itself is left as measured. ``measured.sources`` says
+    where each setting came from (:data:`realrun.calibrated.KNOBS`): the optimizer step's
+    from ``source`` (``profile`` for a prediction, ``run`` for a replay), the rest from
+    the run (a replay's alone)."""
+    from analysis.resolve import load_preset
+
+    preset = dict(load_preset(topology_file))
+    from realrun.calibrated import knob_sources
+
+    measured = dict(preset.get("measured") or {})
+    sources = dict(measured.get("sources") or knob_sources(preset))  # (older files: none)
+    sources["gpu.memory_bandwidth"] = sources["gpu.step_overhead"] = source
+    if "predict_overhead_s" in update:
+        sources["gpu.predict_overhead"] = "run"
+    for key in ("p2p_message_cpu_s", "isend_s", "posted_cpu_s"):
+        if key in update:
+            sources[f"host.{key}"] = "run"
+    preset["measured"] = {**measured, "sources": sources}
+    preset["gpu"] = {
+        **dict(preset.get("gpu") or {}),
+        "memory_bandwidth": f"{update['memory_bandwidth_bytes_per_s']:.6g}B/s",
+        "step_overhead": f"{update.get('step_overhead_s', 0.0) * 1e6:.6g}us",
+    }
+    if "predict_overhead_s" in update:
+        preset["gpu"]["predict_overhead"] = f"{update['predict_overhead_s'] * 1e6:.6g}us"
+    for key in ("p2p_message_cpu_s", "isend_s", "posted_cpu_s"):
+        if key in update:
+            preset["host"] = {**dict(preset.get("host") or {}), key: float(update[key])}
+    stem = os.path.basename(topology_file).removesuffix(".yaml")
+    path = trace_file.removesuffix(".json") + f"-{stem}.yaml"
+    if not os.path.exists(path):
+        import yaml
+
+        write_text(path, yaml.safe_dump(preset, sort_keys=False))
+    return path
+
+
+def calibration_columns(calibration: str, case_rate_bytes_per_s: float) -> dict[str, Any]:
+    """Where a case's calibration came from: its file, when it was measured, its age now
+    (hours) and the link rate it was measured at (``moved`` when that is not the case's:
+    the what-if :func:`realrun.calibrated.at_rate` makes)."""
+    import datetime
+
+    from analysis.resolve import load_preset, parse_when
+    from realrun.calibrated import calibrated_rate
+
+    preset = load_preset(calibration)
+    measured = preset.get("measured") if isinstance(preset.get("measured"), Mapping) else {}
+    when = parse_when((measured or {}).get("date"))
+    age_h = (
+        (datetime.datetime.now(datetime.UTC) - when).total_seconds() / 3600 if when else math.nan
+    )
+    rate = calibrated_rate(preset)
+    return {
+        "calibration": os.path.abspath(calibration) if os.path.exists(calibration) else calibration,
+        "calibration_date": when.isoformat(timespec="minutes") if when else "",
+        "calibration_age_h": age_h,
+        "calibration_rate": bandwidth_label(rate) if rate else "",
+        "calibration_moved": bool(rate) and not math.isclose(rate, case_rate_bytes_per_s),
+    }
