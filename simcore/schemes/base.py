@@ -188,11 +188,21 @@ class Scheme(ABC):
         return 0
 
     @classmethod
+    def worker_refusal(cls, workers: int) -> str | None:
+        """Why the scheme cannot run on ``workers`` workers whatever its options (the words
+        that follow the scheme's name in a message), or ``None`` when it can (the base:
+        any number)."""
+        return None
+
+    @classmethod
     def real_refusal(cls, options: Any, workers: int) -> tuple[str, str] | None:
         """Why the real runtime cannot run ``options`` on ``workers`` workers, as ``(the
         setting, what follows its name in the message)``, or ``None`` when it can (the
-        base accepts everything)."""
-        return None
+        base: what :meth:`worker_refusal` refuses)."""
+        why = cls.worker_refusal(workers)
+        if why is None:
+            return None
+        return ("gpus", f"{workers} is not allowed; {cls.name} {why}")
 
     @classmethod
     def estimate_work(cls, work: Workload) -> SchemeWork:

@@ -100,7 +100,7 @@ class DataParallel(Scheme):
                 f"{options.algorithm!r} is not allowed for a real run; gloo and NCCL "
                 "all-reduce with a ring (ring)",
             )
-        return None
+        return super().real_refusal(options, workers)
 
     @classmethod
     def estimate_work(cls, work: Workload) -> SchemeWork:

@@ -142,14 +142,6 @@ def is_power_of_two(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
 
-def _needs_power_of_two(p: int) -> str:
-    """What ``p`` workers, not a power of two, are told (the nearest powers)."""
-    lower = 1 << (p.bit_length() - 1)
-    return (
-        f"gossip pairs workers on a hypercube and needs a power of two, e.g. {lower} or {2 * lower}"
-    )
-
-
 def _gf2_mulmod(a: int, b: int, poly: int, bits: int) -> int:
     """``a * b`` modulo ``poly`` for polynomials over GF(2) held as bit masks."""
     out = 0
@@ -288,18 +280,21 @@ class Gossip(Scheme):
     @classmethod
     def check(cls, config: SimConfig, options: Any, topology: Topology) -> None:
         p = topology.num_gpus
-        if not is_power_of_two(p):
-            raise ConfigError("gpus", p, _needs_power_of_two(p))
+        why = cls.worker_refusal(p)
+        if why is not None:
+            raise ConfigError("gpus", p, f"gossip {why}")
         if options.mean_field == "on":
             plan = mirror_plan(config, options, topology)
             if isinstance(plan, str):
                 raise ConfigError("scheme.mean_field", "on", plan)
 
     @classmethod
-    def real_refusal(cls, options: Any, workers: int) -> tuple[str, str] | None:
-        if not is_power_of_two(workers):
-            return ("gpus", f"{workers} is not allowed; {_needs_power_of_two(workers)}")
-        return None
+    def worker_refusal(cls, workers: int) -> str | None:
+        """A power of two (the hypercube's partners), else the nearest two."""
+        if is_power_of_two(workers):
+            return None
+        lower = 1 << (workers.bit_length() - 1)
+        return f"pairs workers on a hypercube and needs a power of two, e.g. {lower} or {2 * lower}"
 
     @classmethod
     def estimate_work(cls, work: Workload) -> SchemeWork:
