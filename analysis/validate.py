@@ -166,13 +166,14 @@ def run_case(
         simulate_measured(case, rec, k, out_dir, topology_file, trace_file, update, job, ensemble)
         for k, rec in enumerate(records)
     ]
-    if case.scheme == "gossip":
-        reals = [without_shuffle_labels(r) for r in reals]
+    reals = [without_shuffle_labels(r) for r in reals]  # gossip's shuffled labels
     # Links are compared over the measured iterations: a pipeline's simulation runs lead
     # and tail iterations the real run does not, and DDP lays its buckets out anew after
     # the first iteration (the warm-up's all-reduces split differently by a byte or two).
-    # Gossip keeps whole-run totals, from which its shuffled labels are taken out.
-    if case.scheme != "gossip" or result.simulated_iterations != (
+    # A run whose bytes were adjusted (gossip's, its shuffled labels taken out of the
+    # whole-run totals) keeps whole-run totals where the simulation ran its iterations.
+    adjusted = any("bytes_adjusted" in r for r in reals)
+    if not adjusted or result.simulated_iterations != (
         case.measured_iterations + case.warmup_iterations
     ):
         sim["measured_bytes_by_link"] = measured_links_sim(result)

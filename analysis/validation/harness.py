@@ -55,42 +55,36 @@ def sim_config(
 
 
 def make_job(case: Case, config: Any, *, timeout_s: float = 60.0) -> Any:
-    """The real run of ``case``; a pipeline gets the plan of the simulated configuration
-    ``config`` (:func:`realrun.pipeline.plan`), so both run the same stages."""
+    """The real run of ``case`` (:func:`realrun.job.job_from_spec`); a pipeline gets the
+    plan of the simulated configuration ``config`` (:func:`realrun.job.pipeline_of`), so
+    both run the same stages (``ConfigError`` naming the batch size when the plan cannot
+    run for real)."""
     import dataclasses
 
-    from realrun.job import PIPELINE_SCHEMES, PS_SCHEMES, Job
+    from realrun.job import JobError, job_from_spec
 
     opts = {f.name: getattr(config.options, f.name) for f in dataclasses.fields(config.options)}
-    servers, dedicated = 0, False
-    if case.scheme in PS_SCHEMES:
-        dedicated = opts["placement"] == "dedicated"
-        servers = int(opts["servers"]) or case.ranks
-    pipeline: dict[str, Any] = {}
-    if case.scheme in PIPELINE_SCHEMES:
-        from realrun.pipeline import plan
-
-        try:
-            pipeline = plan(config)
-        except ValueError as exc:
-            raise ConfigError("batch_size", case.batch_size, str(exc)) from None
-    return Job(
-        scheme=case.scheme,
-        model=case.model,
-        input_shape=case.input_shape,
-        workers=case.ranks,
-        options=opts,
-        servers=servers,
-        dedicated_servers=dedicated,
-        pipeline=pipeline,
-        batch_size=case.batch_size,
-        iterations=case.measured_iterations,
-        warmup_iterations=case.warmup_iterations,
-        seed=0,
-        optimizer=config.optimizer,
-        backend="gloo",
-        timeout_s=timeout_s,
-    )
+    try:
+        return job_from_spec(
+            case.scheme,
+            case.ranks,
+            opts,
+            plan_config=config,
+            model=case.model,
+            input_shape=case.input_shape,
+            batch_size=case.batch_size,
+            iterations=case.measured_iterations,
+            warmup_iterations=case.warmup_iterations,
+            seed=0,
+            optimizer=config.optimizer,
+            backend="gloo",
+            timeout_s=timeout_s,
+        )
+    except ValueError as exc:  # the plan: whole samples per micro-batch, a schedule it takes
+        if isinstance(exc, JobError) and exc.field != "batch_size":
+            raise
+        why = exc.text if isinstance(exc, JobError) else str(exc)
+        raise ConfigError("batch_size", case.batch_size, why) from None
 
 
 RealRunner = Callable[[Any, float, int], list[dict[str, Any]]]

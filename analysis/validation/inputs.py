@@ -22,9 +22,10 @@ from dataclasses import replace
 from typing import Any
 
 from analysis.validation.harness import make_job, sim_config
-from analysis.validation.matrix import PIPELINES, Case, bandwidth_label, zoo_model
+from analysis.validation.matrix import Case, bandwidth_label, zoo_model
 from realrun.owner import temp_prefix
 from simcore.config import ConfigError
+from simcore.schemes import get_scheme
 from traces.atomic import write_text
 
 PROFILE_ITERATIONS, PROFILE_WARMUP = 12, 2
@@ -147,7 +148,7 @@ def prepare_calibrations(
 def profile_scheme(scheme: str) -> str:
     """The runtime a case's compute is profiled in: the pipeline's own (its stage calls,
     weight copies and stashing are part of its compute), else the data-parallel one."""
-    return scheme if scheme in PIPELINES else "dp"
+    return scheme if get_scheme(scheme).pipeline else "dp"
 
 
 def trace_path(
@@ -185,7 +186,8 @@ def ensure_trace(out_dir: str, case: Case, topology_file: str) -> tuple[str, dic
     ``--profile-out`` of a real run. The per-layer profiler's trace only gives the
     structure (parameters, activations, the graph)."""
     runtime = profile_scheme(case.scheme)
-    ranks = case.ranks if runtime in PIPELINES else 1
+    pipeline = get_scheme(runtime).pipeline
+    ranks = case.ranks if pipeline else 1
     path = trace_path(out_dir, case.model, case.trace_batch, case.input_shape, runtime, ranks)
     rate_path = path.removesuffix(".json") + ".update.json"
     if os.path.exists(path) and os.path.exists(rate_path):
@@ -211,7 +213,7 @@ def ensure_trace(out_dir: str, case: Case, topology_file: str) -> tuple[str, dic
         ranks=ranks,
         iterations=PROFILE_ITERATIONS,
         warmup_iterations=PROFILE_WARMUP,
-        options=case.options if runtime in PIPELINES else (),
+        options=case.options if pipeline else (),
     )
     config = sim_config(one, base_path, topology_file, record_spans=False)
     job = make_job(one, config)

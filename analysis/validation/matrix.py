@@ -27,14 +27,16 @@ from analysis.matrix_defaults import (
     WARMUP_ITERATIONS,
 )
 from simcore.config import ConfigError
+from simcore.schemes import get_scheme
 from simcore.units import parse_rate
 
 SCHEMES = ("dp", "ps", "p3", "gossip", "mp", "gpipe", "pipedream", "spectrain")
-"""The schemes the validation matrices cover: every one with a real runtime
-(:data:`realrun.job.REAL_SCHEMES`) up to ``spectrain``; the pipeline schedules of
+"""The schemes the validation matrices cover: the eight of the seed papers, each with a
+real runtime (``schemes_where("real_runtime")``); the pipeline schedules of
 :mod:`simcore.pipeline_schedules` run for real but are not in the matrices yet."""
 
-PIPELINES = ("mp", "gpipe", "pipedream", "spectrain")
+PIPELINES = tuple(s for s in SCHEMES if get_scheme(s).pipeline)
+"""Those of :data:`SCHEMES` whose class is a pipeline's."""
 
 MODELS = ("mlp_medium", "cnn_medium")
 """The default models: an MLP whose gradients are large next to its compute, and a CNN
@@ -57,16 +59,17 @@ QUICK: tuple[tuple[str, str, str, int], ...] = (
 
 
 def _options_for(scheme: str, ranks: int) -> tuple[tuple[str, Any], ...]:
-    """Scheme options a validation case fixes so that the micro-batch is known up front:
-    GPipe four micro-batches, PipeDream and SpecTrain one per rank on straight stages
-    (replicated stages would need the micro-batches to be a multiple of the replicas)."""
-    if scheme == "gpipe":
+    """Scheme options a validation case fixes so that the micro-batch is known up front,
+    for a pipeline that chooses its micro-batches: four for one with a flush (GPipe), one
+    per rank on straight stages for one that updates after every micro-batch (PipeDream,
+    SpecTrain; replicated stages would need the micro-batches to be a multiple of the
+    replicas)."""
+    cls = get_scheme(scheme)
+    if not cls.pipeline or cls.features.microbatches:
+        return ()
+    if not cls.update_per_microbatch:
         return (("microbatches", 4),)
-    if scheme == "pipedream":
-        return (("microbatches", ranks), ("straight", True))
-    if scheme == "spectrain":
-        return (("microbatches", ranks),)
-    return ()
+    return (("microbatches", ranks),) + ((("straight", True),) if not cls.features.straight else ())
 
 
 @dataclass(frozen=True)
@@ -172,9 +175,7 @@ def allowed_ranks(scheme: str, ranks: int) -> str | None:
     """Why ``scheme`` cannot run with ``ranks`` in a validation, or ``None`` if it can."""
     if not MIN_RANKS <= ranks <= MAX_RANKS:
         return f"a validation case has {MIN_RANKS} to {MAX_RANKS} ranks"
-    if scheme == "gossip" and ranks & (ranks - 1):
-        return "pairs workers on a hypercube and needs a power of two (2 or 4)"
-    return None
+    return get_scheme(scheme).worker_refusal(ranks)
 
 
 def parse_list(name: str, text: str | Sequence[Any]) -> tuple[str, ...]:

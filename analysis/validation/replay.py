@@ -172,9 +172,9 @@ def simulate_measured(
     cuts = ",".join(base.layers[min(stage)].name for stage in layers[1:])
     pinned = replace(case, options=(*case.options, ("stages", cuts)))
     config = sim_config(pinned, path, topology)
-    from realrun.pipeline import plan
+    from realrun.job import pipeline_of
 
-    if plan(config)["stage_layers"] != layers:
+    if pipeline_of(config)["stage_layers"] != layers:
         raise RuntimeError(f"the stages cut at {cuts} are not those the real run used ({layers})")
     write_text(stages_path(path), cuts)
     return simulate_ensemble(config, ensemble)
@@ -217,9 +217,9 @@ def measured_case_config(
     if preset is not None:
         topology = trace.removesuffix(".json") + RESIMULATED
         write_text(topology, yaml.safe_dump(dict(preset), sort_keys=False))
-    from realrun.job import PIPELINE_SCHEMES
+    from simcore.schemes import get_scheme
 
-    if case.scheme in PIPELINE_SCHEMES:
+    if get_scheme(case.scheme).pipeline:
         if not os.path.exists(stages_path(trace)):  # kept before the cuts were
             raise FileNotFoundError(f"no stage cuts kept for {case.case_id} repeat {repeat}")
         with open(stages_path(trace)) as fh:
