@@ -71,11 +71,13 @@ def simulated_account(config: Any) -> tuple[float, Counter[str]]:
     iteration by kind)``. A message's end that its rank's own thread writes (a
     pipeline's ``isend``) counts with the threads: it runs on the thread's stream."""
     import simcore.host as host
+    import simcore.transport as transport
     from simcore.engine import simulate
 
     charged: Counter[str] = Counter()
     kind = ["threads"]
-    join, background, run = host.CommCpu.join, host.CommCpu.background, host.CpuPool.run
+    comm = transport.CommCpu
+    join, background, run = comm.join, comm.background, host.CpuPool.run
 
     def as_kind(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         kind[0] = name
@@ -95,12 +97,12 @@ def simulated_account(config: Any) -> tuple[float, Counter[str]]:
         charged[kind[0]] += max(work_s, 0.0)
         run(self, work_s, *args, **kwargs)
 
-    host.CommCpu.join, host.CommCpu.background = counting_join, counting_background
+    comm.join, comm.background = counting_join, counting_background
     host.CpuPool.run = counting_run
     try:
         result = simulate(config)
     finally:
-        host.CommCpu.join, host.CommCpu.background, host.CpuPool.run = join, background, run
+        comm.join, comm.background, host.CpuPool.run = join, background, run
     n = result.simulated_iterations
     return result.iteration_time_s, Counter({k: v / n for k, v in charged.items()})
 

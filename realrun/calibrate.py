@@ -552,9 +552,9 @@ def simulate_busy_allreduce(
 
     from simcore.collectives import Collectives
     from simcore.engine import cpu_pools
-    from simcore.host import CommCpu
     from simcore.network import DetailedNetwork
     from simcore.topology import TopologySpec, build_topology
+    from simcore.transport import CommCpu, HostTransport
 
     host = {**preset["host"], "wakeup_s": wakeup_s}
     topo = build_topology(TopologySpec({**preset, "host": host}, 2))
@@ -562,11 +562,11 @@ def simulate_busy_allreduce(
     env = Environment()
     net = DetailedNetwork(env, topo, chunk_bytes=segment_bytes(preset))
     pool_of = cpu_pools(env, topo)
-    net.cpu = CommCpu(topo.host_spec, pool_of)
+    transport = HostTransport(net, CommCpu(topo.host_spec, pool_of))
     for i in range(threads):  # the ranks' main threads compute throughout
         pool_of(topo.gpus[i % len(topo.gpus)]).run(1e9, lambda: None, holds=True)
     done = env.event()
-    Collectives(net).allreduce([0, 1], nbytes, "ring", lambda t: done.succeed(t))
+    Collectives(net, transport).allreduce([0, 1], nbytes, "ring", lambda t: done.succeed(t))
     env.run(until=done)
     return float(done.value)
 

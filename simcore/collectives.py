@@ -24,6 +24,11 @@ are reserved cut-through on the collective's links, so uniform powers of two giv
 the closed form and other groups and mixed links match the detailed model within a
 percent. Analytic collectives charge every link the same bytes as the detailed model but
 do not contend with other traffic.
+
+Messages go through a transport (:mod:`simcore.transport`), which adds what the hosts
+cost them: on CPU hosts every collective runs as its messages whatever the fidelity
+(their CPU competes with the ranks' compute), a ring's sends travel as the library's
+segments and its reduce-scatter's are summed on arrival.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from collections.abc import Callable, Sequence
 
 from simcore.network import AnalyticNetwork, LinkState, Message, Network, reserve_cut_through
 from simcore.topology import Link
+from simcore.transport import SendFn, Transport
 
 ALLREDUCE_ALGORITHMS = ("ring", "tree", "hierarchical")
 """All-reduce algorithms a scheme may ask for."""
@@ -126,15 +132,18 @@ def hierarchical_steps(groups: Sequence[Sequence[int]], n: int) -> list[Step]:
 
 
 class Collectives:
-    """Runs collectives on a :class:`~simcore.network.Network` for ranks of a topology.
+    """Runs collectives on a :class:`~simcore.network.Network` for ranks of a topology,
+    sending through ``transport`` (the null :class:`~simcore.transport.Transport` when
+    not given: a GPU cluster's).
 
     Every operation takes the ranks of the group (their order is the ring order), the
     bytes ``n`` each rank contributes, and ``on_done(time)`` called when every rank has
     finished. ``tag`` labels the messages; ``iteration`` is recorded with them.
     """
 
-    def __init__(self, net: Network) -> None:
+    def __init__(self, net: Network, transport: Transport | None = None) -> None:
         self.net = net
+        self.transport = transport if transport is not None else Transport(net)
         self.topology = net.topology
         self.analytic = isinstance(net, AnalyticNetwork)
         self._costs: dict[tuple[str, tuple[int, ...]], CostModel] = {}
@@ -292,26 +301,28 @@ class Collectives:
             ev = env.timeout(0)
             ev.callbacks.append(lambda _e: finish(env.now))
             return
-        if self.analytic and self.net.cpu is None:
+        transport = self.transport
+        if transport.closed_form:
             self._run_analytic(op, ranks, n, finish)
+            return
+        runner = _StepRunner(
+            self.net,
+            self.topology.gpus,
+            ranks,
+            self.message_plan(op, ranks, n),
+            finish,
+            tag,
+            iteration,
+        )
+        if op in ("allreduce-ring", "ring-half"):
+            q = len(ranks)
+            segments = transport.ring_segments(n, q)
+            runner.send = transport.collective_sender(segments)
+            runner.send_reduced = transport.collective_sender(segments, reduces=True)
+            runner.reducing = q - 1  # the reduce-scatter's sends are summed on arrival
         else:
-            # On CPU hosts every message costs processor time that competes with the
-            # ranks' compute: collectives always run as their messages there.
-            runner = _StepRunner(
-                self.net,
-                self.topology.gpus,
-                ranks,
-                self.message_plan(op, ranks, n),
-                finish,
-                tag,
-                iteration,
-            )
-            gloo = self.topology.gloo
-            if self.net.cpu is not None and op in ("allreduce-ring", "ring-half"):
-                q = len(ranks)
-                runner.segments = gloo.segments(n, q) // q if gloo is not None else 1
-                runner.reducing = q - 1  # the reduce-scatter's sends are summed on arrival
-            runner.start()
+            runner.send = runner.send_reduced = transport.collective_sender()
+        runner.start()
 
     # analytic fidelity
     def _run_analytic(
@@ -481,7 +492,8 @@ class _StepRunner:
         "plan",
         "ranks",
         "reducing",
-        "segments",
+        "send",
+        "send_reduced",
         "tag",
     )
 
@@ -502,8 +514,10 @@ class _StepRunner:
         self.next_send = [0] * q
         self.arrived = [0] * q
         self.left = total
-        self.segments = 1
-        """Transport messages each send travels as (CPU hosts: a gloo ring's segments)."""
+        self.send: SendFn = net.send
+        """The transport's send of the collective's messages."""
+        self.send_reduced: SendFn = net.send
+        """The transport's send of messages the receiver sums into its buffer."""
         self.reducing = 0
         """Each position's first sends whose payload the receiver sums into its buffer."""
 
@@ -518,24 +532,12 @@ class _StepRunner:
         sends = self.plan[pos]
         k = self.next_send[pos]
         have = self.arrived[pos]
-        ranks, gpus, send = self.ranks, self.gpus, self.net.send
+        ranks, gpus, reducing = self.ranks, self.gpus, self.reducing
         while k < len(sends) and sends[k][0] <= have:
             _, d, b = sends[k]
             rs, rd = ranks[pos], ranks[d]
-            send(
-                gpus[rs],
-                gpus[rd],
-                b,
-                self._arrived,
-                0.0,
-                self.tag,
-                rs,
-                rd,
-                self.iteration,
-                d,
-                self.segments,
-                b if k < self.reducing else 0,
-                False,
+            (self.send_reduced if k < reducing else self.send)(
+                gpus[rs], gpus[rd], b, self._arrived, 0.0, self.tag, rs, rd, self.iteration, d
             )
             k += 1
         self.next_send[pos] = k

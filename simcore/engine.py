@@ -17,13 +17,14 @@ from simcore.clock import scheduled_events
 from simcore.collectives import Collectives
 from simcore.config import ConfigError, SimConfig
 from simcore.device import Gpu, JitteryGpu, LogNormalFactors
-from simcore.host import CommCpu, CpuPool, CpuRank
+from simcore.host import CpuPool, CpuRank
 from simcore.network import make_network, uplink_factors
 from simcore.records import COMM, RECV, SEND, LinkRecord, RunRecords, compute_span
 from simcore.result import RunResult, _frozen
 from simcore.schemes import get_scheme
 from simcore.schemes.base import SimContext
 from simcore.topology import Topology, build_topology
+from simcore.transport import CommCpu, HostTransport, Transport
 
 
 class SimulationError(RuntimeError):
@@ -73,7 +74,6 @@ def simulate(config: SimConfig, progress: Callable[[float], None] | None = None)
         priority=cls.priority_network,
         rate_factors=uplink_factors(topology, config.seed),
     )
-    coll = Collectives(net)
     compute_log: list[tuple[Any, ...]] = []
     gpu_log = compute_log if config.record_spans else None
     rng = None
@@ -87,6 +87,7 @@ def simulate(config: SimConfig, progress: Callable[[float], None] | None = None)
         factors = [LogNormalFactors(g, config.compute_jitter) for g in rng.spawn(n)]
     ranks = list(zip(enumerate(topology.gpus), factors, strict=True))
     pool_of = None
+    transport: Transport
     gpus: list[Gpu]
     if topology.host_spec is None or topology.gpu_spec.kind != "cpu":
         gpus = [
@@ -99,11 +100,14 @@ def simulate(config: SimConfig, progress: Callable[[float], None] | None = None)
         # CPU hosts: communication's CPU work on the machines' cores; the ranks compute
         # there too, unless their compute is on a device (an emulated GPU host)
         pool_of = cpu_pools(env, topology)
+        threads = None
         if topology.gpu_spec.kind == "cpu":
             gpus = [CpuRank(env, r, d, names[r], gpu_log, pool_of(d), f) for (r, d), f in ranks]
-            net.cpu = CommCpu(topology.host_spec, pool_of, {g.device: g.stream for g in gpus})
-        else:
-            net.cpu = CommCpu(topology.host_spec, pool_of)
+            threads = {g.device: g.stream for g in gpus}
+        transport = HostTransport(net, CommCpu(topology.host_spec, pool_of, threads))
+    else:
+        transport = Transport(net)  # GPUs: messages cost the hosts nothing
+    coll = Collectives(net, transport)
     ctx = SimContext(env, config, options, trace, topology, net, coll, gpus, compute_log, rng)
     ctx.cpu_pool_of = pool_of
     scheme = cls(ctx)

@@ -20,8 +20,8 @@ core at most (one thread).
 queued, each one runnable on the pool while it is at the head. :class:`CpuRank` is a
 rank whose compute stream is such a thread; it offers :class:`~simcore.device.Gpu`'s
 interface, so every scheme runs on it unchanged. Communication work is not on a rank's
-stream: the network model queues it on the pool as tasks of its own (see
-:class:`CommCpu`), as a rank's communication threads are.
+stream: the transport queues it on the pool as tasks of its own (see
+:class:`simcore.transport.CommCpu`), as a rank's communication threads are.
 
 Because the rate of every runnable task changes whenever one starts or ends, finish
 times are not known when work is issued (unlike a GPU's stream): the pool keeps one
@@ -34,16 +34,16 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from simpy import Environment, Timeout
+from simpy import Environment
 
 from simcore.clock import EventQueue, FastEvent
 from simcore.device import Done, Gpu, LogNormalFactors
 from simcore.topology import GlooSpec, HostSpec
 
-__all__ = ["CommCpu", "CpuPool", "CpuRank", "CpuStream", "GlooSpec", "HostSpec"]
+__all__ = ["CpuPool", "CpuRank", "CpuStream", "GlooSpec", "HostSpec"]
 
 _EPS_S = 1e-12
 """Work left below this many core-seconds counts as done (rounding of rate x time)."""
@@ -325,7 +325,7 @@ class CpuRank(Gpu):
         self._factor = factor
 
     def _record(self, start: float, end: float, info: Any) -> None:
-        if info is None:  # a message this thread wrote (CommCpu.join): not compute
+        if info is None:  # a message this thread wrote (transport.CommCpu.join): not compute
             return
         kind, label, iteration, layer, microbatch = info
         by_it = self.busy_by_iteration
@@ -379,96 +379,3 @@ class CpuRank(Gpu):
         if ops:
             self.busy_until = self.env.now
         return math.nan
-
-
-def _nothing() -> None:
-    return None
-
-
-class CommCpu:
-    """The CPU side of communication on CPU hosts: each message costs both ends
-    :meth:`HostSpec.message_cpu` core-seconds, run as tasks of their own on the ends'
-    pools from the moment it is sent (a communication thread streams the bytes while the
-    wire carries them), and it is delivered once the wire and both ends are done. A
-    message its sending rank's own thread writes (an ``isend`` whose receive is posted:
-    gloo writes in the caller) has the sending end's work on that thread instead, which
-    holds the rank meanwhile. An end whose machine has every core taken by compute when
-    the message leaves or arrives waits there for a core (:meth:`wake`).
-
-    ``pool_of`` maps a device index to the pool of its machine; ``thread_of`` a device
-    to its rank's thread (:class:`CpuStream`), where it has one.
-    """
-
-    __slots__ = ("pool_of", "spec", "thread_of")
-
-    def __init__(
-        self,
-        spec: HostSpec,
-        pool_of: Callable[[int], CpuPool],
-        thread_of: Mapping[int, Any] | None = None,
-    ) -> None:
-        self.spec, self.pool_of = spec, pool_of
-        self.thread_of: Mapping[int, Any] = thread_of or {}
-        """A device's rank thread (its :class:`CpuStream`), which writes the messages
-        the rank sends itself (``on_thread`` of :meth:`join`)."""
-
-    def join(
-        self,
-        src: int,
-        dst: int,
-        nbytes: int,
-        messages: int,
-        reduce_bytes: int,
-        extra_s: float = 0.0,
-        on_thread: bool = False,
-    ) -> tuple[int, Callable[[Callable[[], None]], None]]:
-        """Queue the CPU work of one message (each end ``extra_s`` more; with
-        ``on_thread`` the sending end's on ``src``'s rank thread, and each end's
-        ``HostSpec.posted_cpu_s`` beside it, waited for by nobody); returns how many
-        completions (the wire's included) its delivery waits for, and a function that
-        starts the tasks with the callback to call on each completion."""
-        spec = self.spec
-        send_s = spec.message_cpu(nbytes, messages) + extra_s
-        recv_s = send_s + reduce_bytes * spec.reduce_cpu_s_per_byte
-        thread = self.thread_of.get(src) if on_thread else None
-
-        def start(on_one: Callable[[], None]) -> None:
-            if thread is not None:  # the runtime's own code around the write too
-                thread.submit(send_s + spec.isend_s, None, lambda _end: on_one())
-                if spec.posted_cpu_s > 0:  # the transport's threads at both ends
-                    self.pool_of(src).run(spec.posted_cpu_s, _nothing)
-                    self.pool_of(dst).run(spec.posted_cpu_s, _nothing)
-            else:
-                self.pool_of(src).run(send_s, on_one)
-            self.pool_of(dst).run(recv_s, on_one)
-
-        return 3, start
-
-    def background(self, src: int, dst: int, nbytes: float, busy_directions: int = 0) -> None:
-        """The network's packet work for ``nbytes`` that crossed it while
-        ``busy_directions`` shaped link directions were busy: runnable on both ends'
-        cores (:meth:`HostSpec.link_cpu`), waited for by nobody."""
-        work = nbytes * self.spec.link_cpu(busy_directions)
-        if work > 0:
-            self.pool_of(src).run(work, _nothing)
-            self.pool_of(dst).run(work, _nothing)
-
-    def wake(self, device: int, then: Callable[[], None]) -> None:
-        """A thread of ``device``'s machine woken now: ``then()`` once it has a core,
-        after :meth:`wakeup_s` (at once while a core is free of compute)."""
-        wait = self.wakeup_s(device)
-        if wait > 0:
-            Timeout(self.pool_of(device).env, wait).callbacks.append(lambda _ev: then())
-        else:
-            then()
-
-    def wakeup_s(self, device: int) -> float:
-        """How long a thread of ``device``'s machine woken now waits for a core: nothing
-        while a core is free of compute, else ``HostSpec.wakeup_s`` times the computing
-        threads per core (more threads queue for the cores)."""
-        wake = self.spec.wakeup_s
-        if wake <= 0:
-            return 0.0
-        pool = self.pool_of(device)
-        holding = pool.holding
-        return wake * holding / pool.cores if holding >= pool.cores else 0.0

@@ -35,6 +35,12 @@ analytic model sends at the rate.
 Both keep per-link counters (bytes sent, bytes received) and a record of every message,
 from which the metrics are computed. A link direction's busy time is its bytes sent over
 its bandwidth.
+
+The network knows devices and links, not hosts: what a CPU host adds to a message (its
+processor time, sockets, sender threads, gloo's segments) is the transport's
+(:mod:`simcore.transport`), which hands the network its messages and hears back through
+two hooks: :attr:`Message.on_bytes` as a message's chunks arrive, and
+:attr:`Network.on_held` for the bytes a token bucket held.
 """
 
 from __future__ import annotations
@@ -43,15 +49,12 @@ import heapq
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from simpy import Environment, Timeout
 
 from simcore.clock import EventQueue, FastEvent
 from simcore.topology import Link, Topology
-
-if TYPE_CHECKING:
-    from simcore.host import CommCpu
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 """Default chunk size of the detailed model (1 MiB)."""
@@ -143,11 +146,14 @@ class Message:
     first byte started to move, ``end_s`` when the last byte arrived. ``rank_src`` and
     ``rank_dst`` are the ranks (or -1) the span is drawn on; ``tag`` is a short label;
     ``payload`` is the sender's own data. ``hops`` are the link directions of the route.
+    ``on_bytes(nbytes)``, where set (a transport's acknowledgements), is called as each
+    chunk's last byte reaches the destination, before ``on_arrival``.
     ``hold``: set by ``on_arrival`` when the receiving thread goes on working on the
     message (a parameter server's update runs on the thread that received the last push):
     it is called with a function to call once that work is done, and until then the
     receiving thread hands over no further message of this sender, nor posts the header
-    receive that lets the sender go on (see :class:`_Socket`, :class:`_Sender`).
+    receive that lets the sender go on (a transport that models the receiving threads
+    reads it: :class:`simcore.transport.HostTransport`).
     """
 
     __slots__ = (
@@ -160,11 +166,11 @@ class Message:
         "iteration",
         "nbytes",
         "on_arrival",
+        "on_bytes",
         "payload",
         "priority",
         "rank_dst",
         "rank_src",
-        "socket",
         "src",
         "start_s",
         "tag",
@@ -177,13 +183,13 @@ class Message:
         dst: int,
         nbytes: int,
         hops: tuple[LinkState, ...],
-        on_arrival: Callable[[Message], None] | None,
-        priority: float,
-        tag: str,
-        rank_src: int,
-        rank_dst: int,
-        iteration: int,
-        payload: Any,
+        on_arrival: Callable[[Message], None] | None = None,
+        priority: float = 0.0,
+        tag: str = "",
+        rank_src: int = -1,
+        rank_dst: int = -1,
+        iteration: int = -1,
+        payload: Any = None,
     ) -> None:
         self.id, self.src, self.dst, self.nbytes, self.hops = mid, src, dst, nbytes, hops
         self.on_arrival, self.priority, self.tag = on_arrival, priority, tag
@@ -192,7 +198,7 @@ class Message:
         self.chunks_left = 0
         self.rank_src, self.rank_dst, self.iteration = rank_src, rank_dst, iteration
         self.payload = payload
-        self.socket: _Socket | None = None
+        self.on_bytes: Callable[[int], None] | None = None
         self.hold: Callable[[Callable[[], None]], None] | None = None
 
     @property
@@ -237,10 +243,10 @@ class Network(ABC):
         self._record = self.messages.append
         self._hops: dict[tuple[int, int], tuple[LinkState, ...]] = {}
         self._next_id = 0
-        self.cpu: CommCpu | None = None
-        """The CPU side of messages on CPU hosts (:class:`~simcore.host.CommCpu`), or
-        ``None``: a message then costs no processor time."""
-        self._senders: dict[int, _Sender] = {}
+        self.on_held: Callable[[Message, float], None] | None = None
+        """Called with a message and how many of its bytes a shaped link held to its rate
+        (once per route, on its first shaped link; see :meth:`LinkState.transmit`): the
+        packet work a transport charges the ends' cores. ``None``: nobody is told."""
         self._shaped = [st for st in self.state if st.burst_s > 0]
 
     def busy_shaped(self) -> int:
@@ -277,27 +283,16 @@ class Network(ABC):
         rank_dst: int = -1,
         iteration: int = -1,
         payload: Any = None,
-        segments: int = 1,
-        reduce_bytes: int = 0,
-        p2p: bool = True,
-        on_thread: bool = False,
     ) -> Message:
         """Start moving ``nbytes`` from device ``src`` to device ``dst`` now.
 
-        Returns the :class:`Message`; ``on_arrival(msg)`` runs when it has arrived. A
-        message between a device and itself (or of zero bytes) arrives after no time.
-        On CPU hosts (:attr:`cpu`) it arrives once its ends' CPU work is done too: it
-        travels as ``segments`` messages of the transport, and the receiver adds
-        ``reduce_bytes`` of it into a buffer of its own; and a message that a rank's
-        sending thread hands over one at a time (``p2p``: a parameter server's, not a
-        collective's, a pipeline's or a gossip exchange's, whose receives are posted
-        ahead) waits for the device's sender (see :class:`_Sender`). ``on_thread``: the
-        sending rank's own thread writes it (an ``isend`` whose receive is posted), so
-        the sending end's CPU work holds that rank (:meth:`CommCpu.join`); on a device
-        host (no rank thread on the cores) gloo's transport thread writes it and the rank
-        goes on at once (``isend`` returns before the bytes have left; measured,
-        docs/emulated_devices.md).
+        Returns the :class:`Message`; ``on_arrival(msg)`` runs when its last byte has
+        arrived. A message between a device and itself (or of zero bytes) arrives after
+        no time. ``priority`` orders priority links' queues (lower first); ``tag``, the
+        ranks (or -1), ``iteration`` and ``payload`` are kept on the message's record.
+        (:meth:`message` then :meth:`start`, in one call.)
         """
+        # message() and start() written out: the simulator's hot path saves two calls
         hops = self._hops.get((src, dst))
         if hops is None:
             hops = self.hops(src, dst)
@@ -318,72 +313,32 @@ class Network(ABC):
         self._next_id += 1
         self._record(msg)
         if not hops or nbytes <= 0:
-            msg.start_s = self.env.now
-            ev = Timeout(self.env, 0, msg)
-            ev.callbacks.append(self._deliver_local)
-            return msg
-        if self.cpu is not None:
-            spec = self.cpu.spec
-            extra_s = spec.p2p_cpu(nbytes) if p2p else 0.0
-            if p2p and spec.p2p_handshake_s > 0:
-                sender = self._senders.get(src)
-                if sender is None:
-                    sender = self._senders[src] = _Sender(
-                        self, spec.p2p_handshake_s, spec.socket_buffer_bytes
-                    )
-                sender.queue(msg, segments, reduce_bytes, extra_s)
-                return msg
-            if on_thread and src in self.cpu.thread_of:  # the rank's thread: running
-                self._start_cpu(msg, segments, reduce_bytes, extra_s, True)
-            else:  # the thread that writes the bytes waits for a core first
-                self.cpu.wake(src, lambda: self._start_cpu(msg, segments, reduce_bytes, extra_s))
+            self._arrive_now(msg)
             return msg
         self._inject(msg)
         return msg
 
-    def _start_cpu(
-        self,
-        msg: Message,
-        segments: int,
-        reduce_bytes: int,
-        extra_s: float,
-        on_thread: bool = False,
-    ) -> None:
-        """Put ``msg`` on the wire with its ends' CPU work (CPU hosts)."""
-        self._join_cpu(msg, segments, reduce_bytes, extra_s, on_thread)
+    def message(self, src: int, dst: int, nbytes: int, *args: Any, **kwargs: Any) -> Message:
+        """The message :meth:`send` would send now with the same arguments, recorded (its
+        id and its place among the records are now's) but not moving yet: :meth:`start`
+        puts it on its way, now or later (a transport's message may wait for its
+        sender's CPU first)."""
+        msg = Message(self._next_id, src, dst, nbytes, self.hops(src, dst), *args, **kwargs)
+        self._next_id += 1
+        self._record(msg)
+        return msg
+
+    def start(self, msg: Message) -> None:
+        """Start moving ``msg`` (from :meth:`message`) now."""
+        if not msg.hops or msg.nbytes <= 0:
+            self._arrive_now(msg)
+            return
         self._inject(msg)
 
-    def _join_cpu(
-        self,
-        msg: Message,
-        segments: int,
-        reduce_bytes: int,
-        extra_s: float = 0.0,
-        on_thread: bool = False,
-    ) -> None:
-        """Deliver ``msg`` only when the wire and both ends' CPU work are done (each end's
-        with ``extra_s`` more: a messenger thread's own code), and the receiving thread
-        has had a core (:meth:`CommCpu.wake`)."""
-        assert self.cpu is not None
-        deliver = msg.on_arrival
-        left, start = self.cpu.join(
-            msg.src, msg.dst, msg.nbytes, segments, reduce_bytes, extra_s, on_thread
-        )
-        count = [left]
-        cpu = self.cpu
-
-        def arrive(_ev: Any = None) -> None:
-            msg.end_s = self.env.now
-            if deliver is not None:
-                deliver(msg)
-
-        def one() -> None:
-            count[0] -= 1
-            if count[0] == 0:  # the thread that takes it waits for a core first
-                cpu.wake(msg.dst, arrive)
-
-        msg.on_arrival = lambda _m: one()
-        start(one)
+    def _arrive_now(self, msg: Message) -> None:
+        msg.start_s = self.env.now
+        ev = Timeout(self.env, 0, msg)
+        ev.callbacks.append(self._deliver_local)
 
     def _deliver_local(self, ev: Any) -> None:
         msg: Message = ev.value
@@ -413,162 +368,6 @@ class Network(ABC):
     def link_bytes(self) -> list[tuple[Link, int, int, float]]:
         """``(link, sent_bytes, received_bytes, busy_s)`` for every link direction."""
         return [(s.link, s.sent_bytes, s.recv_bytes, s.sent_bytes * s.service) for s in self.state]
-
-
-class _Socket:
-    """The send side of one TCP connection (a sender to one destination device): bytes
-    handed to the kernel (``queued``) and bytes that have reached the other end
-    (``acked``); messages handed over (``sent``) and messages the receiving thread is
-    done with (``delivered``). A blocking send still in the kernel's way waits as
-    ``waiting``: the ``acked`` count it needs and what to call then; one waiting for the
-    receiver to post its header waits as ``waiting_slot``: the ``delivered`` count it
-    needs (the sender hands over one message at a time, so there is at most one of
-    each).
-
-    The receiving end is one thread that takes the connection's messages in order
-    (:meth:`arrive`): while it works on one beyond handing it over (``Message.hold``),
-    messages that arrive meanwhile wait in ``backlog`` until it is done."""
-
-    __slots__ = (
-        "acked",
-        "backlog",
-        "delivered",
-        "handling",
-        "queued",
-        "sent",
-        "waiting",
-        "waiting_slot",
-    )
-
-    def __init__(self) -> None:
-        self.queued = 0
-        self.acked = 0
-        self.sent = 0
-        self.delivered = 0
-        self.waiting: tuple[int, Callable[[], None]] | None = None
-        self.waiting_slot: tuple[int, Callable[[], None]] | None = None
-        self.handling = False
-        self.backlog: list[tuple[Message, Callable[[Message], None] | None]] = []
-
-    def arrive(self, msg: Message, deliver: Callable[[Message], None] | None) -> None:
-        """``msg`` has arrived: the receiving thread hands it over (``deliver``) once it is
-        done with the ones before it, and is done with it then, or when its ``hold``
-        says so."""
-        if self.handling:
-            self.backlog.append((msg, deliver))
-            return
-        if deliver is not None:
-            deliver(msg)
-        if msg.hold is None:
-            self.done()
-        else:
-            self.handling = True
-            msg.hold(self._handled)
-
-    def _handled(self) -> None:
-        self.handling = False
-        self.done()
-        while self.backlog and not self.handling:
-            msg, deliver = self.backlog.pop(0)
-            self.arrive(msg, deliver)
-
-    def ack(self, nbytes: int) -> None:
-        """``nbytes`` more have arrived: release the waiting send if its rest now fits."""
-        self.acked += nbytes
-        if self.waiting is not None and self.waiting[0] <= self.acked:
-            release = self.waiting[1]
-            self.waiting = None
-            release()
-
-    def done(self) -> None:
-        """The receiving thread is done with one more message: release a send waiting for
-        its header to be posted if it now is."""
-        self.delivered += 1
-        if self.waiting_slot is not None and self.waiting_slot[0] <= self.delivered:
-            release = self.waiting_slot[1]
-            self.waiting_slot = None
-            release()
-
-
-class _Sender:
-    """A device's sending thread on a CPU host (a rank's messenger): it hands gloo one
-    point-to-point message at a time, lowest priority number first, and a blocking send
-    returns once the receiver has posted its buffer and the kernel has taken the bytes.
-
-    The receiver's thread for this sender keeps one header receive posted ahead of the
-    message it is handling (realrun.runtime.Messenger; payloads' receives are posted
-    further ahead), so a message can start only once the receiving thread is done with
-    all but the last one sent before it to the same destination (:data:`HEADERS_AHEAD`):
-    a small control message queued behind two large ones to a busy peer holds the
-    sender until the first of them has arrived, as it holds a real messenger. Then
-    each message holds the sender for a handshake (``handshake_s``, calibrated) and
-    until what its connection to the destination has not yet delivered, this message
-    included, fits in the socket's send buffer (``buffer_bytes``; until the message has
-    arrived when 0). The next one waits. A handshake that starts while compute takes
-    all its machine's cores first waits for a core (:meth:`CommCpu.wake`)."""
-
-    __slots__ = ("buffer_bytes", "busy", "handshake_s", "heap", "net", "seq", "sockets")
-
-    HEADERS_AHEAD = 1
-    """Header receives a messenger's receiving thread keeps posted beyond the message it
-    is handling."""
-
-    def __init__(self, net: Network, handshake_s: float, buffer_bytes: int = 0) -> None:
-        self.net, self.handshake_s, self.buffer_bytes = net, handshake_s, buffer_bytes
-        self.heap: list[tuple[float, int, Message, int, int, float]] = []
-        self.busy = False
-        self.seq = 0
-        self.sockets: dict[int, _Socket] = {}
-
-    def queue(self, msg: Message, segments: int, reduce_bytes: int, extra_s: float) -> None:
-        heapq.heappush(self.heap, (msg.priority, self.seq, msg, segments, reduce_bytes, extra_s))
-        self.seq += 1
-        if not self.busy:
-            self._next()
-
-    def _next(self) -> None:
-        if not self.heap:
-            self.busy = False
-            return
-        self.busy = True
-        _prio, _seq, msg, segments, reduce_bytes, extra_s = heapq.heappop(self.heap)
-        sock = self.sockets.get(msg.dst)
-        if sock is None:
-            sock = self.sockets[msg.dst] = _Socket()
-
-        def handshake() -> None:
-            cpu = self.net.cpu  # the sending thread may first wait for a core
-
-            def go() -> None:
-                ev = Timeout(self.net.env, self.handshake_s)
-                ev.callbacks.append(lambda _e: self._go(msg, sock, segments, reduce_bytes, extra_s))
-
-            if cpu is not None:
-                cpu.wake(msg.src, go)
-            else:
-                go()
-
-        need = sock.sent - self.HEADERS_AHEAD
-        if need <= sock.delivered:
-            handshake()
-        else:
-            sock.waiting_slot = (need, handshake)
-
-    def _go(
-        self, msg: Message, sock: _Socket, segments: int, reduce_bytes: int, extra_s: float
-    ) -> None:
-        sock.queued += msg.nbytes
-        sock.sent += 1
-        msg.socket = sock
-        deliver = msg.on_arrival
-        msg.on_arrival = lambda m: sock.arrive(m, deliver)
-        mark = sock.queued - self.buffer_bytes
-        self.net._join_cpu(msg, segments, reduce_bytes, extra_s)
-        self.net._inject(msg)
-        if mark <= sock.acked:
-            self._next()
-        else:
-            sock.waiting = (mark, self._next)
 
 
 class DetailedNetwork(Network):
@@ -646,17 +445,16 @@ class DetailedNetwork(Network):
         return end
 
     def _held(self, msg: Message, hop: int, by_bucket: float) -> None:
-        """Charge the ends' cores for ``by_bucket`` bytes of ``msg`` that a shaped link
-        (hop ``hop``) held to its rate (:meth:`simcore.host.CommCpu.background`), once per
+        """Tell :attr:`on_held` of ``by_bucket`` bytes of ``msg`` that a shaped link (hop
+        ``hop``) held to its rate (a transport charges the ends' cores for them), once per
         route: on its first shaped link. The bytes reach a later one at the rate already
         (a chunk stored and forwarded whole would look held again); where many senders
         meet at a receiver's link, TCP slows them to their share there, so their bytes
         are held about once too, if not always on the first link."""
-        if by_bucket <= 0 or self.cpu is None:
+        if by_bucket <= 0 or self.on_held is None:
             return
         if all(h.burst_s <= 0 for h in msg.hops[:hop]):
-            busy = self.busy_shaped() if self.cpu.spec.link_cpu_by_load else 0
-            self.cpu.background(msg.src, msg.dst, by_bucket, busy)
+            self.on_held(msg, by_bucket)
 
     def _arrive_fifo(self, ev: _ChunkArrival) -> None:
         msg = ev.msg
@@ -665,8 +463,8 @@ class DetailedNetwork(Network):
         hops = msg.hops
         hops[hop - 1].recv_bytes += size
         if hop == len(hops):
-            if msg.socket is not None:
-                msg.socket.ack(size)
+            if msg.on_bytes is not None:
+                msg.on_bytes(size)
             msg.chunks_left -= 1
             if msg.chunks_left == 0:
                 self._complete(msg)
@@ -765,8 +563,8 @@ class DetailedNetwork(Network):
         if prev.queue and prev.free_at <= now:
             self._advance(prev, now)
         if hop == len(msg.hops):
-            if msg.socket is not None:
-                msg.socket.ack(ev.size)
+            if msg.on_bytes is not None:
+                msg.on_bytes(ev.size)
             msg.chunks_left -= 1
             if msg.chunks_left == 0:
                 self._complete(msg)
@@ -948,19 +746,18 @@ class AnalyticNetwork(Network):
         msg.payload = payload
         for st, w in zip(msg.hops, weights, strict=True):
             st.recv_bytes += round(msg.nbytes * w)
-        if msg.socket is not None:
-            msg.socket.ack(msg.nbytes)
+        if msg.on_bytes is not None:
+            msg.on_bytes(msg.nbytes)
         self._complete(msg)
 
     def _arrive(self, ev: Any) -> None:
         msg: Message = ev.value
         for st in msg.hops:
             st.recv_bytes += msg.nbytes
-        if self.cpu is not None and any(st.burst_s > 0 for st in msg.hops):
-            busy = self.busy_shaped() if self.cpu.spec.link_cpu_by_load else 0
-            self.cpu.background(msg.src, msg.dst, msg.nbytes, busy)  # no bucket: all held
-        if msg.socket is not None:
-            msg.socket.ack(msg.nbytes)
+        if self.on_held is not None and any(st.burst_s > 0 for st in msg.hops):
+            self.on_held(msg, msg.nbytes)  # no bucket: all held
+        if msg.on_bytes is not None:
+            msg.on_bytes(msg.nbytes)
         self._complete(msg)
 
 

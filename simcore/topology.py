@@ -111,7 +111,7 @@ class HostSpec:
         isend_s: how long handing a message to the transport holds the sending rank's
             thread beyond the message's CPU (``message_cpu``): the runtime's code around
             an ``isend`` whose bytes that thread writes itself (pipelines' and gossip's
-            messages, ``on_thread`` in :meth:`simcore.network.DetailedNetwork.send`).
+            messages, :attr:`simcore.transport.Transport.isend_on_thread`).
             ``sim validate`` measures it in each run (the main threads' send spans).
         posted_cpu_s: CPU seconds each end of a message that a rank's own thread hands
             to the transport (the pipelines' and gossip's ``isend``) costs the

@@ -13,8 +13,9 @@ from simpy import Environment
 
 from dtsim.resolve import load_preset
 from simcore import SimConfig, simulate
-from simcore.host import CommCpu, CpuPool, CpuStream
+from simcore.host import CpuPool, CpuStream
 from simcore.topology import GlooSpec, TopologyError, TopologySpec, build_topology
+from simcore.transport import CommCpu, HostTransport
 from traces.model import Layer, TraceMeta, chain
 
 MB = 1_000_000
@@ -445,7 +446,6 @@ def four_hosts_sending(
     rank 0 sends ``sends`` (``(tag, destination rank, bytes)``, in order) through its
     sender. Returns when each tag arrived, the network and the ranks' devices."""
     from simcore.engine import cpu_pools
-    from simcore.host import CommCpu
     from simcore.network import DetailedNetwork
 
     p = preset(cores=4, p2p_handshake_s=1e-6, socket_buffer=buffer_bytes)
@@ -455,19 +455,21 @@ def four_hosts_sending(
     topo = build_topology(TopologySpec(p, 4))
     env = Environment()
     net = DetailedNetwork(env, topo, chunk_bytes=64 << 10)
-    net.cpu = CommCpu(topo.host_spec, cpu_pools(env, topo))
+    transport = HostTransport(net, CommCpu(topo.host_spec, cpu_pools(env, topo)))
     arrived: dict[str, float] = {}
     g = topo.gpus
 
     def send(src, dst, nbytes, tag):
-        net.send(g[src], g[dst], nbytes, lambda m: arrived.setdefault(m.tag, env.now), tag=tag)
+        transport.send(
+            g[src], g[dst], nbytes, lambda m: arrived.setdefault(m.tag, env.now), tag=tag
+        )
 
     for other in (2, 3):
         send(other, 1, 8 << 20, f"bulk{other}")
     for tag, dst, nbytes in sends:
         send(0, dst, nbytes, tag)
     env.run()
-    return arrived, net, g
+    return arrived, transport, g
 
 
 @pytest.mark.parametrize("buffer_bytes", [1 << 20, 8 << 20])
@@ -477,15 +479,15 @@ def test_a_send_waits_while_its_peer_connection_holds_a_full_buffer(buffer_bytes
     second message to rank 1 returns only once the first has arrived (what is in flight to
     rank 1 must fit in the buffer), so the small message leaves after that; with 8 MiB all
     three are handed over at once and the small one arrives long before rank 1's first."""
-    arrived, net, g = four_hosts_sending(
+    arrived, transport, g = four_hosts_sending(
         buffer_bytes, [("first", 1, 1 << 20), ("second", 1, 1 << 20), ("small", 2, 1024)]
     )
-    rate = 1.0 / max(st.service for st in net.hops(g[0], g[1]))
+    rate = 1.0 / max(st.service for st in transport.net.hops(g[0], g[1]))
     if buffer_bytes == 1 << 20:
         assert arrived["small"] > arrived["first"]
     else:
         assert arrived["small"] < 2.5 * (1 << 20) / rate < arrived["first"]
-    sockets = net._senders[g[0]].sockets
+    sockets = transport._senders[g[0]].sockets
     assert sockets[g[1]].queued == sockets[g[1]].acked == 2 << 20
 
 
@@ -498,10 +500,10 @@ def test_a_message_waits_for_its_peer_to_post_its_header(monkeypatch, headers_ah
     64-byte one, and the message to rank 2 queued behind it, arrive only after rank 1's
     first; with unlimited headers posted (the model without the rule) rank 2's comes long
     before."""
-    from simcore.network import _Sender
+    from simcore.transport import _Sender
 
     monkeypatch.setattr(_Sender, "HEADERS_AHEAD", headers_ahead)
-    arrived, net, g = four_hosts_sending(
+    arrived, transport, g = four_hosts_sending(
         8 << 20,
         [("first", 1, 1 << 20), ("second", 1, 1 << 20), ("ctrl", 1, 64), ("small", 2, 1024)],
     )
@@ -509,7 +511,7 @@ def test_a_message_waits_for_its_peer_to_post_its_header(monkeypatch, headers_ah
         assert arrived["first"] < arrived["ctrl"] and arrived["first"] < arrived["small"]
     else:
         assert arrived["small"] < 0.5 * arrived["first"]
-    sockets = net._senders[g[0]].sockets
+    sockets = transport._senders[g[0]].sockets
     assert sockets[g[1]].sent == sockets[g[1]].delivered == 3
 
 
@@ -542,13 +544,12 @@ def test_a_receiving_thread_still_at_work_holds_the_senders_next_messages(hold_s
     handed over only after that, in order (their bytes had long arrived); the sender's
     socket counts all three taken in the end."""
     from simcore.engine import cpu_pools
-    from simcore.host import CommCpu
     from simcore.network import DetailedNetwork
 
     topo = build_topology(TopologySpec(preset(cores=4, p2p_handshake_s=1e-6), 2))
     env = Environment()
     net = DetailedNetwork(env, topo, chunk_bytes=64 << 10)
-    net.cpu = CommCpu(topo.host_spec, cpu_pools(env, topo))
+    transport = HostTransport(net, CommCpu(topo.host_spec, cpu_pools(env, topo)))
     handed: list[tuple[str, float]] = []
 
     def keep(release) -> None:
@@ -560,7 +561,7 @@ def test_a_receiving_thread_still_at_work_holds_the_senders_next_messages(hold_s
             m.hold = keep
 
     for tag in ("first", "second", "third"):
-        net.send(topo.gpus[0], topo.gpus[1], 1024, on_arrival, tag=tag)
+        transport.send(topo.gpus[0], topo.gpus[1], 1024, on_arrival, tag=tag)
     env.run()
     assert [tag for tag, _t in handed] == ["first", "second", "third"]
     first = handed[0][1]
@@ -568,7 +569,7 @@ def test_a_receiving_thread_still_at_work_holds_the_senders_next_messages(hold_s
         assert all(t >= first + hold_s for _tag, t in handed[1:])
     else:
         assert all(t < first + 0.01 for _tag, t in handed[1:])
-    sock = net._senders[topo.gpus[0]].sockets[topo.gpus[1]]
+    sock = transport._senders[topo.gpus[0]].sockets[topo.gpus[1]]
     assert sock.sent == sock.delivered == 3 and not sock.backlog
 
 
@@ -630,12 +631,12 @@ def _isend(
     pool_of = cpu_pools(env, topo)
     g = topo.gpus
     rank0 = CpuStream(pool_of(g[0]))
-    net.cpu = CommCpu(topo.host_spec, pool_of, {g[0]: rank0})
+    transport = HostTransport(net, CommCpu(topo.host_spec, pool_of, {g[0]: rank0}))
     for _ in range(busy):
         pool_of(g[0]).run(1.0, lambda: None, holds=True)
     got: dict[str, float] = {}
-    msg = net.send(g[0], g[1], MB, lambda m: got.setdefault("arrived", env.now), p2p=False,
-                   on_thread=on_thread)  # fmt: skip
+    send = transport.isend_on_thread if on_thread else transport.isend
+    msg = send(g[0], g[1], MB, lambda m: got.setdefault("arrived", env.now))
     rank0.submit(1e-3, ("forward", "next", 0, 0, -1), lambda end: got.setdefault("next", end))
     env.run(until=0.5)
     busy = sum(pool.busy_s for pool in {id(pool_of(d)): pool_of(d) for d in g[:2]}.values())

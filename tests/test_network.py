@@ -7,9 +7,10 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simcore.host import CommCpu, CpuPool
+from simcore.host import CpuPool
 from simcore.network import AnalyticNetwork, DetailedNetwork
 from simcore.topology import HostSpec, TopologyBuilder
+from simcore.transport import CommCpu, HostTransport
 
 B = 1e9  # bytes/s
 LAT = 1e-5  # s
@@ -317,7 +318,7 @@ def test_a_bucket_counts_the_bytes_it_held_to_the_rate():
 def test_packet_work_is_charged_once_per_route_for_the_bytes_held(fair):
     """Two shaped links in a row: the second gets the bytes at the rate already, so only
     the first one's held bytes are charged (a chunk stored and forwarded whole would look
-    held again); nothing is charged without a CPU side."""
+    held again); nothing is charged without a host transport."""
     b = TopologyBuilder("tbf2")
     b.device("a", "gpu", 0)
     b.device("s", "switch", -1)
@@ -327,14 +328,14 @@ def test_packet_work_is_charged_once_per_route_for_the_bytes_held(fair):
     b_topo = b.build([0, 2], link_sharing="fair" if fair else "fifo")
     env = simpy.Environment()
     net = DetailedNetwork(env, b_topo, chunk_bytes=100_000)
-    net.cpu = _Charges(env)
+    cpu = HostTransport(net, _Charges(env)).cpu
     n = 1_000_000
     net.send(b_topo.gpus[0], b_topo.gpus[1], n)
     env.run()
-    charged = sum(x for _s, _d, x in net.cpu.held)
+    charged = sum(x for _s, _d, x in cpu.held)
     assert charged == pytest.approx(n - 10_000 * 10 / 9)
-    assert {(s, d) for s, d, _x in net.cpu.held} == {(b_topo.gpus[0], b_topo.gpus[1])}
-    assert net.cpu.pool.busy_s == pytest.approx(2 * 1e-9 * charged)  # both ends, one machine
+    assert {(s, d) for s, d, _x in cpu.held} == {(b_topo.gpus[0], b_topo.gpus[1])}
+    assert cpu.pool.busy_s == pytest.approx(2 * 1e-9 * charged)  # both ends, one machine
 
 
 def _four_shaped_hosts(link_sharing: str = "fifo"):
@@ -363,16 +364,16 @@ def test_packet_work_is_charged_with_the_links_busy_at_the_time(pairs):
     topo = _four_shaped_hosts("fair")
     env = simpy.Environment()
     net = DetailedNetwork(env, topo, chunk_bytes=100_000)
-    net.cpu = _Charges(env)
+    cpu = HostTransport(net, _Charges(env)).cpu
     _exchange_pairs(net, topo, pairs)
     env.run()
-    assert max(net.cpu.busy) == 4 * pairs and min(net.cpu.busy) >= 1
-    at_load = sum(x for (_s, _d, x), n in zip(net.cpu.held, net.cpu.busy) if n == 4 * pairs)
-    assert at_load > 0.75 * sum(x for _s, _d, x in net.cpu.held)  # all but the start
+    assert max(cpu.busy) == 4 * pairs and min(cpu.busy) >= 1
+    at_load = sum(x for (_s, _d, x), n in zip(cpu.held, cpu.busy) if n == 4 * pairs)
+    assert at_load > 0.75 * sum(x for _s, _d, x in cpu.held)  # all but the start
     # each charge at its load's cost, at both ends (one machine here)
-    spec = net.cpu.spec
-    cost = sum(2 * x * spec.link_cpu(n) for (_s, _d, x), n in zip(net.cpu.held, net.cpu.busy))
-    assert net.cpu.pool.busy_s == pytest.approx(cost)
+    spec = cpu.spec
+    cost = sum(2 * x * spec.link_cpu(n) for (_s, _d, x), n in zip(cpu.held, cpu.busy))
+    assert cpu.pool.busy_s == pytest.approx(cost)
 
 
 def test_the_analytic_model_sees_more_links_busy_with_more_pairs():
@@ -384,10 +385,10 @@ def test_the_analytic_model_sees_more_links_busy_with_more_pairs():
         topo = _four_shaped_hosts()
         env = simpy.Environment()
         net = AnalyticNetwork(env, topo)
-        net.cpu = _Charges(env)
+        cpu = HostTransport(net, _Charges(env)).cpu
         _exchange_pairs(net, topo, pairs)
         env.run()
-        seen[pairs] = set(net.cpu.busy)
+        seen[pairs] = set(cpu.busy)
     assert len(seen[1]) == len(seen[2]) == 1
     assert 2 * min(seen[1]) == min(seen[2]) > 0
 

@@ -519,7 +519,9 @@ class PipelineScheme(Scheme):
                 yield gpu.compute(predict_s[s], PREDICT, f"predict stage {s}", it, -1, mb)
             elif kind in sch.SEND_KINDS:
                 act = kind == sch.SEND_ACT
-                ctx.net.send(
+                # posted ahead (realrun.p2p): no sender thread; the stage's own
+                # thread writes it (its receive is posted)
+                ctx.transport.isend_on_thread(
                     dev[r],
                     dev[a.peer],
                     round(plan.out_bytes if act else plan.in_bytes),
@@ -534,10 +536,6 @@ class PipelineScheme(Scheme):
                         mb,
                         s + 1 if act else s - 1,
                     ),
-                    # posted ahead, moved by the transport (realrun.p2p): no sender
-                    # thread; the stage's own writes it (its receive is posted)
-                    p2p=False,
-                    on_thread=True,
                 )
             elif kind in sch.RECV_KINDS:
                 yield self._box((r, kind, mb, s))

@@ -497,12 +497,12 @@ class ParameterServerScheme(Scheme):
         or a grouped one in the placed mean field."""
         gm = self.group_mult
         w = gm.get((k, self.rank_class[r], s), 1.0) if gm is not None else 1.0
-        net = self.ctx.net
+        transport = self.ctx.transport
         if w == 1.0:
-            net.send(src, dst, nbytes, then, priority=self.shards[k].priority, **kw)
+            transport.send(src, dst, nbytes, then, priority=self.shards[k].priority, **kw)
             return
         hops, weights = self._grouped_route(src, dst, s, w, to_server)
-        net.send_grouped(src, dst, nbytes, hops, weights, then, **kw)
+        transport.send_grouped(src, dst, nbytes, hops, weights, then, **kw)
 
     def finish(self) -> None:
         if self.mean_field is not None:
@@ -542,7 +542,7 @@ class ParameterServerScheme(Scheme):
             self._maybe_done(r, it)
 
     def _push(self, r: int, it: int, layer: int) -> None:
-        net = self.ctx.net
+        send = self.ctx.transport.send
         src = self.ctx.topology.gpus[r]
         c = self.rank_class[r]
         n = 0
@@ -551,7 +551,7 @@ class ParameterServerScheme(Scheme):
             for s, nb in self.parts[k][c]:
                 n += 1
                 if self.group_mult is None:
-                    net.send(
+                    send(
                         src,
                         self.server_dev[s],
                         nb,

@@ -37,6 +37,9 @@ class SimContext:
         trace: the trace at ``config.effective_batch_size`` samples on the target GPU
             (``compute_scale`` applied).
         topology, net, coll: topology, network model and collectives engine.
+        transport: what a scheme sends its messages through (the collectives' own
+            :class:`~simcore.transport.Transport`), saying how the real runtime moves
+            them; it adds what the hosts cost them.
         gpus: one :class:`Gpu` per rank.
         compute_log: the shared compute log (tuples in
             :data:`~simcore.records.COMPUTE_LOG_FIELDS` order); work on non-GPU devices
@@ -64,6 +67,7 @@ class SimContext:
     ) -> None:
         self.env, self.config, self.options, self.trace = env, config, options, trace
         self.topology, self.net, self.coll, self.gpus = topology, net, coll, gpus
+        self.transport = coll.transport
         self.compute_log, self.rng = compute_log, rng
         self.spans: list[tuple[Any, ...]] = []
         self.iteration_end = [[-1.0] * len(gpus) for _ in range(config.total_iterations)]

@@ -137,8 +137,7 @@ class DataParallel(Scheme):
         self.next_bucket = [0] * n_it
         self.inflight = [0] * n_it
         self.finished = [0] * n_it
-        gloo = ctx.topology.gloo
-        self.collective_threads = gloo.threads if gloo is not None else 1
+        self.collective_threads = ctx.transport.collective_threads
         """Buckets reduced at once: one stream on GPUs; gloo's worker threads on CPUs."""
         self.reduced: list[Event] = [ctx.env.event() for _ in range(n_it)]
         self.ranks = list(ctx.topology.ring_order)

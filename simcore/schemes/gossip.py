@@ -73,7 +73,7 @@ from simpy import Event
 
 from simcore.config import OPTIMIZERS, ConfigError, SimConfig, option
 from simcore.device import Gpu
-from simcore.network import AnalyticNetwork, Message
+from simcore.network import Message
 from simcore.records import UPDATE
 from simcore.schemes._ops import LayerOps
 from simcore.schemes.base import Scheme
@@ -346,8 +346,7 @@ class Gossip(Scheme):
             self.average_s = {}
         self._updates: dict[int, dict[int, tuple[Any, ...]]] = {}
         self._partners: dict[int, tuple[list[int], list[int]]] = {}
-        net = ctx.net
-        self.post = net.post if isinstance(net, AnalyticNetwork) and net.cpu is None else None
+        self.post = ctx.transport.post
         # Arrival time of each slot per (rank, iteration), -1 until known; what is left;
         # who waits for which slot; when backward ended.
         self.arrival: dict[tuple[int, int], list[float]] = {}
@@ -540,7 +539,10 @@ class Gossip(Scheme):
             msg = self.post(src_dev, dst_dev, nbytes, tag, r, dst, it)
             self._deliver(dst, it, slot, msg.end_s)
         else:
-            ctx.net.send(
+            # receives posted ahead, sends with isend (realrun.p2p): no sender thread
+            tr = ctx.transport
+            send = tr.isend_on_thread if on_thread else tr.isend
+            send(
                 src_dev,
                 dst_dev,
                 nbytes,
@@ -550,9 +552,6 @@ class Gossip(Scheme):
                 rank_dst=dst,
                 iteration=it,
                 payload=(dst, it, slot),
-                # receives posted ahead, sends with isend (realrun.p2p): no sender thread
-                p2p=False,
-                on_thread=on_thread,
             )
 
     def _arrived(self, msg: Message) -> None:
