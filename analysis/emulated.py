@@ -97,7 +97,7 @@ def predict(
     calibration file ``calibration``; ``options`` are the cluster's (sizes are scaled
     here, :func:`scaled_options`)."""
     from analysis.resolve import build_config, load_preset
-    from realrun.calibrate import segment_bytes
+    from realrun.calibration.fits import segment_bytes
     from simcore.engine import simulate
     from simcore.spec import RunSpec
     from traces.jsonfmt import save

@@ -61,7 +61,7 @@ from analysis.matrix_defaults import (
     SIM_SEEDS,
     WARMUP_ITERATIONS,
 )
-from realrun.calibrate import segment_bytes
+from realrun.calibration.fits import segment_bytes
 from realrun.owner import temp_prefix
 from simcore.config import ConfigError
 from simcore.units import parse_rate
@@ -442,8 +442,8 @@ Calibrator = Callable[[float], Mapping[str, Any]]
 
 
 def default_calibrator(rate_bytes_per_s: float) -> Mapping[str, Any]:
-    """Calibrate the emulated cluster at this link rate (:mod:`realrun.calibrate`)."""
-    from realrun.calibrate import calibrate
+    """Calibrate the emulated cluster at this link rate (:mod:`realrun.calibration`)."""
+    from realrun.calibration.run import calibrate
 
     return calibrate(cluster="netns", bandwidth_bytes_per_s=rate_bytes_per_s)
 
@@ -461,7 +461,7 @@ def ensure_calibration(
     path = calibration_path(out_dir, rate_bytes_per_s)
     if os.path.exists(path):
         return path
-    from realrun.calibrate import write_calibration
+    from realrun.calibration.preset import write_calibration
 
     preset = dict(calibrator(rate_bytes_per_s))
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -471,7 +471,7 @@ def ensure_calibration(
 
 def pool_calibrations(out_dir: str) -> list[str]:
     """Fit the host's wake-up wait once over every calibration in ``out_dir``
-    (:func:`realrun.calibrate.pool_wakeup`) and write it into each of them; the files
+    (:func:`realrun.calibration.simfits.pool_wakeup`) and write it into each of them; the files
     that changed. The busy-cores benchmark behind it runs on unshaped links, so each
     bandwidth's calibration measures the same host property, and a single run of it
     moves with the machine's scheduling from one minute to the next (seen 1.55-2.1 ms
@@ -479,7 +479,8 @@ def pool_calibrations(out_dir: str) -> list[str]:
     the wait fitted to every run."""
     import yaml
 
-    from realrun.calibrate import pool_wakeup, write_calibration
+    from realrun.calibration.preset import write_calibration
+    from realrun.calibration.simfits import pool_wakeup
 
     paths = _calibration_files(out_dir)
     presets = []
@@ -919,7 +920,7 @@ def sim_config(
     """The simulator's configuration of ``case``: the profiled trace on the calibrated
     preset (whose fitted link rate and latency are used as they are), no device
     rescaling, and the network cut into the calibration's chunks
-    (:func:`realrun.calibrate.segment_bytes`): a message crosses two shaped hops (its
+    (:func:`realrun.calibration.fits.segment_bytes`): a message crosses two shaped hops (its
     sender's link, then its receiver's), and TCP pipelines them segment by segment (or
     frame by frame), where 1 MiB chunks stored and forwarded would double a message's
     time."""

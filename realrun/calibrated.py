@@ -2,7 +2,7 @@
 calibration moved to another rate.
 
 ``sim calibrate`` measures an emulated cluster whose links ``tc tbf`` shapes to one rate,
-and writes what it measured as a topology preset (:func:`realrun.calibrate.calibrate`):
+and writes what it measured as a topology preset (:func:`realrun.calibration.run.calibrate`):
 ``network.bandwidth`` is the TCP goodput the links carried, a share of the tbf rate
 (``measured.fits.goodput_share_of_tbf_rate``, about 1448/1514 less tbf's losses), and
 ``network.burst`` the payload of tbf's bucket at that rate. A what-if at another link rate
@@ -35,7 +35,10 @@ __all__ = [
     "KNOBS",
     "Knob",
     "at_rate",
+    "burst_payload_bytes",
     "calibrated_rate",
+    "format_rate_text",
+    "format_time_text",
     "goodput_share",
     "is_calibrated",
     "knob_sources",
@@ -179,6 +182,11 @@ def format_rate_text(bytes_per_s: float) -> str:
         if bytes_per_s >= scale:
             return f"{bytes_per_s / scale:.4g}{prefix}B/s"
     return f"{bytes_per_s:.4g}B/s"
+
+
+def format_time_text(seconds: float) -> str:
+    """A duration as ``parse_time`` reads it: ``52.3us``."""
+    return f"{seconds * 1e6:.4g}us"
 
 
 def is_calibrated(preset: Mapping[str, Any]) -> bool:

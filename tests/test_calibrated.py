@@ -16,8 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis.resolve import build_config, preset_at_rate
-from realrun.calibrate import burst_payload_bytes
-from realrun.calibrated import at_rate, calibrated_rate, goodput_share, is_calibrated
+from realrun.calibrated import (
+    at_rate,
+    burst_payload_bytes,
+    calibrated_rate,
+    goodput_share,
+    is_calibrated,
+)
 from simcore.engine import simulate
 from simcore.spec import RunSpec
 from simcore.units import parse_rate, parse_size

@@ -298,7 +298,7 @@ def test_a_woken_thread_waits_for_a_core_only_while_compute_takes_all(wakeup_s):
     takes exactly four waits longer than with idle cores, each ``wakeup_s`` times the
     computing threads per core; one computing thread leaves a core free and costs
     nothing (links without tbf's bucket, which would refill while a message waits)."""
-    from realrun.calibrate import simulate_busy_allreduce
+    from realrun.calibration.simfits import simulate_busy_allreduce
 
     p = preset(cores=2)
     p["network"] = {k: v for k, v in p["network"].items() if k not in ("burst", "peak_bandwidth")}

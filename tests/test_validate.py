@@ -198,13 +198,15 @@ def test_cli_without_root_for_netns_is_one_line(
 def test_cli_failed_calibration_is_one_line(
     capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from realrun import calibrate, netns
+    from realrun import netns
+    from realrun.calibration import CalibrationError
+    from realrun.calibration import run as calibration_run
 
     def fail(**_kw: Any) -> None:
-        raise calibrate.CalibrationError("the link CPU benchmark failed: rank 1 exited")
+        raise CalibrationError("the link CPU benchmark failed: rank 1 exited")
 
     monkeypatch.setattr(netns, "check_available", lambda: None)
-    monkeypatch.setattr(calibrate, "calibrate", fail)
+    monkeypatch.setattr(calibration_run, "calibrate", fail)
     code, _, err = run_main(capsys, "validate", "--quick", "--out", str(tmp_path / "v"))
     assert code == 1
     assert "link CPU benchmark failed" in err and len(err.strip().splitlines()) == 1
