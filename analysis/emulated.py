@@ -66,11 +66,13 @@ def emulated_preset(
     rate (``None``: its own) with its ranks' compute on a GPU (see module docs)."""
     from analysis.resolve import preset_at_rate
     from realrun.calibrated import format_rate_text
+    from simcore.preset_keys import canonical
 
     out, override = preset_at_rate(dict(preset), run_rate_bytes_per_s)
-    out = dict(out)
+    out = canonical(out)
     if override is not None:  # not calibrated: the rate as the network's bandwidth
-        out["network"] = {**dict(out.get("network") or {}), "bandwidth": format_rate_text(override)}
+        network = dict(out.get("network") or {})
+        out["network"] = {**network, "bandwidth_bytes_per_s": format_rate_text(override)}
     gpu = dict(out.get("gpu") or {})
     gpu["kind"] = "gpu"
     gpu["model"] = "emulated device"

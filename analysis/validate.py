@@ -611,26 +611,27 @@ def case_topology(
     from ``source`` (``profile`` for a prediction, ``run`` for a replay), the rest from
     the run (a replay's alone)."""
     from analysis.resolve import load_preset
+    from simcore.preset_keys import canonical
 
-    preset = dict(load_preset(topology_file))
+    preset = canonical(load_preset(topology_file))  # keys by field name
     from realrun.calibrated import knob_sources
 
     measured = dict(preset.get("measured") or {})
     sources = dict(measured.get("sources") or knob_sources(preset))  # (older files: none)
-    sources["gpu.memory_bandwidth"] = sources["gpu.step_overhead"] = source
+    sources["gpu.memory_bandwidth_bytes_per_s"] = sources["gpu.step_overhead_s"] = source
     if "predict_overhead_s" in update:
-        sources["gpu.predict_overhead"] = "run"
+        sources["gpu.predict_overhead_s"] = "run"
     for key in ("p2p_message_cpu_s", "isend_s", "posted_cpu_s"):
         if key in update:
             sources[f"host.{key}"] = "run"
     preset["measured"] = {**measured, "sources": sources}
     preset["gpu"] = {
         **dict(preset.get("gpu") or {}),
-        "memory_bandwidth": f"{update['memory_bandwidth_bytes_per_s']:.6g}B/s",
-        "step_overhead": f"{update.get('step_overhead_s', 0.0) * 1e6:.6g}us",
+        "memory_bandwidth_bytes_per_s": f"{update['memory_bandwidth_bytes_per_s']:.6g}B/s",
+        "step_overhead_s": f"{update.get('step_overhead_s', 0.0) * 1e6:.6g}us",
     }
     if "predict_overhead_s" in update:
-        preset["gpu"]["predict_overhead"] = f"{update['predict_overhead_s'] * 1e6:.6g}us"
+        preset["gpu"]["predict_overhead_s"] = f"{update['predict_overhead_s'] * 1e6:.6g}us"
     for key in ("p2p_message_cpu_s", "isend_s", "posted_cpu_s"):
         if key in update:
             preset["host"] = {**dict(preset.get("host") or {}), key: float(update[key])}

@@ -87,7 +87,7 @@ def busy_cores_calibration(wakeup_s: float, latency_s: float = 60e-6) -> dict:
     )
     with open(path, encoding="utf-8") as fh:
         preset = yaml.safe_load(fh)
-    goodput = parse_rate(preset["network"]["bandwidth"])
+    goodput = parse_rate(preset["network"]["bandwidth_bytes_per_s"])
     links = unshaped_links(preset, latency_s, goodput)
     rows = [
         {"bytes": n, "threads": t, "time_s": simulate_busy_allreduce(links, n, t, wakeup_s)}

@@ -202,9 +202,9 @@ def _check_preset(preset: dict[str, Any], path: str) -> None:
         "measured",
     ]
     assert data["gpu"]["kind"] == "cpu"
-    assert parse_size(data["gpu"]["memory"]) > 0
-    assert parse_rate(data["gpu"]["memory_bandwidth"]) > 0
-    assert data["gpu"]["peak_flops"] > 0
+    assert parse_size(data["gpu"]["memory_bytes"]) > 0
+    assert parse_rate(data["gpu"]["memory_bandwidth_bytes_per_s"]) > 0
+    assert data["gpu"]["peak_flop_per_s"] > 0
     host = data["host"]
     assert host["cores"] == len(os.sched_getaffinity(0)) and host["shared"] is True
     for key in ("message_cpu_s", "copy_cpu_s_per_byte", "reduce_cpu_s_per_byte", "wakeup_s"):
@@ -213,7 +213,7 @@ def _check_preset(preset: dict[str, Any], path: str) -> None:
     assert host["message_cpu_s"] > 0 and host["reduce_cpu_s_per_byte"] > 0
     assert parse_size(data["gloo"]["segment_bytes"]) == 1 << 20
     net = data["network"]
-    goodput = parse_rate(net["bandwidth"])
+    goodput = parse_rate(net["bandwidth_bytes_per_s"])
     assert goodput == pytest.approx(data["measured"]["fits"]["goodput_bytes_per_s"], rel=1e-3)
     # the latency is per link; the route between two hosts adds up to the measured one
     topo = build_topology(TopologySpec(data, 2))
@@ -329,11 +329,11 @@ def test_netns_calibration_measures_goodput_below_the_tbf_rate(
     assert preset["measured"]["allreduce"] == []
     # the 4 MiB send returned before the message was through: the kernel took part of it
     assert 0 < big["shaped_send_return_s"] < big["shaped_s"]
-    buffer = parse_size(preset["host"]["socket_buffer"])
+    buffer = parse_size(preset["host"]["socket_buffer_bytes"])
     assert buffer == preset["measured"]["fits"]["socket_buffer_bytes"]
     assert 0 < buffer <= min(4 << 20, tcp_send_buffer_bytes())
     # the two-flow benchmark: the second flow's message came after both messages' bytes
-    # had crossed the link, and the lead fitted to it is the file's network.lead (tbf
+    # had crossed the link, and the lead fitted to it is the file's network.lead_s (tbf
     # once let the 2 x 2 MiB through at 26.7 MB/s, 7% over its 25 MB/s rate and 12%
     # over the goodput fitted to single messages: a margin of 20%)
     sharing = preset["measured"]["sharing"]
@@ -507,9 +507,9 @@ def test_the_link_lead_is_recovered_from_a_simulated_two_flow_benchmark(lead_s: 
         first, second = simulate_two_flows(preset, SHARING_BYTES, d, lead_s)
         rows.append({"delay_s": d, "first_s": first, "second_s": second})
     lead, residual = fit_sharing_lead(preset, SHARING_BYTES, rows)
-    goodput = parse_rate(preset["network"]["bandwidth"])
+    goodput = parse_rate(preset["network"]["bandwidth_bytes_per_s"])
     assert lead_s - segment_bytes(preset) / goodput <= lead <= lead_s and residual < 1e-9
-    burst = parse_size(preset["network"]["burst"])  # leaves at the peak speed
+    burst = parse_size(preset["network"]["burst_bytes"])  # leaves at the peak speed
     for d in delays:
         fair = simulate_two_flows(preset, SHARING_BYTES, d, 0.0)
         held = simulate_two_flows(preset, SHARING_BYTES, d, 0.05)
@@ -666,10 +666,10 @@ def test_the_chunk_keeps_a_calibrated_links_one_way_times(rate: float) -> None:
     burst = burst_payload_bytes(rate)
     network = {
         **preset["network"],
-        "bandwidth": f"{goodput}B/s",
-        "latency": f"{latency / 2 * 1e6}us",  # per hop
-        "burst": f"{int(burst)}B",
-        "peak_bandwidth": f"{20 * rate}B/s",
+        "bandwidth_bytes_per_s": f"{goodput}B/s",
+        "latency_s": f"{latency / 2 * 1e6}us",  # per hop
+        "burst_bytes": f"{int(burst)}B",
+        "peak_bandwidth_bytes_per_s": f"{20 * rate}B/s",
     }
     preset = {**preset, "network": network}
     chunk = segment_bytes(preset)
@@ -698,20 +698,20 @@ def test_the_busy_cores_benchmark_is_fitted_on_the_unshaped_links_it_ran_on() ->
         **preset,
         "network": {
             **preset["network"],
-            "burst": "47820B",
-            "peak_bandwidth": "2GB/s",
-            "lead": "11ms",
-            "bandwidth": "23.77MB/s",
+            "burst_bytes": "47820B",
+            "peak_bandwidth_bytes_per_s": "2GB/s",
+            "lead_s": "11ms",
+            "bandwidth_bytes_per_s": "23.77MB/s",
         },
     }
     free = unshaped_links(shaped, 60e-6, 1.9e9)
     net = free["network"]
-    assert not {"burst", "peak_bandwidth", "lead"} & set(net)
-    assert parse_rate(net["bandwidth"]) == pytest.approx(1.9e9, rel=1e-3)
-    assert parse_time(net["latency"]) == pytest.approx(30e-6, rel=1e-3)  # per hop
+    assert not {"burst_bytes", "peak_bandwidth_bytes_per_s", "lead_s"} & set(net)
+    assert parse_rate(net["bandwidth_bytes_per_s"]) == pytest.approx(1.9e9, rel=1e-3)
+    assert parse_time(net["latency_s"]) == pytest.approx(30e-6, rel=1e-3)  # per hop
     assert net["sharing"] == shaped["network"]["sharing"] and free["host"] == shaped["host"]
     assert segment_bytes(free) == SEGMENT_BYTES == 4 * segment_bytes(shaped)
-    assert shaped["network"]["burst"] == "47820B"  # the preset itself is left alone
+    assert shaped["network"]["burst_bytes"] == "47820B"  # the preset itself is left alone
 
 
 def test_the_links_cpu_is_what_spinners_lost_beyond_the_ranks_per_byte_and_end() -> None:

@@ -269,7 +269,7 @@ def test_a_cases_preset_takes_the_runs_step_and_messenger_costs(tmp_path: Path) 
         written = yaml.safe_load(fh)
     calibrated = load_preset(calibration)
     assert written["host"] == calibrated["host"]
-    assert written["gpu"]["memory_bandwidth"] == "4e+09B/s"
+    assert written["gpu"]["memory_bandwidth_bytes_per_s"] == "4e+09B/s"
     trace2 = str(tmp_path / "m-r1.json")
     update = {**update, "p2p_message_cpu_s": 3e-4}
     path = va.case_topology(str(tmp_path), calibration, trace2, update)

@@ -257,16 +257,16 @@ def fit_cpu_cost(
 
 def segment_bytes(preset: Mapping[str, Any]) -> int:
     """The chunk of the simulated network for a calibrated link (``preset``'s
-    ``network.burst``; here and in ``sim validate``). The kernel hands tbf 64 KiB segments
+    ``network.burst_bytes``; here and in ``sim validate``). The kernel hands tbf 64 KiB segments
     (:data:`SEGMENT_BYTES`); tbf passes a segment whole when its bucket holds one and
     otherwise cuts it into frames, which the receiver's shaped hop then forwards frame by
     frame: 16 KiB chunks then (:data:`FRAME_CHUNK_BYTES`), which store-and-forward at
     that second hop about as frames would, at a tenth of their events
     (docs/emulated_cluster.md). A link without a bucket (unshaped) carries whole
     segments."""
-    from simcore.units import parse_size
+    from simcore.topology import parse_sections
 
-    burst = parse_size((preset.get("network") or {}).get("burst", 0) or 0)
+    burst = parse_sections(preset).network.burst_bytes
     return FRAME_CHUNK_BYTES if 0 < burst < SEGMENT_BYTES else SEGMENT_BYTES
 
 

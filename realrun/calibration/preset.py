@@ -3,8 +3,9 @@
 
 The preset holds a CPU cluster's ``gpu`` (the ranks compute on the machine's cores),
 ``host``, ``gloo``, ``box`` and ``network`` sections as ``sim run --topology FILE`` reads
-them, and under ``measured`` everything the fits were made from, their residuals and each
-setting's source (:data:`realrun.calibrated.KNOBS`).
+them, their keys as :mod:`simcore.preset_keys` declares them, and under ``measured``
+everything the fits were made from, their residuals and each setting's source
+(:data:`realrun.calibrated.KNOBS`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from realrun.calibration.fits import (
 from realrun.calibration.machine import core_count, cpu_model, memory_total_text
 from realrun.calibration.ranks import MESSENGER_SIZES_BYTES, SHARING_BYTES, element_count
 from realrun.calibration.simfits import ROUTE_LINKS, fit_sharing_lead, fit_wakeup, unshaped_links
+from simcore.preset_keys import canonical, written
+from simcore.settings import ConfigError
 from simcore.units import format_rate
 
 __all__ = ["GLOO_SEGMENT", "GLOO_THREADS", "make_preset", "write_calibration"]
@@ -256,9 +259,9 @@ def make_preset(
         "gpu": {
             "kind": "cpu",
             "model": cpu,
-            "memory": memory_total_text(),
-            "memory_bandwidth": format_rate_text(mem_bw),
-            "peak_flops": float(f"{flops:.4g}"),
+            "memory_bytes": memory_total_text(),
+            "memory_bandwidth_bytes_per_s": format_rate_text(mem_bw),
+            "peak_flop_per_s": float(f"{flops:.4g}"),
         },
         "host": {
             "cores": cores,
@@ -269,7 +272,7 @@ def make_preset(
             "p2p_handshake_s": handshake,
             "p2p_message_cpu_s": p2p_message_cpu,
             "p2p_copy_cpu_s_per_byte": p2p_copy_cpu,
-            "socket_buffer": f"{send_buffer}B",
+            "socket_buffer_bytes": f"{send_buffer}B",
         },
         "gloo": {"segment_bytes": GLOO_SEGMENT, "threads": GLOO_THREADS},
         "box": {
@@ -281,19 +284,22 @@ def make_preset(
         },
         "network": {
             "kind": "ethernet",
-            "bandwidth": format_rate_text(goodput),
+            "bandwidth_bytes_per_s": format_rate_text(goodput),
             # per link: a message between two hosts crosses two (host to switch, switch
             # to host), and the measured latency is the whole way's
-            "latency": format_time_text(latency / ROUTE_LINKS),
+            "latency_s": format_time_text(latency / ROUTE_LINKS),
             # tbf's bucket: that much payload leaves at the unshaped speed after an idle spell
             **(
-                {"burst": f"{round(burst)}B", "peak_bandwidth": format_rate_text(un_goodput)}
+                {
+                    "burst_bytes": f"{round(burst)}B",
+                    "peak_bandwidth_bytes_per_s": format_rate_text(un_goodput),
+                }
                 if burst > 0
                 else {}
             ),
             # the ranks' TCP connections take turns on a host's shaped link
             "sharing": "fair",
-            "nic_link": {"kind": "pcie", "bandwidth": "100GB/s", "latency": "0us"},
+            "nic_link": {"kind": "pcie", "bandwidth_bytes_per_s": "100GB/s", "latency_s": "0us"},
         },
         "measured": measured,
     }
@@ -305,7 +311,7 @@ def make_preset(
             lead, residual = fit_sharing_lead(preset, SHARING_BYTES, rows)
         except ValueError as err:
             raise CalibrationError(f"the two-flow benchmark cannot be fitted: {err}") from None
-        preset["network"]["lead"] = format_time_text(lead)
+        preset["network"]["lead_s"] = format_time_text(lead)
         measured["sharing"] = [{"bytes": SHARING_BYTES, **r} for r in rows]
         fits["sharing_lead_s"] = lead
         fits["sharing_residual_rel_max"] = residual
@@ -355,12 +361,17 @@ def make_preset(
         fits["wakeup_s"] = wake
         fits["wakeup_residual_s_max"] = wake_residual
     measured["sources"] = knob_sources(preset)  # each setting's unit and source: KNOBS
-    return preset
+    try:  # the machine sections as their declaration lays them out, every value checked
+        return written(preset)
+    except ConfigError as err:
+        raise CalibrationError(f"the fitted preset is not one sim run reads: {err}") from None
 
 
 def write_calibration(preset: Mapping[str, Any], path: str) -> None:
-    """Write ``preset`` as YAML to ``path`` atomically (all or nothing), sections in the
-    order :func:`calibrate` made them, one line per measured row."""
+    """Write ``preset`` as YAML to ``path`` atomically (all or nothing): sections in the
+    order :func:`make_preset` made them, the machine sections' keys named and ordered by
+    their declaration (:func:`simcore.preset_keys.written`; older names renamed), one
+    line per measured row. ``ConfigError`` for a key the simulator would not read."""
     import yaml
 
     from traces.atomic import write_text
@@ -380,9 +391,8 @@ def write_calibration(preset: Mapping[str, Any], path: str) -> None:
         "# Calibrated by `sim calibrate` on this machine; read by `sim run --topology FILE`.\n"
         "# See docs/emulated_cluster.md (Calibration) for what each value means.\n"
     )
-    text = yaml.dump(
-        _plain(preset), Dumper=Dumper, sort_keys=False, default_flow_style=False, width=200
-    )
+    data = _plain(written(canonical(preset)))
+    text = yaml.dump(data, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=200)
     write_text(path, header + text)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from simcore.preset_keys import canonical
 from simcore.units import format_bytes, format_rate, parse_rate, parse_size
 
 __all__ = ["describe"]
@@ -25,6 +26,7 @@ def _two_pairs_text(fits: Mapping[str, Any], row: Mapping[str, Any]) -> str:
 
 def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The short human summary of a calibration, as (label, text) rows."""
+    preset = canonical(preset)
     m = preset["measured"]
     fits = m["fits"]
     h = preset["host"]
@@ -138,13 +140,13 @@ def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
         ),
         (
             "send buffer",
-            f"{format_bytes(parse_size(h.get('socket_buffer', 0)))} a blocking send hands "
+            f"{format_bytes(parse_size(h.get('socket_buffer_bytes', 0)))} a blocking send hands "
             "the kernel before it returns",
         ),
         (
             "memory / compute",
-            f"{preset['gpu']['memory_bandwidth']} copy, "
-            f"{preset['gpu']['peak_flops'] / 1e9:.3g} GFLOP/s matmul (one thread)",
+            f"{preset['gpu']['memory_bandwidth_bytes_per_s']} copy, "
+            f"{preset['gpu']['peak_flop_per_s'] / 1e9:.3g} GFLOP/s matmul (one thread)",
         ),
         (
             "unshaped",

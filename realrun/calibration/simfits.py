@@ -2,7 +2,7 @@
 measured one.
 
 How long connections already sending keep a shaped link before a newcomer shares it
-(``network.lead``: :func:`fit_sharing_lead`, simulating the two-flow benchmark with
+(``network.lead_s``: :func:`fit_sharing_lead`, simulating the two-flow benchmark with
 :func:`simulate_two_flows`), and how long a woken thread waits for a core while the
 ranks compute on all of them (``host.wakeup_s``: :func:`fit_wakeup`, simulating the
 busy-cores benchmark with :func:`simulate_busy_allreduce` on the unshaped links it ran on,
@@ -20,6 +20,7 @@ from typing import Any
 
 from realrun.calibrated import format_rate_text, format_time_text
 from realrun.calibration.fits import segment_bytes
+from simcore.preset_keys import canonical
 
 __all__ = [
     "ROUTE_LINKS",
@@ -49,7 +50,7 @@ def simulate_two_flows(
     preset: Mapping[str, Any], nbytes: int, delay_s: float, lead_s: float
 ) -> tuple[float, float]:
     """The two-flow benchmark simulated on a two-host cluster of ``preset`` whose links
-    let flows already sending go on ``lead_s`` (``network.lead``) before a newcomer's
+    let flows already sending go on ``lead_s`` (``network.lead_s``) before a newcomer's
     turn: when the first flow's message (host 0's rank to host 1's) and the second's (the
     hosts' other devices, started ``delay_s`` later) have arrived."""
     from simpy import Environment
@@ -57,7 +58,8 @@ def simulate_two_flows(
     from simcore.network import DetailedNetwork
     from simcore.topology import TopologySpec, build_topology
 
-    net_section = {**preset["network"], "sharing": "fair", "lead": lead_s}
+    preset = canonical(preset)
+    net_section = {**preset["network"], "sharing": "fair", "lead_s": lead_s}
     topo = build_topology(TopologySpec({**preset, "network": net_section}, 2))
     env = Environment()
     net = DetailedNetwork(env, topo, chunk_bytes=segment_bytes(preset))
@@ -130,12 +132,13 @@ def unshaped_links(
 ) -> dict[str, Any]:
     """``preset`` with its network unshaped: the ``latency_s`` and goodput a message
     between two hosts sees on unshaped veths (the calibration's wall-time fit), no tbf
-    bucket, no lead. The busy-cores benchmark runs on such links."""
-    network = {
-        k: v for k, v in preset["network"].items() if k not in ("burst", "peak_bandwidth", "lead")
-    }
-    network["bandwidth"] = format_rate_text(goodput_bytes_per_s)
-    network["latency"] = format_time_text(max(latency_s, 0.0) / ROUTE_LINKS)
+    bucket, no lead. The busy-cores benchmark runs on such links. Its keys are named by
+    their fields (:func:`simcore.preset_keys.canonical`)."""
+    preset = canonical(preset)
+    shaping = ("burst_bytes", "peak_bandwidth_bytes_per_s", "lead_s")
+    network = {k: v for k, v in preset["network"].items() if k not in shaping}
+    network["bandwidth_bytes_per_s"] = format_rate_text(goodput_bytes_per_s)
+    network["latency_s"] = format_time_text(max(latency_s, 0.0) / ROUTE_LINKS)
     return {**preset, "network": network}
 
 
