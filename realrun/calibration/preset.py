@@ -58,15 +58,6 @@ SHAPED_CPU_MIN_BYTES = 1 << 20
 """Smallest ping-pong size whose machine-wide CPU enters the shaped per-byte fit."""
 
 
-def _rate_name(bytes_per_s: float) -> str:
-    """``125e6`` -> ``1Gbps`` for preset names (bits per second, no spaces)."""
-    bits = bytes_per_s * 8
-    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if bits >= scale:
-            return f"{bits / scale:.4g}{prefix}bps"
-    return f"{bits:.4g}bps"
-
-
 def make_preset(
     *,
     cluster: str,
@@ -186,7 +177,7 @@ def make_preset(
     cores = core_count()
     torch_version = next(r["torch"] for r in results)
     rate_name = (
-        f"{cluster}-{_rate_name(rate)}-calibrated"
+        f"{cluster}-{format_rate(rate).replace(' ', '')}-calibrated"  # netns-1Gbps-calibrated
         if rate is not None
         else ("local-calibrated" if cluster == "local" else "netns-unshaped-calibrated")
     )
