@@ -66,11 +66,13 @@ def emulated_preset(
     rate (``None``: its own) with its ranks' compute on a GPU (see module docs)."""
     from analysis.resolve import preset_at_rate
     from realrun.calibrated import format_rate_text
+    from simcore.preset_keys import canonical
 
     out, override = preset_at_rate(dict(preset), run_rate_bytes_per_s)
-    out = dict(out)
+    out = canonical(out)
     if override is not None:  # not calibrated: the rate as the network's bandwidth
-        out["network"] = {**dict(out.get("network") or {}), "bandwidth": format_rate_text(override)}
+        network = dict(out.get("network") or {})
+        out["network"] = {**network, "bandwidth_bytes_per_s": format_rate_text(override)}
     gpu = dict(out.get("gpu") or {})
     gpu["kind"] = "gpu"
     gpu["model"] = "emulated device"
@@ -97,7 +99,7 @@ def predict(
     calibration file ``calibration``; ``options`` are the cluster's (sizes are scaled
     here, :func:`scaled_options`)."""
     from analysis.resolve import build_config, load_preset
-    from realrun.calibrate import segment_bytes
+    from realrun.calibration.fits import segment_bytes
     from simcore.engine import simulate
     from simcore.spec import RunSpec
     from traces.jsonfmt import save

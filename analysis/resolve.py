@@ -21,9 +21,10 @@ from typing import Any
 import yaml
 
 from simcore.config import SHARED, ConfigError, SimConfig, options_from_mapping
+from simcore.preset_keys import raw_value
 from simcore.schemes import get_scheme
 from simcore.spec import RunSpec
-from simcore.topology import TopologySpec
+from simcore.topology import TopologySpec, parse_sections
 from traces import default_model, load_trace
 from traces.errors import UnknownModelError
 from traces.model import Trace, TraceMeta
@@ -45,10 +46,13 @@ def topology_presets() -> dict[str, dict[str, Any]]:
 
 def load_preset(name: str) -> dict[str, Any]:
     """A topology preset by built-in name or YAML file path (``ConfigError`` listing the
-    built-in names when it is neither)."""
+    built-in names when it is neither), as written in the file; its machine sections are
+    parsed here (:func:`simcore.topology.parse_sections`), so a bad key is a
+    ``ConfigError`` naming the file and the key as written (``calib.yaml: host.wakeup_s:
+    -0.001 is not allowed; must be at least 0``)."""
     presets = topology_presets()
     if name in presets:
-        return presets[name]
+        return _checked(presets[name], name)
     if os.path.exists(name):
         try:
             with open(name, encoding="utf-8") as fh:
@@ -70,10 +74,20 @@ def load_preset(name: str) -> dict[str, Any]:
                 "(see simcore/presets/topologies/*.yaml)",
             )
         data.setdefault("name", os.path.splitext(os.path.basename(name))[0])
-        return data
+        return _checked(data, name)
     raise ConfigError(
         "topology", name, f"choose one of: {', '.join(presets)}, or give a preset YAML file"
     )
+
+
+def _checked(preset: dict[str, Any], name: str) -> dict[str, Any]:
+    """``preset`` once its machine sections parse; a ``ConfigError`` naming ``name`` and
+    the first bad key otherwise."""
+    try:
+        parse_sections(preset)
+    except ConfigError as exc:
+        raise ConfigError(f"{name}: {exc.field}", exc.value, exc.allowed, exc.unknown) from None
+    return preset
 
 
 @cache
@@ -181,7 +195,7 @@ def trace_origin_warnings(
     rescaled = meta.peak_flop_per_s > 0 or compute_scale is not None
     if not rescaled and target and not same_device(on, target):
         table = gpu_peak_flops()
-        peak = gpu.get("peak_flops", table.get(target, 0))
+        peak = raw_value(gpu, "gpu", "peak_flop_per_s", table.get(target, 0))
         rescaled = on in table and bool(peak)
     if not rescaled:
         on_cpu = not meta.gpu and meta.device.lower() == "cpu"
@@ -240,16 +254,17 @@ def build_config(spec: RunSpec, *, record_spans: bool = True) -> SimConfig:
     )
     scale = spec.compute_scale
     if scale is None:
-        gpu = preset.get("gpu") or {}
-        try:
-            peak = float(gpu.get("peak_flops", gpu_peak_flops().get(str(gpu.get("model")), 0)) or 0)
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise ConfigError(
-                "topology",
-                spec.topology,
-                f"gpu.peak_flops must be a number of FLOP/s such as 15.7e12 ({exc})",
-            ) from None
-        scale = device_scale(trace.meta, str(gpu.get("model", "")), peak) if peak else 1.0
+        # the preset's peak, else its model's in the GPU table (a preset naming no model
+        # gives neither: its compute is the trace's)
+        gpu, written = topo.sections.gpu, preset.get("gpu")
+        model = raw_value(written, "gpu", "model")
+        if raw_value(written, "gpu", "peak_flop_per_s") is not None:
+            peak = gpu.peak_flop_per_s
+        else:
+            peak = gpu_peak_flops().get(str(model), 0.0)
+        scale = (
+            device_scale(trace.meta, gpu.model if model is not None else "", peak) if peak else 1.0
+        )
     return SimConfig(
         trace=trace,
         topology=topo,

@@ -10,7 +10,7 @@ between runs is larger than most of what one setting changes).
 
     python bench/resimulate.py validation/                        # as validated
     python bench/resimulate.py validation/ --set host.wakeup_s=0  # without the wake-up wait
-    python bench/resimulate.py validation/ --set host.socket_buffer=1.2MB --only ps-
+    python bench/resimulate.py validation/ --set host.socket_buffer_bytes=1.2MB --only ps-
     python bench/resimulate.py validation/ --rebuild              # traces built anew
     python bench/resimulate.py validation/ --sim-seeds 1 --sim-jitter 0  # deterministic
 
@@ -19,11 +19,12 @@ records kept in ``real/`` (validations from 2026-11-24 on keep them), with this
 checkout's code (into a scratch folder; the validation's own files stay as they are):
 a what-if on how the real run is read, not only on the model.
 
-Keys are the preset's own, dotted (``host.socket_buffer``, ``network.lead``,
-``gpu.predict_overhead``); values are read as YAML (numbers stay numbers, ``1.2MB``
-stays text for the preset's parser). Each repeat is simulated as ``sim validate``
-simulates it (``--sim-seeds`` simulations with ``--sim-jitter``, their mean; the same
-defaults).
+Keys are the preset's own, dotted (``host.socket_buffer_bytes``, ``network.lead_s``,
+``gpu.predict_overhead_s``; older names such as ``network.lead`` name the same keys, as
+:mod:`simcore.preset_keys` declares them); values are read as YAML (numbers stay
+numbers, ``1.2MB`` stays text for the preset's parser). Each repeat is simulated as
+``sim validate`` simulates it (``--sim-seeds`` simulations with ``--sim-jitter``, their
+mean; the same defaults).
 """
 
 from __future__ import annotations
@@ -39,10 +40,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 def override(preset: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
-    """A copy of ``preset`` with the dotted ``key`` set to ``value``."""
-    out = json.loads(json.dumps(preset))  # deep copy of plain YAML data
+    """A copy of ``preset`` with the dotted ``key`` set to ``value`` (the machine sections'
+    keys named by their fields, :func:`simcore.preset_keys.canonical`)."""
+    from simcore.preset_keys import canonical, canonical_path
+
+    out = canonical(json.loads(json.dumps(preset)))  # deep copy of plain YAML data
     node = out
-    *path, last = key.split(".")
+    *path, last = canonical_path(key).split(".")
     for part in path:
         node = node.setdefault(part, {})
     node[last] = value

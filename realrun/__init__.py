@@ -11,8 +11,8 @@ runtimes of the training schemes.
 * :mod:`realrun.worker` (``python -m realrun``), :mod:`realrun.runtime` and
   :mod:`realrun.schemes`: one rank's work;
 * :mod:`realrun.metrics`: the measured result from the ranks' records (no torch).
-* :mod:`realrun.calibrate`: ``sim calibrate``'s microbenchmarks and fits, a topology file
-  of this machine's cluster (its ranks import torch, the module itself does not).
+* :mod:`realrun.calibration`: ``sim calibrate``'s microbenchmarks and fits, a topology
+  file of this machine's cluster (its ranks import torch, the package itself does not).
 
 Importing this package does not import torch; the modules that need it import it
 themselves, so the command line can list models and parse flags without loading torch.

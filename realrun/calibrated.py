@@ -2,10 +2,10 @@
 calibration moved to another rate.
 
 ``sim calibrate`` measures an emulated cluster whose links ``tc tbf`` shapes to one rate,
-and writes what it measured as a topology preset (:func:`realrun.calibrate.calibrate`):
-``network.bandwidth`` is the TCP goodput the links carried, a share of the tbf rate
-(``measured.fits.goodput_share_of_tbf_rate``, about 1448/1514 less tbf's losses), and
-``network.burst`` the payload of tbf's bucket at that rate. A what-if at another link rate
+and writes what it measured as a topology preset (:func:`realrun.calibration.run.calibrate`):
+``network.bandwidth_bytes_per_s`` is the TCP goodput the links carried, a share of the tbf
+rate (``measured.fits.goodput_share_of_tbf_rate``, about 1448/1514 less tbf's losses),
+and ``network.burst_bytes`` the payload of tbf's bucket at that rate. A what-if at another link rate
 (``sim run --topology calibrated.yaml --bandwidth R``, or ``sim validate`` predicting a
 case at a rate it did not calibrate) keeps everything measured of the hosts and the
 protocol and moves only what the rate sets (:func:`at_rate`):
@@ -18,6 +18,9 @@ protocol and moves only what the rate sets (:func:`at_rate`):
 * ``measured.tbf_rate`` becomes the new rate, and ``measured.moved_from`` records the rate
   the calibration was measured at.
 
+The moved copy names every key by its field name (:func:`simcore.preset_keys.canonical`),
+whatever names the file used.
+
 The link latency, the unshaped peak rate, the sharing lead, and every host cost (per
 message, per byte, the links' packet work per byte, wake-up waits) are kept: they are
 properties of the hosts and the veth pairs, which the rate does not change. Whether that
@@ -28,129 +31,52 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from simcore.preset_keys import KEYS, PresetKey, canonical, raw_value
 
 __all__ = [
     "KNOBS",
-    "Knob",
     "at_rate",
+    "burst_payload_bytes",
     "calibrated_rate",
+    "format_rate_text",
+    "format_time_text",
     "goodput_share",
     "is_calibrated",
     "knob_sources",
+    "knob_table",
 ]
 
 
-@dataclass(frozen=True)
-class Knob:
-    """One setting of a calibrated topology file that the simulator reads.
-
-    Attributes:
-        path: its place in the file, ``section.key``.
-        unit: what its number means.
-        source: where its value comes from: ``calibration:<benchmark>`` (measured by that
-            microbenchmark of ``sim calibrate``), ``fit-by-simulation:<benchmark>`` (the
-            value whose simulation of that benchmark matches the measurement),
-            ``profile`` (measured with the model's profile, beside the trace),
-            ``constant`` (a property of the software, not measured), or ``run`` (taken
-            from a real run of the case itself: the replay's alone, never a
-            prediction's).
-        what: one line on what it stands for.
-    """
-
-    path: str
-    unit: str
-    source: str
-    what: str
-
-
-KNOBS: tuple[Knob, ...] = (
-    Knob("gpu.memory", "bytes", "constant", "the machine's memory (/proc/meminfo)"),
-    Knob("gpu.memory_bandwidth", "bytes/s", "calibration:copy", "one thread's copy rate"),
-    Knob("gpu.peak_flops", "FLOP/s", "calibration:matmul", "one thread's float32 matmul rate"),
-    Knob("gpu.step_overhead", "s", "profile", "an optimizer step's fixed cost"),
-    Knob("gpu.predict_overhead", "s", "run", "SpecTrain's fixed cost of a weight prediction"),
-    Knob("host.cores", "cores", "constant", "the machine's cores the ranks share"),
-    Knob("host.shared", "flag", "constant", "every emulated host on the same cores"),
-    Knob("host.message_cpu_s", "s", "calibration:unshaped ping-pong", "CPU per message"),
-    Knob(
-        "host.copy_cpu_s_per_byte", "s/byte", "calibration:unshaped ping-pong",
-        "CPU per byte sent or received",
-    ),
-    Knob(
-        "host.reduce_cpu_s_per_byte", "s/byte", "calibration:reduce",
-        "CPU per byte summed by a collective",
-    ),
-    Knob(
-        "host.p2p_handshake_s", "s", "calibration:messenger ping-pong",
-        "a point-to-point message's handshake",
-    ),
-    Knob(
-        "host.p2p_message_cpu_s", "s", "calibration:messenger ping-pong",
-        "the messenger threads' CPU per message (the replay takes it from the run)",
-    ),
-    Knob(
-        "host.p2p_copy_cpu_s_per_byte", "s/byte", "calibration:messenger ping-pong",
-        "the messenger threads' CPU per byte",
-    ),
-    Knob(
-        "host.socket_buffer", "bytes", "calibration:shaped ping-pong",
-        "what a blocking send hands the kernel before it returns",
-    ),
-    Knob("host.isend_s", "s", "run", "the sending thread's hold per isend"),
-    Knob("host.posted_cpu_s", "s", "run", "a pipeline's transport threads' CPU per message end"),
-    Knob(
-        "host.wakeup_s", "s", "fit-by-simulation:busy cores",
-        "a woken thread's wait for a core while every core computes",
-    ),
-    Knob(
-        "host.balance_s", "s", "fit-by-simulation:scheduler",
-        "how soon an idle core takes over a thread queued on a busier one",
-    ),
-    Knob(
-        "host.link_cpu_s_per_byte", "s/byte", "calibration:link cpu",
-        "a shaped link's packet work per byte and end, one pair busy",
-    ),
-    Knob(
-        "host.link_cpu_two_pairs_s_per_byte", "s/byte", "calibration:link cpu",
-        "the same with two pairs busy",
-    ),
-    Knob("gloo.segment_bytes", "bytes", "constant", "gloo's all-reduce segment (1 MiB)"),
-    Knob("gloo.threads", "threads", "constant", "ProcessGroupGloo's worker threads (2)"),
-    Knob("network.bandwidth", "bytes/s", "calibration:shaped ping-pong", "the links' goodput"),
-    Knob("network.latency", "s", "calibration:shaped ping-pong", "one link's latency"),
-    Knob("network.burst", "bytes", "constant", "tbf's bucket as sim real shapes it"),
-    Knob(
-        "network.peak_bandwidth", "bytes/s", "calibration:unshaped ping-pong",
-        "the rate a full bucket's bytes leave at",
-    ),
-    Knob("network.sharing", "policy", "constant", "TCP connections take turns on a link"),
-    Knob(
-        "network.lead", "s", "fit-by-simulation:two flows",
-        "how long a sending connection keeps a link before a newcomer shares it",
-    ),
-    Knob(
-        "network.flow_share", "share", "calibration:concurrent flows",
-        "a flow's mean goodput while every host sends, over a lone flow's",
-    ),
-    Knob(
-        "network.flow_spread", "CV", "calibration:concurrent flows",
-        "how far apart concurrent flows' goodputs are (coefficient of variation)",
-    ),
-)  # fmt: skip
-"""Every setting of a calibrated file, declared once: unit and source."""
+KNOBS: tuple[PresetKey, ...] = tuple(k for k in KEYS if k.source is not None)
+"""Every setting of a calibrated file the simulator reads whose value is measured, fitted
+or taken from a run: the machine-section keys with a source
+(:data:`simcore.preset_keys.KEYS`, which declares them with their units and limits)."""
 
 
 def knob_sources(preset: Mapping[str, Any]) -> dict[str, str]:
-    """``{path: source}`` of the declared knobs ``preset`` sets (:data:`KNOBS`)."""
+    """``{path: source}`` of the declared knobs ``preset`` sets (:data:`KNOBS`; paths by
+    field name, whatever name the file uses)."""
     out = {}
     for knob in KNOBS:
-        section, key = knob.path.split(".")
-        values = preset.get(section)
-        if isinstance(values, Mapping) and key in values:
-            out[knob.path] = knob.source
+        if raw_value(preset.get(knob.section), knob.section, knob.name) is not None:
+            out[knob.path] = str(knob.source)
     return out
+
+
+def knob_table() -> str:
+    """The Markdown table of :data:`KNOBS` in docs/prediction.md: each setting's path,
+    unit, source, allowed values, what it stands for and the older name files may give
+    it."""
+    rows = [
+        "| setting | unit | source | limits | what | older name |",
+        "|---|---|---|---|---|---|",
+    ]
+    for k in KNOBS:
+        older = ", ".join(f"`{a}`" for a in k.aliases)
+        rows.append(f"| `{k.path}` | {k.unit} | {k.source} | {k.limits} | {k.what} | {older} |")
+    return "\n".join(rows)
 
 
 def _measured(preset: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -179,6 +105,11 @@ def format_rate_text(bytes_per_s: float) -> str:
         if bytes_per_s >= scale:
             return f"{bytes_per_s / scale:.4g}{prefix}B/s"
     return f"{bytes_per_s:.4g}B/s"
+
+
+def format_time_text(seconds: float) -> str:
+    """A duration as ``parse_time`` reads it: ``52.3us``."""
+    return f"{seconds * 1e6:.4g}us"
 
 
 def is_calibrated(preset: Mapping[str, Any]) -> bool:
@@ -222,12 +153,12 @@ def at_rate(preset: Mapping[str, Any], rate_bytes_per_s: float) -> dict[str, Any
         raise ValueError("not a calibrated preset (sim calibrate writes those)")
     if not rate_bytes_per_s > 0:
         raise ValueError(f"the link rate must be positive, got {rate_bytes_per_s}")
-    out = copy.deepcopy(dict(preset))
+    out = canonical(copy.deepcopy(dict(preset)))
     share, source = goodput_share(preset)
     network = dict(out.get("network") or {})
-    network["bandwidth"] = format_rate_text(rate_bytes_per_s * share)
-    if "burst" in network:
-        network["burst"] = f"{round(burst_payload_bytes(rate_bytes_per_s))}B"
+    network["bandwidth_bytes_per_s"] = format_rate_text(rate_bytes_per_s * share)
+    if "burst_bytes" in network:
+        network["burst_bytes"] = f"{round(burst_payload_bytes(rate_bytes_per_s))}B"
     ladder = _measured(preset).get("flows")
     if ladder:  # concurrent flows, measured at several rates: the spread depends on it
         from realrun.flows import at

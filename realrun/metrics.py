@@ -516,8 +516,8 @@ def cpu_factor(rank: Mapping[str, Any], warm: int, charged_s: float) -> float:
 @dataclass(frozen=True)
 class UpdateCost:
     """The simulator's model of an optimizer step measured in a real run:
-    ``overhead_s + passes * param_bytes / bytes_per_s`` (``gpu.step_overhead`` and
-    ``gpu.memory_bandwidth``)."""
+    ``overhead_s + passes * param_bytes / bytes_per_s`` (``gpu.step_overhead_s`` and
+    ``gpu.memory_bandwidth_bytes_per_s``)."""
 
     bytes_per_s: float
     overhead_s: float = 0.0
@@ -597,8 +597,8 @@ def server_step_overhead_s(
 ) -> float | None:
     """The fixed CPU cost of a parameter server's update of one shard in a real run,
     beyond ``passes`` shard-sized passes at ``bytes_per_s`` (the simulator's model of a
-    server's step on CPU hosts: ``gpu.step_overhead`` plus the passes at
-    ``gpu.memory_bandwidth``): the servers' receiving threads' CPU in the scheme's
+    server's step on CPU hosts: ``gpu.step_overhead_s`` plus the passes at
+    ``gpu.memory_bandwidth_bytes_per_s``): the servers' receiving threads' CPU in the scheme's
     handling of messages (storing pushes, adding them, the optimizer step, queueing the
     values: ``handling_cpu_s``), over every shard update of the run, less the passes,
     never below zero. ``None`` without servers or with records made before the handling
@@ -690,8 +690,8 @@ def predict_overhead_s(
     records: Mapping[str, Any], base: Trace, passes: int, bytes_per_s: float
 ) -> float:
     """The fixed cost of a SpecTrain weight prediction in a real run beyond ``passes``
-    weight-sized passes at ``bytes_per_s`` (the simulator's model: ``gpu.predict_overhead``
-    plus the passes at ``gpu.memory_bandwidth``, the bandwidth fitted to the optimizer
+    weight-sized passes at ``bytes_per_s`` (the simulator's model: ``gpu.predict_overhead_s``
+    plus the passes at ``gpu.memory_bandwidth_bytes_per_s``, the bandwidth fitted to the optimizer
     steps by :func:`update_cost`): the mean over the stages of each stage's mean
     prediction span (charged as :func:`trace_from_run` does) less its passes, never
     below zero, so the stages' predictions add up to what the run spent. ``ValueError``

@@ -60,6 +60,7 @@ def setting(
     kind: str | None = None,
     choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None,
     minimum: float | None = None,
+    maximum: float | None = None,
     below: float | None = None,
     positive: bool = False,
     limit_help: str = "",
@@ -75,7 +76,8 @@ def setting(
         help: one line for ``--help`` and ``sim schemes -v``.
         kind: one of :data:`KINDS`; by default the field's annotated type.
         choices: the allowed strings (or a function returning them, read when needed).
-        minimum / below: numbers must be ``>= minimum`` and ``< below``.
+        minimum / maximum / below: numbers must be ``>= minimum``, ``<= maximum`` and
+            ``< below``.
         positive: numbers must be ``> 0``.
         limit_help: what a limit error says instead of the generic words.
         auto: what the tool does when the setting is left unset (``None``); the setting
@@ -90,6 +92,7 @@ def setting(
         "kind": kind,
         "choices": choices,
         "minimum": minimum,
+        "maximum": maximum,
         "below": below,
         "positive": positive,
         "limit_help": limit_help,
@@ -121,14 +124,25 @@ def convert(f: dataclasses.Field, value: Any, where: str | None = None) -> Any:
     """``value`` (typed, or text as a person wrote it) as the typed value of field ``f``;
     :class:`ConfigError` naming ``where`` (default: the field's name), the value and what
     is allowed when it does not fit."""
-    where = where or f.name
-    meta = f.metadata
-    kind = kind_of(f)
-    if meta.get("auto") is not None and (
+    return convert_value(
+        value, where or f.name, kind_of(f), {**f.metadata, "choices": choices_of(f)}
+    )
+
+
+def convert_value(value: Any, where: str, kind: str, limits: Mapping[str, Any]) -> Any:
+    """``value`` as a value of ``kind`` (one of :data:`KINDS`) for a setting named
+    ``where`` in messages, within ``limits``: the arguments of :func:`setting` that limit
+    a value (``choices``, a tuple, ``minimum``, ``maximum``, ``below``, ``positive``,
+    ``limit_help``, ``auto``, ``auto_zero``; one left out does not limit it). The
+    converter :func:`convert` applies to a declared field, for declarations that are not
+    dataclass fields (a preset's keys, :mod:`simcore.preset_keys`)."""
+    auto, choices, limit_help = limits.get("auto"), limits.get("choices"), limits.get("limit_help")
+    minimum, maximum, below = limits.get("minimum"), limits.get("maximum"), limits.get("below")
+    if auto is not None and (
         value is None
         or (isinstance(value, str) and value.strip().lower() in AUTO_WORDS)
         or (
-            meta.get("auto_zero")
+            limits.get("auto_zero")
             and not isinstance(value, bool)
             and isinstance(value, int | float | str)
             and _is_zero(value)
@@ -136,8 +150,10 @@ def convert(f: dataclasses.Field, value: Any, where: str | None = None) -> Any:
     ):
         return None
     try:
-        if kind in UNIT_KINDS:
-            out: Any = UNIT_KINDS[kind](value)
+        if kind in UNIT_KINDS:  # (anything but a number is read as text: the parser names it)
+            out: Any = UNIT_KINDS[kind](
+                value if isinstance(value, str | int | float) else str(value)
+            )
         elif kind == "bool":
             out = parse_bool(value, where)
         elif kind == "int":
@@ -154,19 +170,19 @@ def convert(f: dataclasses.Field, value: Any, where: str | None = None) -> Any:
             out = str(value)
     except UnitError as exc:
         raise ConfigError(where, value, f"expected {exc.expected}") from None
-    except ValueError:
+    except (TypeError, ValueError):  # TypeError: float() of a mapping or None
         raise ConfigError(where, value, f"expected {TYPE_WORDS.get(kind, kind)}") from None
-    choices = choices_of(f)
     if choices is not None and out not in choices:
         raise ConfigError(where, value, f"choose one of: {', '.join(choices)}")
     shown = out if kind in UNIT_KINDS else value  # a limit is about the value in its unit
-    minimum, below = meta.get("minimum"), meta.get("below")
     if minimum is not None and out < minimum:
-        raise ConfigError(where, shown, meta.get("limit_help") or f"must be at least {minimum:g}")
+        raise ConfigError(where, shown, limit_help or f"must be at least {minimum:g}")
+    if maximum is not None and out > maximum:
+        raise ConfigError(where, shown, limit_help or f"must be at most {maximum:g}")
     if below is not None and out >= below:
-        raise ConfigError(where, shown, meta.get("limit_help") or f"must be below {below:g}")
-    if meta.get("positive") and not out > 0:
-        raise ConfigError(where, shown, meta.get("limit_help") or "must be positive")
+        raise ConfigError(where, shown, limit_help or f"must be below {below:g}")
+    if limits.get("positive") and not out > 0:
+        raise ConfigError(where, shown, limit_help or "must be positive")
     return out
 
 

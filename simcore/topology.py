@@ -25,16 +25,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from simcore.units import UnitError, parse_rate, parse_size, parse_time
-
-LINK_KINDS = ("pcie", "nvlink", "nvswitch", "qpi", "ib", "ethernet")
-"""Link kinds a topology may use (``comm_bytes_by_link_kind`` is keyed by these)."""
-
-LINK_SHARING = ("fifo", "fair")
-"""How a link direction shares itself among messages queued on it (``network.sharing`` in
-a preset): ``fifo``, each message after every byte queued before it; ``fair``, flows (a
-source and a destination device) take turns, as TCP connections through one bottleneck
-do (see :mod:`simcore.network`)."""
+from simcore.preset_keys import LINK_KINDS, LINK_SHARING, section_values
+from simcore.settings import ConfigError
+from simcore.units import UnitError, parse_rate, parse_time
 
 DEVICE_KINDS = ("gpu", "cpu", "nic", "pcie_switch", "nvswitch", "switch", "server")
 """Device kinds. ``server`` is a dedicated parameter-server host on the fabric."""
@@ -60,15 +53,15 @@ class GpuSpec:
         memory_bandwidth_bytes_per_s: DRAM bandwidth, used for weight-sized vector work
             (optimizer updates, SpecTrain's weight prediction).
         peak_flop_per_s: peak dense fp32 FLOP/s (for analytic traces and device
-            rescaling); ``peak_flops`` in preset files.
+            rescaling); ``peak_flops`` in older preset files.
         step_overhead_s: fixed time of an optimizer step of a model or a pipeline stage,
-            whatever its bytes (``step_overhead``; measured by ``sim validate``'s
+            whatever its bytes (measured by ``sim validate``'s
             profiles, where a stage with no weights still takes it: the step's calls and
             the runtime's work between the last backward and the step). On CPU hosts a
             parameter server's update of one shard is such a step too (``sim
             validate`` measures it from the servers' handling of their messages).
         predict_overhead_s: fixed time of a SpecTrain weight prediction of a stage,
-            whatever its bytes (``predict_overhead``; measured by ``sim validate``: the
+            whatever its bytes (measured by ``sim validate``: the
             loop over the stage's weights and the hand-over to the pass that uses them).
     """
 
@@ -212,6 +205,91 @@ class GlooSpec:
 
 
 @dataclass(frozen=True)
+class NicLinkSpec:
+    """The link between a NIC and the device it hangs off in its box (a preset's
+    ``network.nic_link``).
+
+    Attributes:
+        kind: one of :data:`LINK_KINDS`.
+        bandwidth_bytes_per_s: its rate.
+        latency_s: its latency.
+    """
+
+    kind: str = "pcie"
+    bandwidth_bytes_per_s: float = 12e9
+    latency_s: float = 1e-6
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """The links that join the boxes (a preset's ``network`` section): each NIC's link to
+    the fabric switch, and each dedicated parameter server's.
+
+    Attributes:
+        kind: one of :data:`LINK_KINDS`.
+        bandwidth_bytes_per_s: a link's rate, each direction (``sim run --bandwidth``
+            overrides it).
+        latency_s: a link's latency.
+        burst_bytes: a token bucket on each direction of every NIC's link, as ``tc tbf``
+            shapes an emulated cluster's (:attr:`Link.burst_bytes`); 0: none.
+        peak_bandwidth_bytes_per_s: how fast a full bucket's bytes leave
+            (:attr:`Link.peak_bytes_per_s`); ``None``: no limit.
+        sharing: one of :data:`LINK_SHARING` (:attr:`Topology.link_sharing`).
+        lead_s: :attr:`Topology.link_lead_s`.
+        flow_share, flow_spread: :attr:`Topology.flow_share`, :attr:`Topology.flow_spread`.
+        nic_link: the NICs' links into their boxes.
+    """
+
+    kind: str = "ib"
+    bandwidth_bytes_per_s: float = 12.5e9
+    latency_s: float = 1e-6
+    burst_bytes: int = 0
+    peak_bandwidth_bytes_per_s: float | None = None
+    sharing: str = "fifo"
+    lead_s: float = 0.0
+    flow_share: float = 1.0
+    flow_spread: float = 0.0
+    nic_link: NicLinkSpec = field(default_factory=NicLinkSpec)
+
+
+@dataclass(frozen=True)
+class PresetSections:
+    """A preset's machine sections as specs (:func:`parse_sections`).
+
+    Attributes:
+        gpu: the ranks' compute device.
+        host: the machines' CPUs, or ``None`` (a GPU cluster: no ``host`` section).
+        gloo: the collective library on CPU hosts, or ``None``.
+        network: the links between boxes.
+    """
+
+    gpu: GpuSpec = field(default_factory=GpuSpec)
+    host: HostSpec | None = None
+    gloo: GlooSpec | None = None
+    network: NetworkSpec = field(default_factory=NetworkSpec)
+
+
+def parse_sections(preset: Mapping[str, Any]) -> PresetSections:
+    """The machine sections of ``preset`` (plain data, as read from YAML) as specs: every
+    key converted and checked by its declaration (:data:`simcore.preset_keys.KEYS`;
+    older names read as aliases), a key left out at its spec's default, and an empty or
+    absent ``host`` or ``gloo`` section ``None``. :class:`~simcore.settings.ConfigError`
+    naming the first bad key as written (``host.wakeup_s``), its value and what is
+    allowed."""
+    if not isinstance(preset, Mapping):
+        raise ConfigError("preset", preset, "expected a mapping of sections")
+    network = section_values("network", preset.get("network"))
+    nic_link = NicLinkSpec(**network.pop("nic_link", {}))
+    host, gloo = preset.get("host"), preset.get("gloo")
+    return PresetSections(
+        gpu=GpuSpec(**section_values("gpu", preset.get("gpu"))),
+        host=HostSpec(**section_values("host", host)) if host else None,
+        gloo=GlooSpec(**section_values("gloo", gloo)) if gloo else None,
+        network=NetworkSpec(**network, nic_link=nic_link),
+    )
+
+
+@dataclass(frozen=True)
 class Device:
     """A node of the topology: a GPU, host CPU, NIC, switch or server host.
 
@@ -298,7 +376,7 @@ class Topology:
         link_sharing: one of :data:`LINK_SHARING`; the detailed network model honours
             it, the analytic one always serialises messages in the order they were sent.
         link_lead_s: with ``fair`` sharing, how long the flows already sending on a link
-            go on alone when another flow starts (``network.lead`` in a preset): a TCP
+            go on alone when another flow starts (``network.lead_s`` in a preset): a TCP
             connection already sending has that much data in flight ahead of a newcomer's.
             0 is plain start-time fair queueing.
         flow_share: how much of its link's rate a flow gets while every host sends at
@@ -567,6 +645,9 @@ class TopologySpec:
         bandwidth_bytes_per_s: inter-box link rate; ``None`` keeps the preset's.
         nic_per_gpu: one NIC per GPU instead of one per box.
         dedicated_servers: parameter-server hosts to attach to the fabric.
+        sections: the preset's machine sections, parsed when the spec is made
+            (:func:`parse_sections`): a bad key is a :class:`TopologyError` naming the
+            preset and the key.
     """
 
     preset: Mapping[str, Any]
@@ -574,10 +655,20 @@ class TopologySpec:
     bandwidth_bytes_per_s: float | None = None
     nic_per_gpu: bool = False
     dedicated_servers: int = 0
+    sections: PresetSections = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        try:
+            sections = parse_sections(self.preset)
+        except ConfigError as exc:
+            raise TopologyError(f"preset {self.name!r}: {exc}") from None
+        object.__setattr__(self, "sections", sections)
 
     @property
     def name(self) -> str:
         """The preset's name."""
+        if not isinstance(self.preset, Mapping):
+            return "custom"
         return str(self.preset.get("name", "custom"))
 
 
@@ -598,18 +689,13 @@ def build_topology(spec: TopologySpec) -> Topology:
 def _build_topology(spec: TopologySpec) -> Topology:
     """Build a cluster from a preset.
 
-    A preset is a mapping with keys ``name``, ``summary``, ``gpu`` (model, kind, memory,
-    memory_bandwidth, peak_flops), optionally ``host`` (:class:`HostSpec`'s fields) and
-    ``gloo`` (:class:`GlooSpec`'s, ``segment_bytes`` as a size), ``box`` (``gpus`` per
-    box, ``devices`` name -> kind,
-    ``links`` as ``[a, b, kind, bandwidth, latency]`` or with a fifth ``count``, ``host``,
-    ``nic_attach``, optional ``ring_order``) and ``network`` (``kind``, ``bandwidth``,
-    ``latency``, ``nic_link`` with kind/bandwidth/latency, optionally ``burst`` and
-    ``peak_bandwidth``: a token bucket on each direction of every host link, as ``tc
-    tbf`` shapes an emulated cluster's, ``sharing``, one of :data:`LINK_SHARING`, and
-    ``lead``, :attr:`Topology.link_lead_s` as a time, ``flow_share`` and ``flow_spread``,
-    :attr:`Topology.flow_share` and :attr:`Topology.flow_spread`).
-    GPUs inside a box are the
+    A preset is a mapping with keys ``name``, ``summary``, the machine sections ``gpu``
+    (:class:`GpuSpec`'s fields), optionally ``host`` (:class:`HostSpec`'s) and ``gloo``
+    (:class:`GlooSpec`'s), and ``network`` (:class:`NetworkSpec`'s), every key declared in
+    :mod:`simcore.preset_keys` and parsed with the spec (:attr:`TopologySpec.sections`),
+    and ``box`` (``gpus`` per box, ``devices`` name -> kind, ``links`` as ``[a, b, kind,
+    bandwidth, latency]`` or with a fifth ``count``, ``host``, ``nic_attach``, optional
+    ``ring_order``). GPUs inside a box are the
     implicit devices ``gpu0 .. gpu{n-1}``. Device names get a ``n{box}.`` prefix when the
     cluster has more than one box.
 
@@ -620,44 +706,30 @@ def _build_topology(spec: TopologySpec) -> Topology:
     name = str(p.get("name", "custom"))
     if spec.gpus < 1:
         raise TopologyError(f"gpus must be at least 1, got {spec.gpus}")
+    sections = spec.sections
+    gpu, host_spec, gloo, net = sections.gpu, sections.host, sections.gloo, sections.network
+    net_bw = spec.bandwidth_bytes_per_s or net.bandwidth_bytes_per_s
+    net_peak = net.peak_bandwidth_bytes_per_s or 0.0
+    nic_kind, nic_bw, nic_lat = (
+        net.nic_link.kind,
+        net.nic_link.bandwidth_bytes_per_s,
+        net.nic_link.latency_s,
+    )
     try:
-        gpu = _gpu_spec(p.get("gpu", {}))
         box = p["box"]
         per_box = int(box["gpus"])
-        net = p.get("network") or {}
-        net_kind = str(net.get("kind", "ib"))
-        net_bw = spec.bandwidth_bytes_per_s or parse_rate(net.get("bandwidth", "100Gbps"))
-        net_lat = parse_time(net.get("latency", "1us"))
-        net_burst = parse_size(net.get("burst", 0))
-        net_peak = parse_rate(net["peak_bandwidth"]) if net.get("peak_bandwidth") else 0.0
-        sharing = str(net.get("sharing", "fifo"))
-        lead_s = parse_time(net.get("lead", 0))
-        flow_share = float(net.get("flow_share", 1.0))
-        flow_spread = float(net.get("flow_spread", 0.0))
-        nic_link = net.get("nic_link") or {"kind": "pcie", "bandwidth": "12GB/s", "latency": "1us"}
-        nic_kind = str(nic_link.get("kind", "pcie"))
-        nic_bw = parse_rate(nic_link.get("bandwidth", "12GB/s"))
-        nic_lat = parse_time(nic_link.get("latency", "1us"))
         box_devices: Mapping[str, str] = box.get("devices", {})
         box_links: list[list[Any]] = list(box.get("links", []))
         host_name = str(box.get("host", ""))
         nic_attach = str(box.get("nic_attach", host_name))
         ring_local = list(box.get("ring_order", range(per_box)))
-        host_spec = _host_spec(p["host"]) if p.get("host") else None
-        gloo = _gloo_spec(p["gloo"]) if p.get("gloo") else None
     except (KeyError, TypeError, ValueError, AttributeError, UnitError) as exc:
-        # AttributeError: a section that is not a mapping (``network: 3``).
+        # AttributeError: a section that is not a mapping (``box: 3``).
         raise TopologyError(f"preset {name!r} is malformed: {exc}") from None
     if per_box < 1:
         raise TopologyError(f"preset {name!r}: box.gpus must be at least 1")
-    if gpu.kind not in ("gpu", "cpu"):
-        raise TopologyError(
-            f"preset {name!r}: gpu.kind {gpu.kind!r} is not allowed; use gpu or cpu"
-        )
     if gpu.kind == "cpu" and host_spec is None:
         raise TopologyError(f"preset {name!r}: gpu.kind cpu needs a 'host' section (cores)")
-    if host_spec is not None and host_spec.cores < 1:
-        raise TopologyError(f"preset {name!r}: host.cores must be at least 1")
     rank_dev = "cpu" if gpu.kind == "cpu" else "gpu"
     if sorted(ring_local) != list(range(per_box)):
         raise TopologyError(f"preset {name!r}: box.ring_order must list 0..{per_box - 1}")
@@ -725,10 +797,10 @@ def _build_topology(spec: TopologySpec) -> Topology:
     if nics:
         fabric = b.device("switch", "switch", -1)
         for nic in nics:
-            b.link(nic, fabric, net_kind, net_bw, net_lat, 1, net_burst, net_peak)
+            b.link(nic, fabric, net.kind, net_bw, net.latency_s, 1, net.burst_bytes, net_peak)
         for s in range(spec.dedicated_servers):
             srv = b.device(f"ps{s}", "server", -1)
-            b.link(srv, fabric, net_kind, net_bw, net_lat)
+            b.link(srv, fabric, net.kind, net_bw, net.latency_s)
             servers.append(srv)
     topo = b.build(
         gpus,
@@ -740,10 +812,10 @@ def _build_topology(spec: TopologySpec) -> Topology:
         summary=str(p.get("summary", "")),
         host_spec=host_spec,
         gloo=gloo,
-        link_sharing=sharing,
-        link_lead_s=lead_s,
-        flow_share=flow_share,
-        flow_spread=flow_spread,
+        link_sharing=net.sharing,
+        link_lead_s=net.lead_s,
+        flow_share=net.flow_share,
+        flow_spread=net.flow_spread,
     )
     return topo
 
@@ -761,84 +833,3 @@ def _local(dev: str, rank_dev: str, box_devices: Mapping[str, str]) -> str:
     if dev.startswith("gpu") and dev[3:].isdigit():
         return _rank_name(rank_dev, int(dev[3:]), box_devices)
     return dev
-
-
-def _host_spec(d: Mapping[str, Any]) -> HostSpec:
-    allowed = {
-        "cores",
-        "shared",
-        "message_cpu_s",
-        "copy_cpu_s_per_byte",
-        "reduce_cpu_s_per_byte",
-        "p2p_handshake_s",
-        "socket_buffer",
-        "p2p_message_cpu_s",
-        "p2p_copy_cpu_s_per_byte",
-        "isend_s",
-        "posted_cpu_s",
-        "wakeup_s",
-        "balance_s",
-        "link_cpu_s_per_byte",
-        "link_cpu_two_pairs_s_per_byte",
-    }
-    unknown = sorted(set(d) - allowed)
-    if unknown:
-        raise ValueError(f"host: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
-    wakeup_s = float(d.get("wakeup_s", 0.0))
-    if not wakeup_s >= 0 or math.isinf(wakeup_s):
-        raise ValueError(f"host.wakeup_s must be seconds, 0 or more; got {wakeup_s!r}")
-    isend_s = float(d.get("isend_s", 0.0))
-    if not isend_s >= 0 or math.isinf(isend_s):
-        raise ValueError(f"host.isend_s must be seconds, 0 or more; got {isend_s!r}")
-    posted_cpu_s = float(d.get("posted_cpu_s", 0.0))
-    if not posted_cpu_s >= 0 or math.isinf(posted_cpu_s):
-        raise ValueError(f"host.posted_cpu_s must be seconds, 0 or more; got {posted_cpu_s!r}")
-    balance_s = float(d.get("balance_s", 0.0))
-    if not balance_s >= 0 or math.isinf(balance_s):
-        raise ValueError(f"host.balance_s must be seconds, 0 or more; got {balance_s!r}")
-    link_cpu = {}
-    for key in ("link_cpu_s_per_byte", "link_cpu_two_pairs_s_per_byte"):
-        link_cpu[key] = float(d.get(key, 0.0))
-        if not link_cpu[key] >= 0 or math.isinf(link_cpu[key]):
-            raise ValueError(
-                f"host.{key} must be seconds per byte, 0 or more; got {link_cpu[key]!r}"
-            )
-    return HostSpec(
-        cores=int(d.get("cores", 1)),
-        shared=bool(d.get("shared", True)),
-        message_cpu_s=float(d.get("message_cpu_s", 0.0)),
-        copy_cpu_s_per_byte=float(d.get("copy_cpu_s_per_byte", 0.0)),
-        reduce_cpu_s_per_byte=float(d.get("reduce_cpu_s_per_byte", 0.0)),
-        p2p_handshake_s=float(d.get("p2p_handshake_s", 0.0)),
-        socket_buffer_bytes=parse_size(d.get("socket_buffer", 0)),
-        p2p_message_cpu_s=float(d.get("p2p_message_cpu_s", 0.0)),
-        p2p_copy_cpu_s_per_byte=float(d.get("p2p_copy_cpu_s_per_byte", 0.0)),
-        isend_s=isend_s,
-        posted_cpu_s=posted_cpu_s,
-        wakeup_s=wakeup_s,
-        balance_s=balance_s,
-        **link_cpu,
-    )
-
-
-def _gloo_spec(d: Mapping[str, Any]) -> GlooSpec:
-    base = GlooSpec()
-    return GlooSpec(
-        segment_bytes=parse_size(d.get("segment_bytes", base.segment_bytes)),
-        threads=int(d.get("threads", base.threads)),
-    )
-
-
-def _gpu_spec(d: Mapping[str, Any]) -> GpuSpec:
-    base = GpuSpec()
-    return GpuSpec(
-        model=str(d.get("model", base.model)),
-        kind=str(d.get("kind", base.kind)),
-        memory_bytes=parse_size(d.get("memory", base.memory_bytes)),
-        memory_bandwidth_bytes_per_s=parse_rate(
-            d.get("memory_bandwidth", base.memory_bandwidth_bytes_per_s)
-        ),
-        peak_flop_per_s=float(d.get("peak_flops", base.peak_flop_per_s)),
-        step_overhead_s=parse_time(d.get("step_overhead", base.step_overhead_s)),
-        predict_overhead_s=parse_time(d.get("predict_overhead", base.predict_overhead_s)),
-    )

@@ -70,7 +70,7 @@ def netns_unavailable_reason() -> str | None:
 
 
 def busy_cores_calibration(wakeup_s: float, latency_s: float = 60e-6) -> dict:
-    """A calibrated preset (the ``netns`` preset with what :func:`realrun.calibrate.calibrate`
+    """A calibrated preset (the ``netns`` preset with what :func:`realrun.calibration.run.calibrate`
     keeps of the busy-cores benchmark) whose rows the simulator made on the unshaped
     links ``latency_s`` and the preset's bandwidth describe, with a wake-up wait of
     ``wakeup_s``: fitting them gives that wait back."""
@@ -78,11 +78,8 @@ def busy_cores_calibration(wakeup_s: float, latency_s: float = 60e-6) -> dict:
 
     import yaml
 
-    from realrun.calibrate import (
-        WAKEUP_SIZES_BYTES,
-        simulate_busy_allreduce,
-        unshaped_links,
-    )
+    from realrun.calibration.ranks import WAKEUP_SIZES_BYTES
+    from realrun.calibration.simfits import simulate_busy_allreduce, unshaped_links
     from simcore.units import parse_rate
 
     path = os.path.join(
@@ -90,7 +87,7 @@ def busy_cores_calibration(wakeup_s: float, latency_s: float = 60e-6) -> dict:
     )
     with open(path, encoding="utf-8") as fh:
         preset = yaml.safe_load(fh)
-    goodput = parse_rate(preset["network"]["bandwidth"])
+    goodput = parse_rate(preset["network"]["bandwidth_bytes_per_s"])
     links = unshaped_links(preset, latency_s, goodput)
     rows = [
         {"bytes": n, "threads": t, "time_s": simulate_busy_allreduce(links, n, t, wakeup_s)}

@@ -1,4 +1,4 @@
-"""``sim calibrate`` (realrun/calibrate.py): the fits on synthetic data, a real local
+"""``sim calibrate`` (realrun/calibration/): the fits on synthetic data, a real local
 calibration whose file ``sim run --topology`` reads, a shaped netns calibration, and the
 command line's errors."""
 
@@ -18,19 +18,17 @@ from hypothesis import strategies as st
 
 from dtsim.cli import main
 from realrun import linkcpu
-from realrun.calibrate import (
-    burst_payload_bytes,
-    calibrate,
+from realrun.calibrated import at_rate, burst_payload_bytes, format_rate_text
+from realrun.calibration.fits import (
     fit_cpu_cost,
     fit_latency_bandwidth,
     fit_line,
     fit_shaped_link,
-    format_rate_text,
     send_buffer_bytes,
-    tcp_send_buffer_bytes,
-    write_calibration,
 )
-from realrun.calibrated import at_rate
+from realrun.calibration.machine import tcp_send_buffer_bytes
+from realrun.calibration.preset import write_calibration
+from realrun.calibration.run import calibrate
 from realrun.scheduler import BALANCE_GRID_S, CYCLES
 from simcore.topology import TopologySpec, build_topology
 from simcore.units import parse_rate, parse_size, parse_time
@@ -204,9 +202,9 @@ def _check_preset(preset: dict[str, Any], path: str) -> None:
         "measured",
     ]
     assert data["gpu"]["kind"] == "cpu"
-    assert parse_size(data["gpu"]["memory"]) > 0
-    assert parse_rate(data["gpu"]["memory_bandwidth"]) > 0
-    assert data["gpu"]["peak_flops"] > 0
+    assert parse_size(data["gpu"]["memory_bytes"]) > 0
+    assert parse_rate(data["gpu"]["memory_bandwidth_bytes_per_s"]) > 0
+    assert data["gpu"]["peak_flop_per_s"] > 0
     host = data["host"]
     assert host["cores"] == len(os.sched_getaffinity(0)) and host["shared"] is True
     for key in ("message_cpu_s", "copy_cpu_s_per_byte", "reduce_cpu_s_per_byte", "wakeup_s"):
@@ -215,7 +213,7 @@ def _check_preset(preset: dict[str, Any], path: str) -> None:
     assert host["message_cpu_s"] > 0 and host["reduce_cpu_s_per_byte"] > 0
     assert parse_size(data["gloo"]["segment_bytes"]) == 1 << 20
     net = data["network"]
-    goodput = parse_rate(net["bandwidth"])
+    goodput = parse_rate(net["bandwidth_bytes_per_s"])
     assert goodput == pytest.approx(data["measured"]["fits"]["goodput_bytes_per_s"], rel=1e-3)
     # the latency is per link; the route between two hosts adds up to the measured one
     topo = build_topology(TopologySpec(data, 2))
@@ -331,11 +329,11 @@ def test_netns_calibration_measures_goodput_below_the_tbf_rate(
     assert preset["measured"]["allreduce"] == []
     # the 4 MiB send returned before the message was through: the kernel took part of it
     assert 0 < big["shaped_send_return_s"] < big["shaped_s"]
-    buffer = parse_size(preset["host"]["socket_buffer"])
+    buffer = parse_size(preset["host"]["socket_buffer_bytes"])
     assert buffer == preset["measured"]["fits"]["socket_buffer_bytes"]
     assert 0 < buffer <= min(4 << 20, tcp_send_buffer_bytes())
     # the two-flow benchmark: the second flow's message came after both messages' bytes
-    # had crossed the link, and the lead fitted to it is the file's network.lead (tbf
+    # had crossed the link, and the lead fitted to it is the file's network.lead_s (tbf
     # once let the 2 x 2 MiB through at 26.7 MB/s, 7% over its 25 MB/s rate and 12%
     # over the goodput fitted to single messages: a margin of 20%)
     sharing = preset["measured"]["sharing"]
@@ -474,7 +472,7 @@ def test_the_messengers_cpu_is_a_line_over_message_sizes():
     """``fit_messenger_cpu``: the messenger's CPU per message beyond a plain send's, over
     its ping-pong sizes, is fitted as per message plus per byte (non-negative, a small
     message's excess may come out below zero); one size gives the median and no slope."""
-    from realrun.calibrate import fit_messenger_cpu
+    from realrun.calibration.fits import fit_messenger_cpu
 
     per_msg, per_byte = 1.2e-4, 8e-10
     sizes = [1 << 10, 64 << 10, 256 << 10, 1 << 20]
@@ -497,12 +495,9 @@ def test_the_link_lead_is_recovered_from_a_simulated_two_flow_benchmark(lead_s: 
     lead with no residual, to within a chunk's time (leads inside one chunk's time give
     the same schedule; the fit takes the smallest); the first flow finishes later the
     smaller the lead, and the second after both messages' bytes whatever the lead."""
-    from realrun.calibrate import (
-        SHARING_BYTES,
-        fit_sharing_lead,
-        segment_bytes,
-        simulate_two_flows,
-    )
+    from realrun.calibration.fits import segment_bytes
+    from realrun.calibration.ranks import SHARING_BYTES
+    from realrun.calibration.simfits import fit_sharing_lead, simulate_two_flows
 
     with open(NETNS_PRESET, encoding="utf-8") as fh:
         preset = yaml.safe_load(fh)
@@ -512,9 +507,9 @@ def test_the_link_lead_is_recovered_from_a_simulated_two_flow_benchmark(lead_s: 
         first, second = simulate_two_flows(preset, SHARING_BYTES, d, lead_s)
         rows.append({"delay_s": d, "first_s": first, "second_s": second})
     lead, residual = fit_sharing_lead(preset, SHARING_BYTES, rows)
-    goodput = parse_rate(preset["network"]["bandwidth"])
+    goodput = parse_rate(preset["network"]["bandwidth_bytes_per_s"])
     assert lead_s - segment_bytes(preset) / goodput <= lead <= lead_s and residual < 1e-9
-    burst = parse_size(preset["network"]["burst"])  # leaves at the peak speed
+    burst = parse_size(preset["network"]["burst_bytes"])  # leaves at the peak speed
     for d in delays:
         fair = simulate_two_flows(preset, SHARING_BYTES, d, 0.0)
         held = simulate_two_flows(preset, SHARING_BYTES, d, 0.05)
@@ -530,7 +525,8 @@ def test_the_wakeup_is_recovered_from_a_simulated_busy_cores_benchmark(wakeup_s:
     """``fit_wakeup`` on rows that the simulator itself made with a wake-up wait finds that
     wait with no residual; busy cores slow an all-reduce down the more the longer the
     wait and the more threads compute, and idle ones not at all."""
-    from realrun.calibrate import WAKEUP_SIZES_BYTES, fit_wakeup, simulate_busy_allreduce
+    from realrun.calibration.ranks import WAKEUP_SIZES_BYTES
+    from realrun.calibration.simfits import fit_wakeup, simulate_busy_allreduce
 
     with open(NETNS_PRESET, encoding="utf-8") as fh:
         preset = yaml.safe_load(fh)
@@ -561,7 +557,7 @@ def test_one_wakeup_is_fitted_over_several_calibrations() -> None:
     2 ms get the one wait nearest to both (1.5 ms: the simulated slow-down is linear in
     the wait), their own fits kept; pooling again changes nothing, and a single
     calibration or one without the benchmark is left as it is."""
-    from realrun.calibrate import fit_wakeup_pooled, pool_wakeup, unshaped_links
+    from realrun.calibration.simfits import fit_wakeup_pooled, pool_wakeup, unshaped_links
     from tests.helpers import busy_cores_calibration
 
     a, b = busy_cores_calibration(1e-3), busy_cores_calibration(2e-3, latency_s=80e-6)
@@ -585,7 +581,7 @@ def test_one_wakeup_is_fitted_over_several_calibrations() -> None:
 def test_busy_cores_rows_are_medians_of_rank_0s_times() -> None:
     """``wakeup_rows``: per size and number of computing threads, the median of rank 0's
     all-reduce times, in order."""
-    from realrun.calibrate import wakeup_rows
+    from realrun.calibration.fits import wakeup_rows
 
     got = [
         {"bytes": 4096, "threads": 0, "times_s": [0.01]},
@@ -604,7 +600,7 @@ def test_busy_cores_rows_are_medians_of_rank_0s_times() -> None:
 def test_two_flow_rows_are_medians_after_the_warm_up() -> None:
     """``sharing_rows``: per delay, medians of rank 0's start times and rank 1's arrival
     times over the rounds after the warm-up, all from the first flow's start."""
-    from realrun.calibrate import sharing_rows
+    from realrun.calibration.fits import sharing_rows
 
     plan = [0.01, 0.01, 0.002, 0.002, 0.002, 0.01]
     first_start = [10.0 * k for k in range(len(plan))]
@@ -627,7 +623,7 @@ def test_two_flow_rows_leave_out_rounds_that_did_not_share_an_empty_link() -> No
     second flow started after the first flow's message had arrived, measured no two
     flows sharing an empty link: ``sharing_rows`` leaves it out of the medians, and a
     delay with no such round out of the rows."""
-    from realrun.calibrate import sharing_rows
+    from realrun.calibration.fits import sharing_rows
 
     plan = [0.01, 0.002, 0.01, 0.002, 0.01, 0.002, 0.01]
     first_start = [10.0 * k for k in range(len(plan))]
@@ -660,7 +656,7 @@ def test_the_chunk_keeps_a_calibrated_links_one_way_times(rate: float) -> None:
     have."""
     from simpy import Environment
 
-    from realrun.calibrate import FRAME_CHUNK_BYTES, SEGMENT_BYTES, segment_bytes
+    from realrun.calibration.fits import FRAME_CHUNK_BYTES, SEGMENT_BYTES, segment_bytes
     from simcore.network import DetailedNetwork
     from simcore.topology import TopologySpec, build_topology
 
@@ -670,10 +666,10 @@ def test_the_chunk_keeps_a_calibrated_links_one_way_times(rate: float) -> None:
     burst = burst_payload_bytes(rate)
     network = {
         **preset["network"],
-        "bandwidth": f"{goodput}B/s",
-        "latency": f"{latency / 2 * 1e6}us",  # per hop
-        "burst": f"{int(burst)}B",
-        "peak_bandwidth": f"{20 * rate}B/s",
+        "bandwidth_bytes_per_s": f"{goodput}B/s",
+        "latency_s": f"{latency / 2 * 1e6}us",  # per hop
+        "burst_bytes": f"{int(burst)}B",
+        "peak_bandwidth_bytes_per_s": f"{20 * rate}B/s",
     }
     preset = {**preset, "network": network}
     chunk = segment_bytes(preset)
@@ -693,7 +689,8 @@ def test_the_busy_cores_benchmark_is_fitted_on_the_unshaped_links_it_ran_on() ->
     simulates them (the calibration's unshaped latency over the two hops and goodput; no
     tbf bucket, peak or lead, so whole 64 KiB segments), whatever the shaped link of the
     preset."""
-    from realrun.calibrate import SEGMENT_BYTES, segment_bytes, unshaped_links
+    from realrun.calibration.fits import SEGMENT_BYTES, segment_bytes
+    from realrun.calibration.simfits import unshaped_links
 
     with open(NETNS_PRESET, encoding="utf-8") as fh:
         preset = yaml.safe_load(fh)
@@ -701,20 +698,20 @@ def test_the_busy_cores_benchmark_is_fitted_on_the_unshaped_links_it_ran_on() ->
         **preset,
         "network": {
             **preset["network"],
-            "burst": "47820B",
-            "peak_bandwidth": "2GB/s",
-            "lead": "11ms",
-            "bandwidth": "23.77MB/s",
+            "burst_bytes": "47820B",
+            "peak_bandwidth_bytes_per_s": "2GB/s",
+            "lead_s": "11ms",
+            "bandwidth_bytes_per_s": "23.77MB/s",
         },
     }
     free = unshaped_links(shaped, 60e-6, 1.9e9)
     net = free["network"]
-    assert not {"burst", "peak_bandwidth", "lead"} & set(net)
-    assert parse_rate(net["bandwidth"]) == pytest.approx(1.9e9, rel=1e-3)
-    assert parse_time(net["latency"]) == pytest.approx(30e-6, rel=1e-3)  # per hop
+    assert not {"burst_bytes", "peak_bandwidth_bytes_per_s", "lead_s"} & set(net)
+    assert parse_rate(net["bandwidth_bytes_per_s"]) == pytest.approx(1.9e9, rel=1e-3)
+    assert parse_time(net["latency_s"]) == pytest.approx(30e-6, rel=1e-3)  # per hop
     assert net["sharing"] == shaped["network"]["sharing"] and free["host"] == shaped["host"]
     assert segment_bytes(free) == SEGMENT_BYTES == 4 * segment_bytes(shaped)
-    assert shaped["network"]["burst"] == "47820B"  # the preset itself is left alone
+    assert shaped["network"]["burst_bytes"] == "47820B"  # the preset itself is left alone
 
 
 def test_the_links_cpu_is_what_spinners_lost_beyond_the_ranks_per_byte_and_end() -> None:
@@ -734,7 +731,8 @@ def test_measurements_that_cannot_be_fitted_are_taken_once_more(
     """A busy machine can leave a benchmark without a trend to fit: ``calibrate``
     measures again once, and gives up (the fit's error) when the second cannot be
     fitted either."""
-    import realrun.calibrate as cal
+    import realrun.calibration.run as cal
+    from realrun.calibration import CalibrationError
 
     measured: list[int] = []
     fitted: list[int] = []
@@ -746,13 +744,13 @@ def test_measurements_that_cannot_be_fitted_are_taken_once_more(
     def fake_preset(**kw: Any) -> dict:
         fitted.append(1)
         if len(fitted) <= failures:
-            raise cal.CalibrationError("the measurements cannot be fitted: no trend")
+            raise CalibrationError("the measurements cannot be fitted: no trend")
         return {"name": "fitted", "attempt": len(fitted)}
 
     monkeypatch.setattr(cal, "_measure", fake_measure)
-    monkeypatch.setattr(cal, "_preset", fake_preset)
+    monkeypatch.setattr(cal, "make_preset", fake_preset)
     if failures == 2:
-        with pytest.raises(cal.CalibrationError, match="cannot be fitted"):
+        with pytest.raises(CalibrationError, match="cannot be fitted"):
             cal.calibrate(cluster="local")
     else:
         assert cal.calibrate(cluster="local") == {"name": "fitted", "attempt": calls}

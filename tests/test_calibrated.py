@@ -16,10 +16,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis.resolve import build_config, preset_at_rate
-from realrun.calibrate import burst_payload_bytes
-from realrun.calibrated import at_rate, calibrated_rate, goodput_share, is_calibrated
+from realrun.calibrated import (
+    at_rate,
+    burst_payload_bytes,
+    calibrated_rate,
+    goodput_share,
+    is_calibrated,
+)
 from simcore.engine import simulate
+from simcore.preset_keys import KEYS, SOURCES, canonical
 from simcore.spec import RunSpec
+from simcore.topology import parse_sections
 from simcore.units import parse_rate, parse_size
 
 CALIBRATED = os.path.join(os.path.dirname(__file__), "data", "calibrated-1Gbps.yaml")
@@ -42,10 +49,12 @@ def test_a_calibration_knows_its_rate_and_goodput_share(preset: dict) -> None:
 
 
 def test_at_its_own_rate_the_links_are_as_measured(preset: dict) -> None:
+    """The moved copy names its keys by their fields, the values as measured."""
     moved = at_rate(preset, GBPS)
-    assert moved["network"]["bandwidth"] == preset["network"]["bandwidth"]
-    assert moved["network"]["burst"] == preset["network"]["burst"]
-    assert moved["host"] == preset["host"]
+    assert parse_sections(moved) == parse_sections(preset)
+    assert moved["network"]["bandwidth_bytes_per_s"] == preset["network"]["bandwidth"]
+    assert moved["network"]["burst_bytes"] == preset["network"]["burst"]
+    assert moved["host"] == canonical(preset)["host"]
 
 
 @settings(max_examples=25, deadline=None)
@@ -60,11 +69,12 @@ def test_another_rate_keeps_the_share_and_the_hosts(rate: float) -> None:
     moved = at_rate(preset, rate)
     assert preset == before  # the input is not changed
     share = preset["measured"]["fits"]["goodput_share_of_tbf_rate"]
-    assert parse_rate(moved["network"]["bandwidth"]) == pytest.approx(rate * share, rel=1e-3)
-    assert parse_size(moved["network"]["burst"]) == round(burst_payload_bytes(rate))
-    for key in ("latency", "peak_bandwidth", "lead", "sharing"):
-        assert moved["network"][key] == preset["network"][key]
-    assert moved["host"] == preset["host"]
+    network = moved["network"]
+    assert parse_rate(network["bandwidth_bytes_per_s"]) == pytest.approx(rate * share, rel=1e-3)
+    assert parse_size(network["burst_bytes"]) == round(burst_payload_bytes(rate))
+    for key in ("latency_s", "peak_bandwidth_bytes_per_s", "lead_s", "sharing"):
+        assert network[key] == canonical(preset)["network"][key]
+    assert moved["host"] == canonical(preset)["host"]
     assert moved["measured"]["moved_from"]["tbf_rate"] == preset["measured"]["tbf_rate"]
     assert calibrated_rate(moved) == pytest.approx(rate, rel=1e-3)
 
@@ -111,33 +121,26 @@ def test_every_setting_of_a_calibrated_file_is_declared(preset: dict) -> None:
 
     declared = {k.path for k in KNOBS}
     for section in ("gpu", "host", "gloo", "network"):
-        for key in preset[section]:
+        for key in canonical(preset)[section]:
             path = f"{section}.{key}"
             assert path in declared or path in IDENTITIES, f"{path} has no declared source"
-    sources = {"calibration", "fit-by-simulation", "profile", "constant", "run"}
-    assert all(k.source.split(":")[0] in sources for k in KNOBS)
+    top = {k.path for k in KEYS if k.source is None and k.section != "network.nic_link"}
+    assert top == IDENTITIES  # every other key of the four sections has a source
+    assert all(k.source.split(":")[0] in SOURCES for k in KNOBS)
     assert len(declared) == len(KNOBS)
 
 
-def test_every_declared_host_knob_is_one_the_simulator_reads() -> None:
-    from realrun.calibrated import KNOBS
-    from simcore.topology import _host_spec
-
-    for knob in KNOBS:
-        section, key = knob.path.split(".")
-        if section == "host":
-            value = True if key == "shared" else 1 if key == "cores" else 0.0
-            _host_spec({"cores": 2, key: value})  # an unknown key raises
-
-
-def test_the_docs_list_every_knob_with_its_source() -> None:
-    from realrun.calibrated import KNOBS
+def test_the_docs_table_is_the_declarations() -> None:
+    """docs/prediction.md holds :func:`knob_table` as it is, between its heading and the
+    next blank line: a key declared, renamed or given another source shows there."""
+    from realrun.calibrated import knob_table
 
     docs = os.path.join(os.path.dirname(__file__), "..", "docs", "prediction.md")
     with open(docs, encoding="utf-8") as fh:
         text = fh.read()
-    for knob in KNOBS:
-        assert f"| `{knob.path}` | {knob.unit} | {knob.source} |" in text, knob.path
+    start = text.index("| setting | unit | source |")
+    end = text.find("\n\n", start)
+    assert text[start : end if end >= 0 else len(text)].rstrip("\n") == knob_table()
 
 
 def test_a_case_preset_says_what_came_from_the_profile_and_what_from_the_run(
@@ -150,8 +153,9 @@ def test_a_case_preset_says_what_came_from_the_profile_and_what_from_the_run(
     update = {"memory_bandwidth_bytes_per_s": 5e9, "step_overhead_s": 1e-4}
     predicted = load_preset(case_topology(str(tmp_path), CALIBRATED, trace, update))
     sources = predicted["measured"]["sources"]
-    assert sources["gpu.step_overhead"] == "profile" and "host.isend_s" not in sources
-    assert sources["network.lead"] == "fit-by-simulation:two flows"
+    assert sources["gpu.step_overhead_s"] == "profile" and "host.isend_s" not in sources
+    assert sources["network.lead_s"] == "fit-by-simulation:two flows"
+    assert "network.lead" not in sources  # the file's older names, renamed
     replayed = load_preset(
         case_topology(
             str(tmp_path),
@@ -161,5 +165,5 @@ def test_a_case_preset_says_what_came_from_the_profile_and_what_from_the_run(
             source="run",
         )
     )
-    assert replayed["measured"]["sources"]["gpu.step_overhead"] == "run"
+    assert replayed["measured"]["sources"]["gpu.step_overhead_s"] == "run"
     assert replayed["measured"]["sources"]["host.isend_s"] == "run"

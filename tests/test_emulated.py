@@ -245,8 +245,8 @@ def test_a_device_hosts_exchange_overlaps_its_compute(tmp_path, params) -> None:
     rate = 12.5e6  # 100 Mbit/s
     calib = "tests/data/calibrated-1Gbps.yaml"
     preset = emulated_preset(load_preset(calib), rate)
-    goodput = parse_rate(preset["network"]["bandwidth"])
-    assert 2 * params > parse_size(preset["host"]["socket_buffer"])  # weights and momentum
+    goodput = parse_rate(preset["network"]["bandwidth_bytes_per_s"])
+    assert 2 * params > parse_size(preset["host"]["socket_buffer_bytes"])  # weights and momentum
     ref = f"emulated:{tmp_path / 'big.json'};batch=64;dilation=1;bytes=1"
     p = predict(ref, "gossip", 2, {}, calib, rate, iterations=4)
     assert p.run_iteration_time_s == pytest.approx(max(1.0, 2 * params / goodput), rel=0.1)

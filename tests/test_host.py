@@ -19,6 +19,8 @@ from simcore.transport import CommCpu, HostTransport
 from traces.model import Layer, TraceMeta, chain
 
 MB = 1_000_000
+SHAPING = ("burst_bytes", "peak_bandwidth_bytes_per_s")
+"""The netns preset's tbf bucket (``network`` keys)."""
 
 
 def trace(n_layers: int = 4, fwd_s: float = 0.01, param_bytes: int = 1 * MB) -> object:
@@ -188,7 +190,7 @@ def test_cpu_ranks_equal_gpus_when_cores_and_communication_are_free(scheme, n):
     here equal the GPU model's server bandwidth (20 GB/s)."""
     cpu = preset(cores=8, reduce_cpu_s_per_byte=1 / 20e9)
     cpu["gloo"] = {"segment_bytes": "1GiB", "threads": 1}
-    cpu["gpu"]["memory_bandwidth"] = "1e15B/s" if scheme == "dp" else "20GB/s"
+    cpu["gpu"]["memory_bandwidth_bytes_per_s"] = "1e15B/s" if scheme == "dp" else "20GB/s"
     gpu = copy.deepcopy(cpu)
     gpu["gpu"] = {**gpu["gpu"], "kind": "gpu"}
     del gpu["host"], gpu["gloo"]
@@ -203,7 +205,7 @@ def test_oversubscribed_cores_stretch_compute():
     """Compute-only data parallelism (a fast network, no CPU cost of messages): three ranks
     on two cores take 3/2 as long as on three cores."""
     tr = trace(param_bytes=4)
-    fast = {"bandwidth": "1TB/s", "latency": "0us"}
+    fast = {"bandwidth_bytes_per_s": "1TB/s", "latency_s": "0us"}
     times = {}
     for cores in (2, 3):
         p = preset(cores=cores)
@@ -299,10 +301,10 @@ def test_a_woken_thread_waits_for_a_core_only_while_compute_takes_all(wakeup_s):
     takes exactly four waits longer than with idle cores, each ``wakeup_s`` times the
     computing threads per core; one computing thread leaves a core free and costs
     nothing (links without tbf's bucket, which would refill while a message waits)."""
-    from realrun.calibrate import simulate_busy_allreduce
+    from realrun.calibration.simfits import simulate_busy_allreduce
 
     p = preset(cores=2)
-    p["network"] = {k: v for k, v in p["network"].items() if k not in ("burst", "peak_bandwidth")}
+    p["network"] = {k: v for k, v in p["network"].items() if k not in SHAPING}
     base = simulate_busy_allreduce(p, 4 * MB, 0, 0.0)
     for threads in (0, 1, 2, 3, 4):
         # no CPU costs: compute alone changes nothing
@@ -383,13 +385,13 @@ def test_cpu_devices_are_not_called_gpus():
     [
         ({"host": None}, "needs a 'host' section"),
         ({"host": {"cores": 0}}, "host.cores"),
-        ({"host": {"cores": 2, "speed": 3}}, "unknown key 'speed'"),
+        ({"host": {"cores": 2, "speed": 3}}, "host.speed: unknown setting; known: cores, shared"),
         ({"host": {"cores": 2, "wakeup_s": -1e-3}}, "host.wakeup_s"),
         ({"host": {"cores": 2, "isend_s": -1e-3}}, "host.isend_s"),
         ({"host": {"cores": 2, "posted_cpu_s": -1e-3}}, "host.posted_cpu_s"),
         ({"host": {"cores": 2, "balance_s": -1e-3}}, "host.balance_s"),
         ({"host": {"cores": 2, "link_cpu_s_per_byte": -1e-9}}, "host.link_cpu_s_per_byte"),
-        ({"gpu": {"kind": "tpu"}}, "gpu.kind 'tpu'"),
+        ({"gpu": {"kind": "tpu"}}, "gpu.kind: 'tpu' is not allowed; choose one of: gpu, cpu"),
     ],
 )
 def test_bad_host_sections_are_named(change, needle):
@@ -407,13 +409,13 @@ def test_bad_host_sections_are_named(change, needle):
 
 @pytest.mark.parametrize("scheme", ["dp", "gpipe"])
 def test_an_optimizer_steps_fixed_overhead_adds_once_per_step(scheme):
-    """``gpu.step_overhead`` is paid by every optimizer step whatever its bytes: one rank
+    """``gpu.step_overhead_s`` is paid by every optimizer step whatever its bytes: one rank
     alone (nothing shares its cores, dp's single rank has no messages) takes it once more
     per iteration, and so does a GPipe flush (its stages step in parallel, stage 0 last,
     on cores of their own)."""
     base = preset(cores=4)
     slow = copy.deepcopy(base)
-    slow["gpu"]["step_overhead"] = "5ms"
+    slow["gpu"]["step_overhead_s"] = "5ms"
     gpus = 1 if scheme == "dp" else 2
     a = run(base, gpus, scheme).iteration_time_s
     b = run(slow, gpus, scheme).iteration_time_s
@@ -421,13 +423,13 @@ def test_an_optimizer_steps_fixed_overhead_adds_once_per_step(scheme):
 
 
 def test_a_weight_predictions_fixed_overhead_adds_to_every_prediction():
-    """``gpu.predict_overhead`` is paid by every SpecTrain prediction whatever its bytes:
+    """``gpu.predict_overhead_s`` is paid by every SpecTrain prediction whatever its bytes:
     on cores of their own, each prediction span is that much longer."""
     from simcore.records import PREDICT
 
     base = preset(cores=4)
     slow = copy.deepcopy(base)
-    slow["gpu"]["predict_overhead"] = "5ms"
+    slow["gpu"]["predict_overhead_s"] = "5ms"
 
     def predictions(p: dict) -> list[float]:
         res = run(p, 2, "spectrain", record_spans=True)
@@ -451,7 +453,7 @@ def four_hosts_sending(
     p = preset(cores=4, p2p_handshake_s=1e-6, socket_buffer=buffer_bytes)
     # flows take turns from their first chunk: which of three flows starting together
     # would lead the others is not what these tests are about
-    p = {**p, "network": {**p["network"], "lead": 0}}
+    p = {**p, "network": {**p["network"], "lead_s": 0}}
     topo = build_topology(TopologySpec(p, 4))
     env = Environment()
     net = DetailedNetwork(env, topo, chunk_bytes=64 << 10)
@@ -518,13 +520,13 @@ def test_a_message_waits_for_its_peer_to_post_its_header(monkeypatch, headers_ah
 @pytest.mark.parametrize("scheme", ["ps", "p3"])
 def test_a_servers_shard_update_is_a_step_with_its_fixed_overhead(scheme):
     """On CPU hosts a parameter server updates each shard as an optimizer step:
-    ``gpu.step_overhead`` makes every server update span that much longer (cores of
+    ``gpu.step_overhead_s`` makes every server update span that much longer (cores of
     their own, so nothing else stretches them)."""
     from simcore.records import UPDATE
 
     base = preset(cores=16)
     slow = copy.deepcopy(base)
-    slow["gpu"]["step_overhead"] = "2ms"
+    slow["gpu"]["step_overhead_s"] = "2ms"
 
     def updates(p: dict) -> list[float]:
         res = run(p, 2, scheme, record_spans=True)
@@ -624,7 +626,7 @@ def _isend(
 
     p = preset(cores=cores, message_cpu_s=2e-6, copy_cpu_s_per_byte=1e-9, wakeup_s=3e-3,
                isend_s=isend_s, posted_cpu_s=posted_cpu_s)  # fmt: skip
-    p["network"] = {k: v for k, v in p["network"].items() if k not in ("burst", "peak_bandwidth")}
+    p["network"] = {k: v for k, v in p["network"].items() if k not in SHAPING}
     topo = build_topology(TopologySpec(p, 2))
     env = Environment()
     net = DetailedNetwork(env, topo, chunk_bytes=64 << 10)

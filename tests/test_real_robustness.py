@@ -295,7 +295,7 @@ def test_sim_clean_reports_what_it_removed(tmp_path: Path, monkeypatch, capsys) 
 def test_each_real_command_cleans_up_after_dead_runs_first(
     args, patch, error, tmp_path: Path, monkeypatch, capsys
 ) -> None:
-    from realrun.calibrate import CalibrationError
+    from realrun.calibration import CalibrationError
     from realrun.launch import RankFailed
     from realrun.netns import NetnsUnavailable
 
@@ -305,7 +305,7 @@ def test_each_real_command_cleans_up_after_dead_runs_first(
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     monkeypatch.setenv("DTSIM_NETNS_PREFIX", f"dtc{secrets.token_hex(3)}")
-    monkeypatch.setattr(patch if patch != "cal" else "realrun.calibrate.calibrate", fail)
+    monkeypatch.setattr(patch if patch != "cal" else "realrun.calibration.run.calibrate", fail)
     dead = dead_tag()
     (tmp_path / f"dtsim-real-{dead}-x").mkdir()
     argv = [a.replace("{d}", str(tmp_path)) for a in args]

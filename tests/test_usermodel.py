@@ -485,8 +485,10 @@ def test_same_device_names() -> None:
 def _preset_file(tmp_path: Path, model: str, date: str) -> Path:
     base = Path(__file__).parent.parent / "simcore/presets/topologies/ethernet.yaml"
     text = base.read_text().replace(
-        "gpu: {model: V100, memory: 16GiB, memory_bandwidth: 900GB/s, peak_flops: 15.7e12}",
-        f'gpu: {{kind: cpu, model: "{model}", memory: 16GiB, memory_bandwidth: 20GB/s}}\n'
+        "gpu: {model: V100, memory_bytes: 16GiB, memory_bandwidth_bytes_per_s: 900GB/s,\n"
+        "      peak_flop_per_s: 15.7e12}",
+        f'gpu: {{kind: cpu, model: "{model}", memory_bytes: 16GiB,'
+        f" memory_bandwidth_bytes_per_s: 20GB/s}}\n"
         f'host: {{cores: 2}}\nmeasured: {{date: "{date}", cpu: "{model}"}}',
     )
     assert "kind: cpu" in text

@@ -238,13 +238,15 @@ def test_cli_without_root_for_netns_is_one_line(
 def test_cli_failed_calibration_is_one_line(
     capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from realrun import calibrate, netns
+    from realrun import netns
+    from realrun.calibration import CalibrationError
+    from realrun.calibration import run as calibration_run
 
     def fail(**_kw: Any) -> None:
-        raise calibrate.CalibrationError("the link CPU benchmark failed: rank 1 exited")
+        raise CalibrationError("the link CPU benchmark failed: rank 1 exited")
 
     monkeypatch.setattr(netns, "check_available", lambda: None)
-    monkeypatch.setattr(calibrate, "calibrate", fail)
+    monkeypatch.setattr(calibration_run, "calibrate", fail)
     code, _, err = run_main(capsys, "validate", "--quick", "--out", str(tmp_path / "v"))
     assert code == 1
     assert "link CPU benchmark failed" in err and len(err.strip().splitlines()) == 1
@@ -307,7 +309,7 @@ def test_a_cases_preset_takes_the_runs_step_and_messenger_costs(tmp_path: Path) 
         written = yaml.safe_load(fh)
     calibrated = load_preset(calibration)
     assert written["host"] == calibrated["host"]
-    assert written["gpu"]["memory_bandwidth"] == "4e+09B/s"
+    assert written["gpu"]["memory_bandwidth_bytes_per_s"] == "4e+09B/s"
     trace2 = str(tmp_path / "m-r1.json")
     update = {**update, "p2p_message_cpu_s": 3e-4}
     path = case_topology(str(tmp_path), calibration, trace2, update)

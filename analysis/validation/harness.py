@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from analysis.validation.matrix import Case, case_from_row
-from realrun.calibrate import segment_bytes
+from realrun.calibration.fits import segment_bytes
 from realrun.owner import temp_prefix
 from simcore.config import ConfigError
 
@@ -29,7 +29,7 @@ def sim_config(
     """The simulator's configuration of ``case``: the profiled trace on the calibrated
     preset (whose fitted link rate and latency are used as they are), no device
     rescaling, and the network cut into the calibration's chunks
-    (:func:`realrun.calibrate.segment_bytes`): a message crosses two shaped hops (its
+    (:func:`realrun.calibration.fits.segment_bytes`): a message crosses two shaped hops (its
     sender's link, then its receiver's), and TCP pipelines them segment by segment (or
     frame by frame), where 1 MiB chunks stored and forwarded would double a message's
     time."""

@@ -39,8 +39,8 @@ Calibrator = Callable[[float], Mapping[str, Any]]
 
 
 def default_calibrator(rate_bytes_per_s: float) -> Mapping[str, Any]:
-    """Calibrate the emulated cluster at this link rate (:mod:`realrun.calibrate`)."""
-    from realrun.calibrate import calibrate
+    """Calibrate the emulated cluster at this link rate (:mod:`realrun.calibration`)."""
+    from realrun.calibration.run import calibrate
 
     return calibrate(cluster="netns", bandwidth_bytes_per_s=rate_bytes_per_s)
 
@@ -58,7 +58,7 @@ def ensure_calibration(
     path = calibration_path(out_dir, rate_bytes_per_s)
     if os.path.exists(path):
         return path
-    from realrun.calibrate import write_calibration
+    from realrun.calibration.preset import write_calibration
 
     preset = dict(calibrator(rate_bytes_per_s))
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -68,7 +68,7 @@ def ensure_calibration(
 
 def pool_calibrations(out_dir: str) -> list[str]:
     """Fit the host's wake-up wait once over every calibration in ``out_dir``
-    (:func:`realrun.calibrate.pool_wakeup`) and write it into each of them; the files
+    (:func:`realrun.calibration.simfits.pool_wakeup`) and write it into each of them; the files
     that changed. The busy-cores benchmark behind it runs on unshaped links, so each
     bandwidth's calibration measures the same host property, and a single run of it
     moves with the machine's scheduling from one minute to the next (seen 1.55-2.1 ms
@@ -76,7 +76,8 @@ def pool_calibrations(out_dir: str) -> list[str]:
     the wait fitted to every run."""
     import yaml
 
-    from realrun.calibrate import pool_wakeup, write_calibration
+    from realrun.calibration.preset import write_calibration
+    from realrun.calibration.simfits import pool_wakeup
 
     paths = calibration_files(out_dir)
     presets = []
@@ -256,26 +257,27 @@ def case_topology(
     from ``source`` (``profile`` for a prediction, ``run`` for a replay), the rest from
     the run (a replay's alone)."""
     from analysis.resolve import load_preset
+    from simcore.preset_keys import canonical
 
-    preset = dict(load_preset(topology_file))
+    preset = canonical(load_preset(topology_file))  # keys by field name
     from realrun.calibrated import knob_sources
 
     measured = dict(preset.get("measured") or {})
     sources = dict(measured.get("sources") or knob_sources(preset))  # (older files: none)
-    sources["gpu.memory_bandwidth"] = sources["gpu.step_overhead"] = source
+    sources["gpu.memory_bandwidth_bytes_per_s"] = sources["gpu.step_overhead_s"] = source
     if "predict_overhead_s" in update:
-        sources["gpu.predict_overhead"] = "run"
+        sources["gpu.predict_overhead_s"] = "run"
     for key in ("p2p_message_cpu_s", "isend_s", "posted_cpu_s"):
         if key in update:
             sources[f"host.{key}"] = "run"
     preset["measured"] = {**measured, "sources": sources}
     preset["gpu"] = {
         **dict(preset.get("gpu") or {}),
-        "memory_bandwidth": f"{update['memory_bandwidth_bytes_per_s']:.6g}B/s",
-        "step_overhead": f"{update.get('step_overhead_s', 0.0) * 1e6:.6g}us",
+        "memory_bandwidth_bytes_per_s": f"{update['memory_bandwidth_bytes_per_s']:.6g}B/s",
+        "step_overhead_s": f"{update.get('step_overhead_s', 0.0) * 1e6:.6g}us",
     }
     if "predict_overhead_s" in update:
-        preset["gpu"]["predict_overhead"] = f"{update['predict_overhead_s'] * 1e6:.6g}us"
+        preset["gpu"]["predict_overhead_s"] = f"{update['predict_overhead_s'] * 1e6:.6g}us"
     for key in ("p2p_message_cpu_s", "isend_s", "posted_cpu_s"):
         if key in update:
             preset["host"] = {**dict(preset.get("host") or {}), key: float(update[key])}

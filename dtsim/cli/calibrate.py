@@ -126,13 +126,11 @@ def calibrate(
       sim calibrate --cluster local --repeats 3
       sim run --topology calib.yaml --gpus 2 --scheme dp --model mlp_small
     """
-    from realrun.calibrate import (
-        DEFAULT_SIZES_BYTES,
-        CalibrationError,
-        describe,
-        write_calibration,
-    )
-    from realrun.calibrate import calibrate as run_calibration
+    from realrun.calibration import CalibrationError
+    from realrun.calibration.preset import write_calibration
+    from realrun.calibration.report import describe
+    from realrun.calibration.run import DEFAULT_SIZES_BYTES
+    from realrun.calibration.run import calibrate as run_calibration
 
     rate = _rate(bandwidth)
     if rate is not None and cluster == "local":

@@ -50,7 +50,7 @@ def exit_code_and_message(
         return 2, " ".join(str(exc).split())
     if isinstance(exc, SimulationError):
         return 1, str(exc)
-    from realrun.calibrate import CalibrationError
+    from realrun.calibration import CalibrationError
     from realrun.job import JobError
     from realrun.launch import RankFailed
     from realrun.netns import NetnsUnavailable

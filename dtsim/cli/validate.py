@@ -271,6 +271,8 @@ def validate(
         try:
             load_preset(calibration)
         except ConfigError as exc:
+            if exc.field != "topology":  # a bad key in the file: named with the file
+                raise
             raise ConfigError("calibration", exc.value, exc.allowed) from None
     check_output_dir("--out", out)
     rate_at = None
@@ -626,7 +628,8 @@ def _validate_emulated(
         try:
             load_preset(calibration)
         except ConfigError as exc:
-            raise BadInput(exc.describe("--calibration")) from None
+            shown = "--calibration" if exc.field == "topology" else exc.field
+            raise BadInput(exc.describe(shown)) from None
     check_output_dir("--out", out)
     from dtsim.cli.clean import clean_stale
     from realrun.netns import check_available
