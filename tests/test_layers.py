@@ -158,3 +158,21 @@ def test_no_import_cycles_between_modules():
     packages = {n for n, p in paths.items() if p.name == "__init__.py"}
     cycles = find_cycles(import_graph(imports, packages))
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+MAX_MODULE_LINES = 1000
+"""Lines a module of ``analysis`` or ``realrun`` may have: more is a sign that it holds
+several things a reader would name apart (benchmarks, fits, report writing...)."""
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in modules() if p.relative_to(ROOT).parts[0] in ("analysis", "realrun")],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_analysis_and_realrun_modules_stay_small(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, (
+        f"{path.relative_to(ROOT)} has {lines} lines (at most {MAX_MODULE_LINES}): split it "
+        "along its seams"
+    )
