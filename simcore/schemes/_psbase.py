@@ -312,6 +312,8 @@ class ParameterServerScheme(Scheme):
         self.updating: dict[tuple[int, int, int], Callable[[], None]] = {}
         self.ready: set[tuple[int, int, int]] = set()
         self.pulls: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+        self.env = ctx.env
+        self.record_spans = ctx.config.record_spans
         pb = trace.param_bytes
         self.update_passes = ctx.update_passes
         for r in range(self.p):
@@ -560,8 +562,9 @@ class ParameterServerScheme(Scheme):
         k, _s, r, it = msg.payload
         layer = self.shards[k].layer
         key = (r, it, layer)
-        self.left[key] -= 1
-        if self.left[key]:
+        left = self.left[key] - 1
+        if left:
+            self.left[key] = left
             return
         del self.left[key]
         self.avail[r][layer] = it
@@ -605,10 +608,16 @@ class ParameterServerScheme(Scheme):
         if self.server_streams is not None:
             self.server_streams[s].submit(seconds, (kind, it))
             return math.nan
-        start = max(self.ctx.env.now, self.server_busy[s], self.server_busy[self.server_twin[s]])
+        busy = self.server_busy
+        start = self.env.now
+        if busy[s] > start:
+            start = busy[s]
+        twin = busy[self.server_twin[s]]
+        if twin > start:
+            start = twin
         end = start + seconds
-        self.server_busy[s] = end
-        if self.ctx.config.record_spans:
+        busy[s] = end
+        if self.record_spans:
             self.ctx.compute_log.append((self.server_name[s], kind, kind, start, end, it, -1, -1))
         return end
 
