@@ -68,6 +68,7 @@ from typing import Any, ClassVar
 
 from simpy import Event
 
+from simcore.clock import EventQueue, FastEvent
 from simcore.config import ConfigError, SimConfig, option
 from simcore.host import CpuStream
 from simcore.network import Message, ShadowLink
@@ -313,6 +314,7 @@ class ParameterServerScheme(Scheme):
         self.ready: set[tuple[int, int, int]] = set()
         self.pulls: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
         self.env = ctx.env
+        self._at = EventQueue(ctx.env).at
         self.record_spans = ctx.config.record_spans
         pb = trace.param_bytes
         self.update_passes = ctx.update_passes
@@ -626,9 +628,10 @@ class ParameterServerScheme(Scheme):
             done = _Finished(arg)
             self.server_streams[s].submit(seconds, (kind, it), lambda _end: then(done))
             return
-        env = self.ctx.env
-        ev = env.timeout(self._server_time(s, seconds, kind, it) - env.now, arg)
-        ev.callbacks.append(then)
+        # What env.timeout(end - now, arg) schedules (the same time and order), as a
+        # lighter event.
+        now = self.env.now
+        self._at(now + (self._server_time(s, seconds, kind, it) - now), _Finished(arg, [then]))
 
     def _push_arrived(self, msg: Message) -> None:
         k, s, r, it = msg.payload
@@ -753,12 +756,14 @@ class ParameterServerScheme(Scheme):
         return out
 
 
-class _Finished:
-    """What a server's finished work hands its continuation (an event's ``_value``)."""
+class _Finished(FastEvent):
+    """A server's finished work: the event its continuation runs on, handing it
+    ``value`` as a SimPy timeout's ``_value`` (see :mod:`simcore.clock`)."""
 
     __slots__ = ("_value",)
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, value: Any, callbacks: list[Callable[[Any], None]] | None = None) -> None:
+        super().__init__(callbacks)
         self._value = value
 
 
