@@ -161,8 +161,7 @@ def main() -> None:
         sched_rates.append(r.events / r.wall_s)
         raw_rates.append(raw_simpy_rate())
     med = statistics.median
-    print(f"command            sim run {' '.join(args)}")
-    print("bytecode           the project's packages byte-compiled first, as pip install does")
+    print(f"command            sim run {' '.join(args)} (the project byte-compiled first)")
     wall, cpu = [w for w, _ in e2e], [c for _, c in e2e]
     bare_wall, bare_cpu = [w for w, _ in bare], [c for _, c in bare]
     print(
