@@ -18,7 +18,13 @@
    the same process right after each run of (2), so that both see the same machine state.
 
 Prints the ratios of (2) to (3): the median over the back-to-back pairs (robust to a
-machine whose speed drifts) and best over best. Usage::
+machine whose speed drifts) and best over best, and ends with a pass or fail against the
+two targets of the main job (:data:`TARGET_END_TO_END`, :data:`TARGET_EVENT_RATIO`).
+
+Before timing, the project's packages are byte-compiled (what ``pip install`` does), so
+that ``sim`` loads its modules from bytecode as the bare start loads its libraries; a
+shell with ``PYTHONDONTWRITEBYTECODE`` set would otherwise compile them at every start.
+Usage::
 
     python bench/bench_run.py [--repeats 7] [--args "--gpus 8 --scheme p3"]
 """
@@ -26,6 +32,7 @@ machine whose speed drifts) and best over best. Usage::
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import resource
 import shlex
@@ -36,9 +43,20 @@ import time
 
 import simpy
 
+import analysis
+import dtsim
+import simcore
+import traces
 from dtsim.resolve import build_config
 from dtsim.spec import RunSpec, apply_settings
 from simcore import simulate
+
+TARGET_END_TO_END = 2.5
+"""The main job end to end takes at most this many times the bare start (wall, median of
+the pairs)."""
+TARGET_EVENT_RATIO = 0.25
+"""``simulate()`` processes model events at least this share of raw SimPy's rate (median
+of the pairs)."""
 
 
 def sim_executable() -> list[str]:
@@ -65,6 +83,21 @@ def _timed(cmd: list[str]) -> tuple[float, float]:
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def byte_compile() -> None:
+    """Byte-compile the project's packages where ``sim`` imports them from (into their
+    ``__pycache__``, as an installed package has them)."""
+    for package in (dtsim, simcore, traces, analysis):
+        for folder in package.__path__:
+            compileall.compile_dir(folder, quiet=1)
+
+
+def verdict(label: str, value: float, target: float, at_most: bool) -> str:
+    """One line saying whether ``value`` meets ``target`` (``at_most``: an upper bound)."""
+    ok = value <= target if at_most else value >= target
+    bound = "at most" if at_most else "at least"
+    return f"{label:18s} {value:.2f}x, target {bound} {target:.2f}x: {'PASS' if ok else 'FAIL'}"
 
 
 def end_to_end(
@@ -116,6 +149,7 @@ def main() -> None:
     opts = ap.parse_args()
     args = shlex.split(opts.args)
 
+    byte_compile()
     e2e, bare = end_to_end(args, opts.repeats)
     config = build_config(spec_from_args(args), record_spans=False)
     simulate(config)  # warm caches (trace, routes are per run anyway)
@@ -127,7 +161,7 @@ def main() -> None:
         sched_rates.append(r.events / r.wall_s)
         raw_rates.append(raw_simpy_rate())
     med = statistics.median
-    print(f"command            sim run {' '.join(args)}")
+    print(f"command            sim run {' '.join(args)} (the project byte-compiled first)")
     wall, cpu = [w for w, _ in e2e], [c for _, c in e2e]
     bare_wall, bare_cpu = [w for w, _ in bare], [c for _, c in bare]
     print(
@@ -138,9 +172,10 @@ def main() -> None:
         f"bare start         median {med(bare_wall):.3f} s, CPU {med(bare_cpu):.3f} s "
         "(python -c 'import simpy, numpy, yaml, click')"
     )
+    e2e_ratio = med(x / y for x, y in zip(wall, bare_wall, strict=True))
     print(
-        f"end to end / bare  {med(x / y for x, y in zip(wall, bare_wall)):.2f}x wall, "
-        f"{med(x / y for x, y in zip(cpu, bare_cpu)):.2f}x CPU (medians of the pairs)"
+        f"end to end / bare  {e2e_ratio:.2f}x wall, "
+        f"{med(x / y for x, y in zip(cpu, bare_cpu, strict=True)):.2f}x CPU (medians of the pairs)"
     )
     print(
         f"simulate()         median {med(r.events / x for x in sched_rates) * 1e3:.1f} ms "
@@ -149,16 +184,19 @@ def main() -> None:
     print(
         f"raw SimPy          {med(raw_rates):,.0f} timeouts/s (median; best {max(raw_rates):,.0f})"
     )
+    paired = {}
     for label, count, rates in (
         ("model events", r.model_events, model_rates),
         ("scheduler events", r.events, sched_rates),
     ):
-        paired = med(x / y for x, y in zip(rates, raw_rates, strict=True))
+        paired[label] = med(x / y for x, y in zip(rates, raw_rates, strict=True))
         print(
             f"{label:18s} {count:,} per run, {med(rates):,.0f}/s (median); "
-            f"ratio to raw SimPy {paired:.2f} (median of pairs), "
+            f"ratio to raw SimPy {paired[label]:.2f} (median of pairs), "
             f"{max(rates) / max(raw_rates):.2f} (best/best)"
         )
+    print(verdict("target end to end", e2e_ratio, TARGET_END_TO_END, at_most=True))
+    print(verdict("target event rate", paired["model events"], TARGET_EVENT_RATIO, at_most=False))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ needs SimPy 4's ``Environment._queue`` and ``Environment._eid``, and events shap
 ``Environment.step`` reads them (``callbacks``, ``_ok``, ``_value``).
 
 Everything private is here: :class:`FastEvent` (the event shape), :class:`EventQueue`
-(pushing, with the check SimPy does, that nothing is scheduled in the past) and
+(pushing, with the check SimPy does, that nothing is scheduled in the past),
+:func:`run_to_end` (``Environment.run()`` without a method call per event) and
 :func:`scheduled_events` (SimPy's event counter). :func:`check_simpy` verifies the
 internals; ``tests/test_clock.py`` runs it, so a SimPy release that changes them fails
 the tests loudly. The SimPy releases this was tested with are pinned in
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from heapq import heappush
+from heapq import heappop, heappush
 from typing import Any
 
 import simpy
@@ -78,6 +79,24 @@ class EventQueue:
         heappush(self._heap, (time_s, NORMAL, next(self._ids), event))
 
 
+def run_to_end(env: Environment) -> None:
+    """Process ``env``'s events until none is left: what ``env.run()`` does, event by
+    event the way ``Environment.step`` does it (the clock set to the event's time, its
+    callbacks called in order, a failed event that nothing defused raised as a copy of
+    its exception), in one loop instead of a method call per event."""
+    queue = env._queue
+    pop = heappop
+    while queue:
+        env._now, _, _, event = pop(queue)
+        callbacks, event.callbacks = event.callbacks, None
+        for callback in callbacks:
+            callback(event)
+        if not event._ok and not hasattr(event, "_defused"):
+            exc = type(event._value)(*event._value.args)
+            exc.__cause__ = event._value
+            raise exc
+
+
 def scheduled_events(env: Environment) -> int:
     """Events ``env`` has scheduled so far (SimPy numbers them; the counter is internal);
     ``-1`` when this SimPy does not say."""
@@ -85,31 +104,40 @@ def scheduled_events(env: Environment) -> int:
     return next(ids) if isinstance(ids, itertools.count) else -1
 
 
-def check_simpy() -> None:
-    """Check that SimPy's internals are what this module relies on: events pushed here
-    interleave with SimPy's own in the order ``env.schedule`` gives, at the right times,
-    and a past time is refused. Raises :class:`SimPyInternalsChanged` otherwise."""
+def _fired_order(
+    run: Callable[[Environment], Any],
+) -> tuple[list[tuple[str, float]], Environment]:
+    """Fast events and a SimPy timeout at the same and at earlier times, run by ``run``:
+    the order and times they fired in, and the environment."""
     env = Environment()
     queue = EventQueue(env)
     fired: list[tuple[str, float]] = []
-    fast = FastEvent([lambda ev: fired.append(("fast", env.now))])
-    queue.at(2.0, fast)
+    queue.at(2.0, FastEvent([lambda ev: fired.append(("fast", env.now))]))
     timeout = env.timeout(2.0)
     timeout.callbacks.append(lambda ev: fired.append(("timeout", env.now)))
-    early = FastEvent([lambda ev: fired.append(("early", env.now))])
-    queue.at(1.0, early)
-    env.run()
+    queue.at(1.0, FastEvent([lambda ev: fired.append(("early", env.now))]))
+    run(env)
+    return fired, env
+
+
+def check_simpy() -> None:
+    """Check that SimPy's internals are what this module relies on: events pushed here
+    interleave with SimPy's own in the order ``env.schedule`` gives, at the right times,
+    under ``env.run()`` and :func:`run_to_end` alike, and a past time is refused. Raises
+    :class:`SimPyInternalsChanged` otherwise."""
     want = [("early", 1.0), ("fast", 2.0), ("timeout", 2.0)]
-    if fired != want:
-        raise SimPyInternalsChanged(
-            f"SimPy {simpy.__version__}: events fired as {fired}, expected {want}"
-        )
-    if env.now != 2.0 or scheduled_events(env) != 3:
-        raise SimPyInternalsChanged(
-            f"SimPy {simpy.__version__}: clock or event counter not where expected"
-        )
+    for run in (Environment.run, run_to_end):
+        fired, env = _fired_order(run)
+        if fired != want:
+            raise SimPyInternalsChanged(
+                f"SimPy {simpy.__version__}: events fired as {fired}, expected {want}"
+            )
+        if env.now != 2.0 or scheduled_events(env) != 3:
+            raise SimPyInternalsChanged(
+                f"SimPy {simpy.__version__}: clock or event counter not where expected"
+            )
     try:
-        queue.at(1.5, FastEvent())
+        EventQueue(env).at(1.5, FastEvent())
     except ValueError:
         return
     raise SimPyInternalsChanged("a past time was accepted")

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import gc
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from operator import attrgetter
 from typing import Any
 
 from simpy import Environment
 from simpy.core import EmptySchedule
 
 import simcore.metrics as metrics
-from simcore.clock import scheduled_events
+from simcore.clock import run_to_end, scheduled_events
 from simcore.collectives import Collectives
 from simcore.config import ConfigError, SimConfig
 from simcore.device import Gpu, JitteryGpu, LogNormalFactors
@@ -52,6 +54,15 @@ def simulate(config: SimConfig, progress: Callable[[float], None] | None = None)
     :class:`SimulationError` if the scheme stalls.
     """
     wall0 = time.perf_counter()
+    with _gc_paused():
+        return _simulate(config, progress, wall0)
+
+
+def _simulate(
+    config: SimConfig, progress: Callable[[float], None] | None, wall0: float
+) -> RunResult:
+    """:func:`simulate`'s work, with the garbage collector paused by the caller: when
+    this returns, the run's objects are unreachable (see :func:`_gc_paused`)."""
     cls = get_scheme(config.scheme)
     options = config.options if config.options is not None else cls.Options()
     if not isinstance(options, cls.Options):
@@ -112,18 +123,22 @@ def simulate(config: SimConfig, progress: Callable[[float], None] | None = None)
     ctx.cpu_pool_of = pool_of
     scheme = cls(ctx)
     scheme.start()
-    with _gc_paused():
-        _run(env, None if progress is None else lambda: progress(_share_done(ctx.iteration_end)))
-        events = scheduled_events(env)
-        scheme.finish()
-        for it, row in enumerate(ctx.iteration_end):
-            for r, t in enumerate(row):
-                if t < 0:
-                    raise SimulationError(
-                        f"scheme {cls.name!r} stalled: rank {r} never finished iteration "
-                        f"{it} (simulated time {env.now:.6g} s)"
-                    )
-        return _result(config, cls.name, scheme, ctx, topology, trace, events, wall0)
+    _run(env, None if progress is None else lambda: progress(_share_done(ctx.iteration_end)))
+    events = scheduled_events(env)
+    scheme.finish()
+    for it, row in enumerate(ctx.iteration_end):
+        for r, t in enumerate(row):
+            if t < 0:
+                raise SimulationError(
+                    f"scheme {cls.name!r} stalled: rank {r} never finished iteration "
+                    f"{it} (simulated time {env.now:.6g} s)"
+                )
+    result = _result(config, cls.name, scheme, ctx, topology, trace, events, wall0)
+    # The messages are most of the run's objects; they sit in reference cycles (their
+    # callbacks hold the scheme, which holds the network that lists them), so released
+    # here they are freed at once instead of by a collection that walks them all.
+    ctx.net.messages.clear()
+    return result
 
 
 def cpu_pools(env: Environment, topology: Topology) -> Callable[[int], CpuPool]:
@@ -160,11 +175,12 @@ def _share_done(iteration_end: list[list[float]]) -> float:
 
 @contextmanager
 def _gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while a simulation runs and its metrics
-    are computed: a large simulation keeps millions of records alive, and every full
-    collection would walk them all (the run makes almost no reference cycles; reference
-    counting frees the rest). Measured on ``sim run --gpus 8 --scheme p3``: collections
-    triggered while the records were turned into metrics took 0.1-0.15 s of its 0.6-0.8."""
+    """Pause Python's cyclic garbage collector for a whole simulation, set-up, run and
+    metrics: a large simulation keeps millions of objects alive, and every collection
+    would walk all those made since the last one, only to find them alive. The
+    collector resumes once :func:`_simulate` has returned, when the run's objects are
+    unreachable: the first collection then finds what cycles keep of them at once,
+    instead of first promoting them all and walking them again later."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -177,7 +193,7 @@ def _gc_paused() -> Iterator[None]:
 def _run(env: Environment, report: Callable[[], None] | None = None) -> None:
     """Run to the end; with ``report``, call it every :data:`PROGRESS_EVERY` events."""
     if report is None:
-        env.run()
+        run_to_end(env)
         return
     step = env.step
     try:
@@ -189,14 +205,24 @@ def _run(env: Environment, report: Callable[[], None] | None = None) -> None:
         report()
 
 
+_NBYTES = attrgetter("nbytes")
+_ITERATION = attrgetter("iteration")
+_HOPS = attrgetter("hops")
+
+
 def collect_records(ctx: SimContext) -> RunRecords:
     """The records of a finished run that the metrics are computed from (see
     :class:`~simcore.records.RunRecords`)."""
     chunk = getattr(ctx.net, "chunk_bytes", 0)
     messages = ctx.net.messages
-    transfers = [(m.nbytes, m.iteration) for m in messages]
-    chunks = tuple(
-        max(1, len(m.hops) * -(-m.nbytes // chunk)) if chunk and m.hops else 1 for m in messages
+    # Per message in C loops (a run has hundreds of thousands); chunk transfers from
+    # the messages' distinct (hops, bytes) pairs.
+    sizes = list(map(_NBYTES, messages))
+    transfers = list(zip(sizes, map(_ITERATION, messages)))
+    shapes = Counter(zip(map(len, map(_HOPS, messages)), sizes))
+    chunks = sum(
+        count * (max(1, hops * -(-nbytes // chunk)) if chunk and hops else 1)
+        for (hops, nbytes), count in shapes.items()
     )
     closed_form = 0
     if ctx.coll.analytic:
@@ -213,7 +239,7 @@ def collect_records(ctx: SimContext) -> RunRecords:
             for link, sent, recv, busy in ctx.net.link_bytes()
         ),
         transfers=tuple(transfers),
-        message_chunks=chunks,
+        chunk_transfers=chunks,
         closed_form_collectives=closed_form,
         traffic_scale=ctx.traffic_scale,
         peak_memory_bytes=tuple(g.memory.peak for g in ctx.gpus),

@@ -128,4 +128,4 @@ def model_events(records: RunRecords) -> int:
     message reaching the end of a link (a whole message in the analytic model, which has
     no chunks; one per collective computed in closed form). A run of layers or a one-hop
     message costs the scheduler one event but is as many model events as it simulates."""
-    return sum(records.ops) + sum(records.message_chunks) + records.closed_form_collectives
+    return sum(records.ops) + records.chunk_transfers + records.closed_form_collectives

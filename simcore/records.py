@@ -97,8 +97,8 @@ class RunRecords(NamedTuple):
         transfers: ``(payload bytes, iteration)`` of every message, in the order sent,
             then of every multi-rank collective computed in closed form (analytic
             fidelity), at the bytes its algorithm's messages would carry.
-        message_chunks: per message, the chunk transfers it took (hops times chunks; one
-            for a message of the analytic model or without hops).
+        chunk_transfers: chunk transfers of all messages (per message, hops times
+            chunks; one for a message of the analytic model or without hops).
         closed_form_collectives: multi-rank collectives computed in one event.
         traffic_scale: real payload bytes per simulated byte (mirrored clusters).
         peak_memory_bytes: per rank, the peak of its memory account.
@@ -112,7 +112,7 @@ class RunRecords(NamedTuple):
     ops: tuple[int, ...]
     links: tuple[LinkRecord, ...]
     transfers: tuple[tuple[int, int], ...]
-    message_chunks: tuple[int, ...]
+    chunk_transfers: int
     closed_form_collectives: int
     traffic_scale: float
     peak_memory_bytes: tuple[float, ...]

@@ -11,7 +11,14 @@ import pytest
 import simpy
 from simpy import Environment
 
-from simcore.clock import TESTED_SIMPY, EventQueue, FastEvent, check_simpy, scheduled_events
+from simcore.clock import (
+    TESTED_SIMPY,
+    EventQueue,
+    FastEvent,
+    check_simpy,
+    run_to_end,
+    scheduled_events,
+)
 from simcore.device import Gpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,3 +83,58 @@ def test_only_the_clock_module_touches_simpy_internals():
             if isinstance(node, ast.Attribute) and node.attr in PRIVATE:
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
     assert not offenders, offenders
+
+
+def _story(env: Environment, log: list[tuple[float, str]]) -> None:
+    """Two processes, a shared event and fast events: what run_to_end must replay."""
+    queue = EventQueue(env)
+    signal = env.event()
+
+    def waiter():
+        value = yield signal
+        log.append((env.now, f"woken with {value}"))
+        yield env.timeout(0.5)
+        log.append((env.now, "waiter done"))
+
+    def worker():
+        for i in range(3):
+            yield env.timeout(1.0)
+            log.append((env.now, f"tick {i}"))
+        signal.succeed("go")
+        done = FastEvent([lambda _ev: log.append((env.now, "fast"))])
+        queue.at(env.now + 0.25, done)
+
+    env.process(waiter())
+    env.process(worker())
+
+
+def test_run_to_end_replays_env_run_event_by_event():
+    logs = []
+    for run in (Environment.run, run_to_end):
+        env = Environment()
+        log: list[tuple[float, str]] = []
+        _story(env, log)
+        run(env)
+        logs.append((log, env.now, scheduled_events(env)))
+    assert logs[0] == logs[1]
+    assert logs[1][0] == [
+        (1.0, "tick 0"),
+        (2.0, "tick 1"),
+        (3.0, "tick 2"),
+        (3.0, "woken with go"),
+        (3.25, "fast"),
+        (3.5, "waiter done"),
+    ]
+
+
+def test_run_to_end_raises_what_a_process_raised_as_env_run_does():
+    def broken(env):
+        yield env.timeout(1.0)
+        raise KeyError("no such shard")
+
+    for run in (Environment.run, run_to_end):
+        env = Environment()
+        env.process(broken(env))
+        with pytest.raises(KeyError, match="no such shard"):
+            run(env)
+        assert env.now == 1.0

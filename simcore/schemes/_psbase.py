@@ -68,6 +68,7 @@ from typing import Any, ClassVar
 
 from simpy import Event
 
+from simcore.clock import EventQueue, FastEvent
 from simcore.config import ConfigError, SimConfig, option
 from simcore.host import CpuStream
 from simcore.network import Message, ShadowLink
@@ -335,6 +336,9 @@ class ParameterServerScheme(Scheme):
         self.updating: dict[tuple[int, int, int], Callable[[], None]] = {}
         self.ready: set[tuple[int, int, int]] = set()
         self.pulls: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+        self.env = ctx.env
+        self._at = EventQueue(ctx.env).at
+        self.record_spans = ctx.config.record_spans
         pb = trace.param_bytes
         self.update_passes = ctx.update_passes
         for r in range(self.p):
@@ -583,8 +587,9 @@ class ParameterServerScheme(Scheme):
         k, _s, r, it = msg.payload
         layer = self.shards[k].layer
         key = (r, it, layer)
-        self.left[key] -= 1
-        if self.left[key]:
+        left = self.left[key] - 1
+        if left:
+            self.left[key] = left
             return
         del self.left[key]
         self.avail[r][layer] = it
@@ -628,10 +633,16 @@ class ParameterServerScheme(Scheme):
         if self.server_streams is not None:
             self.server_streams[s].submit(seconds, (kind, it))
             return math.nan
-        start = max(self.ctx.env.now, self.server_busy[s], self.server_busy[self.server_twin[s]])
+        busy = self.server_busy
+        start = self.env.now
+        if busy[s] > start:
+            start = busy[s]
+        twin = busy[self.server_twin[s]]
+        if twin > start:
+            start = twin
         end = start + seconds
-        self.server_busy[s] = end
-        if self.ctx.config.record_spans:
+        busy[s] = end
+        if self.record_spans:
             self.ctx.compute_log.append((self.server_name[s], kind, kind, start, end, it, -1, -1))
         return end
 
@@ -640,9 +651,10 @@ class ParameterServerScheme(Scheme):
             done = _Finished(arg)
             self.server_streams[s].submit(seconds, (kind, it), lambda _end: then(done))
             return
-        env = self.ctx.env
-        ev = env.timeout(self._server_time(s, seconds, kind, it) - env.now, arg)
-        ev.callbacks.append(then)
+        # What env.timeout(end - now, arg) schedules (the same time and order), as a
+        # lighter event.
+        now = self.env.now
+        self._at(now + (self._server_time(s, seconds, kind, it) - now), _Finished(arg, [then]))
 
     def _push_arrived(self, msg: Message) -> None:
         k, s, r, it = msg.payload
@@ -767,12 +779,14 @@ class ParameterServerScheme(Scheme):
         return out
 
 
-class _Finished:
-    """What a server's finished work hands its continuation (an event's ``_value``)."""
+class _Finished(FastEvent):
+    """A server's finished work: the event its continuation runs on, handing it
+    ``value`` as a SimPy timeout's ``_value`` (see :mod:`simcore.clock`)."""
 
     __slots__ = ("_value",)
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, value: Any, callbacks: list[Callable[[Any], None]] | None = None) -> None:
+        super().__init__(callbacks)
         self._value = value
 
 
