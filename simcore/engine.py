@@ -225,7 +225,7 @@ def collect_records(ctx: SimContext) -> RunRecords:
         for (hops, nbytes), count in shapes.items()
     )
     closed_form = 0
-    if ctx.coll.analytic:
+    if ctx.coll.transport.closed_form:  # collectives that sent no messages
         for op, ranks, n, _s, _e, it, _tag in ctx.coll.records:
             if len(ranks) > 1:
                 transfers.append((round(ctx.coll.payload_factor(op, ranks) * n), it))

@@ -228,6 +228,15 @@ def test_utilisation_counts_wall_time_of_shared_cores():
     assert all(0.0 <= u <= 1.0 + 1e-9 for u in r.per_gpu_utilization)
 
 
+@pytest.mark.parametrize("scheme", ["dp", "gossip"])
+def test_cpu_hosts_count_a_collectives_bytes_once_in_either_fidelity(scheme):
+    # On CPU hosts a collective runs as messages in the analytic fidelity too, so its
+    # bytes are the messages' alone: the same as the detailed model's.
+    detailed = run(preset(), 4, scheme, fidelity="detailed")
+    analytic = run(preset(), 4, scheme, fidelity="analytic")
+    assert analytic.comm_bytes_total == detailed.comm_bytes_total > 0
+
+
 def test_gloo_segments_follow_its_rule():
     g = GlooSpec()
     assert g.segments(100, 4) == 8  # at least two per rank
