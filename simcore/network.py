@@ -401,9 +401,13 @@ class DetailedNetwork(Network):
         n = msg.nbytes
         c = self.chunk_bytes
         if self._queued:
+            cb = self._on_prio_arrival
+            if n <= c:  # one chunk (most messages): what the loops below do for it
+                msg.chunks_left = 1
+                self._enqueue(_ChunkArrival(cb, msg, 0, n))
+                return
             full, last = divmod(n, c)
             msg.chunks_left = full + (1 if last else 0)
-            cb = self._on_prio_arrival
             for _ in range(full):
                 self._enqueue(_ChunkArrival(cb, msg, 0, c))
             if last:
@@ -560,6 +564,13 @@ class DetailedNetwork(Network):
         queue = st.queue
         while queue and st.free_at <= now:
             start = st.free_at
+            if queue[0][3] <= start:
+                # The best chunk had queued by the start (the usual case): nothing to set
+                # aside and put back, as below.
+                _, tag, _, _, ev = heapq.heappop(queue)
+                st.vtime = tag
+                self._serve(st, ev, start)
+                continue
             later = []
             while queue and queue[0][3] > start:
                 later.append(heapq.heappop(queue))
