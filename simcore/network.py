@@ -212,7 +212,9 @@ class _ChunkArrival(FastEvent):
 
     A minimal event (see :mod:`simcore.clock`): chunk hops are the most frequent events
     of the detailed model, and nothing ever yields them, so they skip the general
-    :class:`simpy.events.Event` machinery.
+    :class:`simpy.events.Event` machinery. On queued links one event carries a chunk
+    over its whole route, scheduled again for each hop, and stands for it in a queue
+    (see ``DetailedNetwork._enqueue``).
     """
 
     __slots__ = ("hop", "msg", "size")
@@ -399,12 +401,17 @@ class DetailedNetwork(Network):
         n = msg.nbytes
         c = self.chunk_bytes
         if self._queued:
+            cb = self._on_prio_arrival
+            if n <= c:  # one chunk (most messages): what the loops below do for it
+                msg.chunks_left = 1
+                self._enqueue(_ChunkArrival(cb, msg, 0, n))
+                return
             full, last = divmod(n, c)
             msg.chunks_left = full + (1 if last else 0)
             for _ in range(full):
-                self._enqueue(msg, 0, c)
+                self._enqueue(_ChunkArrival(cb, msg, 0, c))
             if last:
-                self._enqueue(msg, 0, last)
+                self._enqueue(_ChunkArrival(cb, msg, 0, last))
             return
         # FIFO: the first hop's departures are known now.
         st = msg.hops[0]
@@ -491,6 +498,13 @@ class DetailedNetwork(Network):
     # come. Later chunks cannot jump into a service that had started before they came,
     # and every chunk and hop costs exactly one event.
     #
+    # A chunk has one event for its whole route (its injection makes it): the event of
+    # its arrival at a link is what waits in that link's queue, and serving the chunk
+    # schedules the same event again, ``hop`` one on, for the end of the link. Nothing
+    # else holds chunk events (nobody yields them) and the clock is done with an event
+    # once its callback has run, so scheduling it again is safe; it saves an object
+    # per chunk and hop.
+    #
     # Fair sharing is start-time fair queueing over flows (a source and a destination
     # device: one TCP connection): a chunk's start tag is the larger of the link's
     # virtual time (the tag of the chunk in service) and its flow's last finish tag,
@@ -510,19 +524,27 @@ class DetailedNetwork(Network):
         finish[flow] = start + size
         return start
 
-    def _enqueue(self, msg: Message, hop: int, size: int) -> None:
-        st = msg.hops[hop]
+    def _enqueue(self, ev: _ChunkArrival) -> None:
+        """Chunk ``ev`` (its message's chunk of ``ev.size`` bytes) comes to hop
+        ``ev.hop`` of its route now: served at once if the link is idle, else queued."""
+        msg = ev.msg
+        st = msg.hops[ev.hop]
         now = self.env.now
         idle = st.free_at <= now and not st.queue
-        tag = self._tag(st, msg, size, idle) if self.fair else 0.0
+        tag = self._tag(st, msg, ev.size, idle) if self.fair else 0.0
         if idle:
             st.vtime = tag
-            self._serve(st, msg, hop, size, now)
+            self._serve(st, ev, now)
             return
         st.seq += 1
-        heapq.heappush(st.queue, (msg.priority, tag, st.seq, now, msg, hop, size))
+        heapq.heappush(st.queue, (msg.priority, tag, st.seq, now, ev))
 
-    def _serve(self, st: LinkState, msg: Message, hop: int, size: int, start: float) -> None:
+    def _serve(self, st: LinkState, ev: _ChunkArrival, start: float) -> None:
+        """Put chunk ``ev`` on link ``st`` (its hop ``ev.hop``) at ``start``; ``ev`` fires
+        again at the end of the link, for the next hop."""
+        msg = ev.msg
+        hop = ev.hop
+        size = ev.size
         if msg.start_s < 0:
             msg.start_s = start
         st.sent_bytes += size
@@ -531,7 +553,9 @@ class DetailedNetwork(Network):
         else:
             end = self._transmit(st, msg, hop, start, size)
         st.free_at = end
-        self._at(end + st.latency, _ChunkArrival(self._on_prio_arrival, msg, hop + 1, size))
+        ev.hop = hop + 1
+        ev.callbacks = [self._on_prio_arrival]
+        self._at(end + st.latency, ev)
 
     def _advance(self, st: LinkState, now: float) -> None:
         """Start, on free link ``st``, every service that begins by ``now``: each one takes
@@ -540,36 +564,55 @@ class DetailedNetwork(Network):
         queue = st.queue
         while queue and st.free_at <= now:
             start = st.free_at
+            if queue[0][3] <= start:
+                # The best chunk had queued by the start (the usual case): nothing to set
+                # aside and put back, as below.
+                _, tag, _, _, ev = heapq.heappop(queue)
+                st.vtime = tag
+                self._serve(st, ev, start)
+                continue
             later = []
             while queue and queue[0][3] > start:
                 later.append(heapq.heappop(queue))
             if queue:
-                _, tag, _, _, msg, hop, size = heapq.heappop(queue)
+                _, tag, _, _, ev = heapq.heappop(queue)
             else:  # the link went idle until the first of the later chunks came
                 first = min(later, key=lambda e: (e[3], e[2]))
                 later.remove(first)
-                _, tag, _, start, msg, hop, size = first
+                _, tag, _, start, ev = first
             for entry in later:
                 heapq.heappush(queue, entry)
             st.vtime = tag
-            self._serve(st, msg, hop, size, start)
+            self._serve(st, ev, start)
 
     def _arrive_prio(self, ev: _ChunkArrival) -> None:
         msg = ev.msg
         hop = ev.hop
-        prev = msg.hops[hop - 1]
-        prev.recv_bytes += ev.size
+        size = ev.size
+        hops = msg.hops
+        prev = hops[hop - 1]
+        prev.recv_bytes += size
         now = self.env.now
         if prev.queue and prev.free_at <= now:
             self._advance(prev, now)
-        if hop == len(msg.hops):
+        if hop == len(hops):
             if msg.on_bytes is not None:
-                msg.on_bytes(ev.size)
+                msg.on_bytes(size)
             msg.chunks_left -= 1
-            if msg.chunks_left == 0:
-                self._complete(msg)
+            if msg.chunks_left == 0:  # _complete, written out
+                msg.end_s = now
+                if msg.on_arrival is not None:
+                    msg.on_arrival(msg)
             return
-        self._enqueue(msg, hop, ev.size)
+        st = hops[hop]
+        if self.fair or st.queue or st.free_at > now:
+            self._enqueue(ev)
+            return
+        # Fast path, the most frequent event of a priority network: the next link is
+        # idle and nobody queues for it, so the chunk goes on at once, as _enqueue would
+        # serve it (without fair sharing there is no start tag and the virtual time
+        # stays 0).
+        self._serve(st, ev, now)
 
 
 def reserve_cut_through(

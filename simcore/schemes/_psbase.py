@@ -755,19 +755,36 @@ class ParameterServerScheme(Scheme):
 
     def _send_value(self, k: int, s: int, r: int, it: int, nbytes: int) -> None:
         sh = self.shards[k]
+        src, dst = self.server_dev[s], self.ctx.topology.gpus[r]
+        tag, payload = f"pull L{sh.layer}", (k, s, r, it)
+        if self.group_mult is None:
+            # A plain message, sent in one call as _push sends (what _send would do,
+            # without its two calls and its keyword packing: a value per worker and slice)
+            self.ctx.transport.send(
+                src,
+                dst,
+                nbytes,
+                self._value_arrived,
+                priority=sh.priority,
+                tag=tag,
+                rank_dst=r,
+                iteration=it,
+                payload=payload,
+            )
+            return
         self._send(
-            self.server_dev[s],
-            self.ctx.topology.gpus[r],
+            src,
+            dst,
             nbytes,
             self._value_arrived,
             k,
             s,
             r,
             False,
-            tag=f"pull L{sh.layer}",
+            tag=tag,
             rank_dst=r,
             iteration=it,
-            payload=(k, s, r, it),
+            payload=payload,
         )
 
     def extra_metrics(self) -> dict[str, Any]:
