@@ -393,9 +393,17 @@ class DetailedNetwork(Network):
         self.fair = topology.link_sharing == "fair"
         self.lead_s = topology.link_lead_s
         self._queued = priority or self.fair
-        self._at = EventQueue(env).at
+        queue = EventQueue(env)
+        self._at = queue.at
+        # _serve's push: unchecked where no link's latency is negative (see there)
+        self._push = queue.push if all(st.latency >= 0 for st in self.state) else queue.at
         self._on_fifo_arrival = self._arrive_fifo
         self._on_prio_arrival = self._arrive_prio
+        # One callbacks list for every chunk event served on a priority network (see
+        # _serve): the clock swaps an event's list out before calling it and nothing
+        # adds to a chunk event's callbacks, so sharing it is safe and saves a list per
+        # hop.
+        self._prio_callbacks = [self._arrive_prio]
 
     def _inject(self, msg: Message) -> None:
         n = msg.nbytes
@@ -554,8 +562,13 @@ class DetailedNetwork(Network):
             end = self._transmit(st, msg, hop, start, size)
         st.free_at = end
         ev.hop = hop + 1
-        ev.callbacks = [self._on_prio_arrival]
-        self._at(end + st.latency, ev)
+        ev.callbacks = self._prio_callbacks
+        # Pushed without the clock's past-time check, which never fails here: ``start``
+        # is now, a chunk's arrival (by now) or when the link came free, which is at
+        # least when the chunk that just crossed it left (``now - latency``, what
+        # _advance is called on); the end is not before ``start``, and the latency not
+        # negative (a topology with one that is keeps the check, and its ValueError).
+        self._push(end + st.latency, ev)
 
     def _advance(self, st: LinkState, now: float) -> None:
         """Start, on free link ``st``, every service that begins by ``now``: each one takes

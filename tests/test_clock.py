@@ -67,6 +67,21 @@ def test_fast_events_count_as_simpy_events():
     assert scheduled_events(env) == 3
 
 
+def test_push_is_at_without_the_check():
+    # The same tuple on the same heap as at (the same order and event ids), but a past
+    # time is the caller's to rule out.
+    env = Environment()
+    checked, unchecked = EventQueue(env), EventQueue(env)
+    a, b = FastEvent(), FastEvent()
+    checked.at(1.0, a)
+    unchecked.push(1.0, b)
+    assert env._queue == [(1.0, 1, 0, a), (1.0, 1, 1, b)]
+    env.run(until=1.5)
+    c = FastEvent()
+    unchecked.push(0.5, c)  # no ValueError: ruling a past time out is the caller's part
+    assert [e for t, _, _, e in env._queue if t == 0.5] == [c]
+
+
 def test_only_the_clock_module_touches_simpy_internals():
     """Attribute reads of SimPy's private names (``env._now``, ``ev._value``...) appear in
     simcore/clock.py only (schemes owned elsewhere are listed while they are moved)."""
