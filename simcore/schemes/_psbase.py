@@ -324,6 +324,9 @@ class ParameterServerScheme(Scheme):
         # Per pushing worker: the last iteration whose values have come back, per layer.
         self.avail = [dict.fromkeys(self.layer_shards, -1) for _ in range(self.p)]
         self.left: dict[tuple[int, int, int], int] = {}  # (rank, it, layer) -> parts
+        # The tags of a layer's pushes and values, built once rather than per message.
+        self._push_tags = {layer: f"push L{layer}" for layer in self.layer_shards}
+        self._pull_tags = {layer: f"pull L{layer}" for layer in self.layer_shards}
         self.layers_left = [[len(self.layer_shards)] * n_it for _ in range(self.p)]
         self.bwd_done = [[False] * n_it for _ in range(self.p)]
         self.waiting: dict[tuple[int, int], list[tuple[int, Event]]] = {}
@@ -549,22 +552,27 @@ class ParameterServerScheme(Scheme):
         send = self.ctx.transport.send
         src = self.ctx.topology.gpus[r]
         c = self.rank_class[r]
+        tag = self._push_tags[layer]
+        arrived = self._push_arrived
         n = 0
         for k in self.layer_shards[layer]:
             sh = self.shards[k]
             for s, nb in self.parts[k][c]:
                 n += 1
                 if self.group_mult is None:
+                    # Network.send's arguments by position (on_arrival, priority, tag,
+                    # rank_src, rank_dst, iteration, payload): no keyword packing
                     send(
                         src,
                         self.server_dev[s],
                         nb,
-                        self._push_arrived,
-                        priority=sh.priority,
-                        tag=f"push L{layer}",
-                        rank_src=r,
-                        iteration=it,
-                        payload=(k, s, r, it),
+                        arrived,
+                        sh.priority,
+                        tag,
+                        r,
+                        -1,
+                        it,
+                        (k, s, r, it),
                     )
                     continue
                 self._send(
@@ -576,7 +584,7 @@ class ParameterServerScheme(Scheme):
                     s,
                     r,
                     True,
-                    tag=f"push L{layer}",
+                    tag=tag,
                     rank_src=r,
                     iteration=it,
                     payload=(k, s, r, it),
@@ -756,20 +764,13 @@ class ParameterServerScheme(Scheme):
     def _send_value(self, k: int, s: int, r: int, it: int, nbytes: int) -> None:
         sh = self.shards[k]
         src, dst = self.server_dev[s], self.ctx.topology.gpus[r]
-        tag, payload = f"pull L{sh.layer}", (k, s, r, it)
+        tag, payload = self._pull_tags[sh.layer], (k, s, r, it)
         if self.group_mult is None:
             # A plain message, sent in one call as _push sends (what _send would do,
-            # without its two calls and its keyword packing: a value per worker and slice)
+            # without its two calls and its keyword packing: a value per worker and
+            # slice), Network.send's arguments by position as in _push
             self.ctx.transport.send(
-                src,
-                dst,
-                nbytes,
-                self._value_arrived,
-                priority=sh.priority,
-                tag=tag,
-                rank_dst=r,
-                iteration=it,
-                payload=payload,
+                src, dst, nbytes, self._value_arrived, sh.priority, tag, -1, r, it, payload
             )
             return
         self._send(
