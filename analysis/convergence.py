@@ -12,21 +12,25 @@ iteration time for the same model, scheme and GPUs on a cluster the user names.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 
+@functools.cache
 def _study() -> dict[str, tuple[str, dict[str, Any]]]:
     """Every convergence scheme's real scheme and options, from the scheme classes'
-    ``convergence_variants``, in ``sim schemes`` order."""
+    ``convergence_variants``, in ``sim schemes`` order. A class's variants are its own: a
+    subclass (a user's variant of ``dp``) does not inherit its base's names, which would
+    take them over."""
     from simcore.schemes import registry
 
     return {
         variant: (name, dict(options))
         for name, cls in registry().items()
-        for variant, options in cls.convergence_variants.items()
+        for variant, options in vars(cls).get("convergence_variants", {}).items()
     }
 
 

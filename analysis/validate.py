@@ -210,7 +210,8 @@ def run_case(
     write_text(
         real_path, json.dumps(_chrome(spans(records[i]), reals[i]["device_names"], real_meta))
     )
-    sim_meta = dict(sim, topology=f"simulated, {case.bandwidth}")
+    # the timeline drawn is that repeat's replay (its own compute), not the prediction
+    sim_meta = dict(sim, topology=f"replay of the run, {case.bandwidth}")
     write_text(sim_path, json.dumps(_chrome(result.spans, result.device_names, sim_meta)))
     return row
 

@@ -1,4 +1,5 @@
-"""What machine this is, for traces that record where they were measured.
+"""What machine this is, for traces and calibrations that record where they were
+measured, and how busy its cores are (``/proc``).
 
 No host name: the fingerprint says what kind of machine measured a trace (CPU model,
 logical CPUs, memory, GPU), so two identical machines agree and a different one does not.
@@ -95,3 +96,40 @@ def busy_share(before: list[float] | None, after: list[float] | None) -> float |
         return None
     idle = diff[MACHINE_STATES.index("idle")] + diff[MACHINE_STATES.index("iowait")]
     return max(0.0, min(1.0, 1.0 - idle / total))
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every core of this machine has been busy since boot (all but idle and
+    iowait of :func:`machine_cpu_s`; 10 ms resolution): a shaped link's packet work runs
+    in the kernel's soft interrupts, charged to whatever runs or to no process at all.
+    ``OSError`` without a readable /proc/stat."""
+    states = machine_cpu_s()
+    if states is None:
+        raise OSError("/proc/stat has no CPU line")
+    return (
+        sum(states) - states[MACHINE_STATES.index("idle")] - states[MACHINE_STATES.index("iowait")]
+    )
+
+
+def memory_total_text() -> str:
+    """The machine's memory (MemTotal of /proc/meminfo) as ``parse_size`` reads it."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    kib = int(line.split()[1])
+                    return f"{kib / 2**20:.3f}GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    return f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.3f}GiB"
+
+
+def tcp_send_buffer_bytes() -> int:
+    """The most a TCP socket's send buffer grows to here (``net.ipv4.tcp_wmem``'s maximum;
+    4 MiB, Linux's default, where it cannot be read): what a blocking send hands the
+    kernel before it returns."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_wmem", encoding="ascii") as fh:
+            return int(fh.read().split()[2])
+    except (OSError, ValueError, IndexError):
+        return 4 << 20

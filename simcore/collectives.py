@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from simcore.network import AnalyticNetwork, LinkState, Message, Network, reserve_cut_through
+from simcore.network import LinkState, Message, Network, reserve_cut_through
 from simcore.topology import Link
 from simcore.transport import SendFn, Transport
 
@@ -145,7 +145,6 @@ class Collectives:
         self.net = net
         self.transport = transport if transport is not None else Transport(net)
         self.topology = net.topology
-        self.analytic = isinstance(net, AnalyticNetwork)
         self._costs: dict[tuple[str, tuple[int, ...]], CostModel] = {}
         self._plans: dict[tuple[str, tuple[int, ...], int], MessagePlan] = {}
         self._durations: dict[tuple[str, tuple[int, ...], int], float] = {}

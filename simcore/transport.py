@@ -84,9 +84,13 @@ class Transport:
         self.isend: SendFn = net.send
         self.isend_on_thread: SendFn = net.send
         self.post: SendFn | None = net.post if isinstance(net, AnalyticNetwork) else None
-        self.closed_form = self.post is not None
         gloo = net.topology.gloo
         self.collective_threads = gloo.threads if gloo is not None else 1
+
+    @property
+    def closed_form(self) -> bool:
+        """Whether collectives may be closed forms: where messages may be posted."""
+        return self.post is not None
 
     def collective_sender(self, segments: int = 1, reduces: bool = False) -> SendFn:
         """The send of a collective's messages that each travel as ``segments`` messages
@@ -116,8 +120,7 @@ class HostTransport(Transport):
     def __init__(self, net: Network, cpu: CommCpu) -> None:
         super().__init__(net)
         self.cpu = cpu
-        self.post = None
-        self.closed_form = False
+        self.post = None  # a message's arrival waits for the hosts' CPU too
         self._senders: dict[int, _Sender] = {}
         """Each sending device's messenger thread, once it has sent."""
         self._collective: dict[tuple[int, bool], SendFn] = {}

@@ -44,6 +44,15 @@ class Workload:
         """Whether the network is the detailed (chunked) model."""
         return self.config.fidelity == "detailed"
 
+    @property
+    def cpu_hosts(self) -> bool:
+        """Whether the ranks are CPU hosts sharing cores (the preset has a ``host``
+        section): every worker is simulated there, and messages cost the hosts' CPU."""
+        topo = self.config.topology
+        sections = getattr(topo, "sections", None)  # a TopologySpec; else a Topology
+        host = sections.host if sections is not None else getattr(topo, "host_spec", None)
+        return host is not None
+
 
 @dataclass(frozen=True)
 class SchemeWork:

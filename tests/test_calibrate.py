@@ -26,9 +26,9 @@ from realrun.calibration.fits import (
     fit_shaped_link,
     send_buffer_bytes,
 )
-from realrun.calibration.machine import tcp_send_buffer_bytes
 from realrun.calibration.preset import write_calibration
 from realrun.calibration.run import calibrate
+from realrun.machine import tcp_send_buffer_bytes
 from realrun.scheduler import BALANCE_GRID_S, CYCLES
 from simcore.topology import TopologySpec, build_topology
 from simcore.units import parse_rate, parse_size, parse_time

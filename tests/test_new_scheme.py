@@ -173,6 +173,18 @@ def test_the_report_includes_them(new_schemes, tmp_path):
     assert "| zzdp" in text and "| zzpipe" in text
 
 
+def test_a_subclass_does_not_take_over_its_bases_convergence_runs(new_schemes):
+    # zzdp is a DataParallel subclass: sim train's "dp" stays dp, and zzdp has no runs
+    import analysis.convergence as convergence
+
+    convergence._study.cache_clear()
+    try:
+        assert convergence.scheme_of("dp") == ("dp", {})
+        assert "zzdp" not in {real for real, _ in convergence._study().values()}
+    finally:
+        convergence._study.cache_clear()
+
+
 @pytest.mark.real
 @pytest.mark.parametrize("scheme", ["zzreal", "zzpipe"])
 def test_sim_real_runs_them_for_real(tmp_path, scheme):

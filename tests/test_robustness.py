@@ -314,6 +314,35 @@ def test_ordinary_runs_pass_the_guard():
         assert est.memory_bytes < 4 << 30 and est.seconds < 600
 
 
+@pytest.mark.parametrize("scheme", ["ps", "p3"])
+def test_the_estimate_counts_every_worker_on_cpu_hosts(scheme):
+    # CPU hosts share cores, so no mean field mirrors workers there: the guard counts
+    # the messages the run sends (an assumed mean field counted a sixth of them)
+    config = build_config(
+        RunSpec(
+            scheme=scheme,
+            gpus=12,
+            model="resnet18-cpu",
+            topology="netns",
+            fidelity="analytic",
+            iterations=1,
+        ),
+        record_spans=False,
+    )
+    est = estimate(config)
+    assert not est.mean_field
+    assert est.messages == simulate(config).messages
+
+
+@pytest.mark.parametrize("scheme", ["mp", "gpipe", "pipedream"])
+def test_a_pipelines_estimate_takes_its_declared_microbatches(scheme):
+    # mp runs one micro-batch, the others one per stage or GPU: the estimate follows
+    # within a small factor, as the guard promises
+    config = build_config(RunSpec(scheme=scheme, gpus=8, model="gnmt"), record_spans=False)
+    ratio = estimate(config).events / simulate(config).model_events
+    assert 1 / 3 < ratio < 4
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     st.sampled_from(["dp", "ps", "p3", "gossip", "gpipe"]),

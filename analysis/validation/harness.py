@@ -57,8 +57,8 @@ def sim_config(
 def make_job(case: Case, config: Any, *, timeout_s: float = 60.0) -> Any:
     """The real run of ``case`` (:func:`realrun.job.job_from_spec`); a pipeline gets the
     plan of the simulated configuration ``config`` (:func:`realrun.job.pipeline_of`), so
-    both run the same stages (``ConfigError`` naming the batch size when the plan cannot
-    run for real)."""
+    both run the same stages (``ConfigError`` naming the batch size when a real
+    micro-batch would not hold whole samples; the simulator's own refusals as they are)."""
     import dataclasses
 
     from realrun.job import JobError, job_from_spec
@@ -80,7 +80,9 @@ def make_job(case: Case, config: Any, *, timeout_s: float = 60.0) -> Any:
             backend="gloo",
             timeout_s=timeout_s,
         )
-    except ValueError as exc:  # the plan: whole samples per micro-batch, a schedule it takes
+    except ConfigError:  # the simulator's refusal names its own setting
+        raise
+    except ValueError as exc:  # the plan: whole samples per micro-batch
         if isinstance(exc, JobError) and exc.field != "batch_size":
             raise
         why = exc.text if isinstance(exc, JobError) else str(exc)

@@ -2,8 +2,8 @@
 
 :func:`write_report` turns the rows into the report: the summary (the prediction's
 errors first, the replay's as a diagnostic), the worst predictions, every case, the
-failed ones, the calibrations used and each case's measured and simulated timelines one
-above the other (:func:`timeline_figure`, from the Chrome traces at
+failed ones, the calibrations used and each case's measured timeline above its replay's
+(:func:`timeline_figure`, from the Chrome traces at
 :func:`timeline_paths`), with a scatter of predicted against measured time
 (:func:`scatter_figure`).
 """
@@ -117,8 +117,9 @@ def scatter_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
 
 
 def timeline_figure(real_trace: Mapping[str, Any], sim_trace: Mapping[str, Any], title: str) -> Any:
-    """The measured and the simulated timeline of one case, one above the other, on the
-    same time axis (two panels of :func:`analysis.plots.gantt_plot`)."""
+    """The measured timeline of one case above its replay's (the run simulated on its own
+    measured compute, not the prediction), on the same time axis (two panels of
+    :func:`analysis.plots.gantt_plot`)."""
     from analysis.plots import _pyplot, _theme, gantt_plot
 
     _theme()
@@ -145,7 +146,7 @@ def timeline_figure(real_trace: Mapping[str, Any], sim_trace: Mapping[str, Any],
         2, 1, figsize=(11, height), sharex=True, height_ratios=[n_real, n_sim]
     )
     gantt_plot(real_trace, ax=top, title=f"measured: {title}", xlabel="")
-    gantt_plot(sim_trace, ax=bottom, title=f"simulated: {title}", xlabel="time (ms)")
+    gantt_plot(sim_trace, ax=bottom, title=f"replay: {title}", xlabel="time (ms)")
     fig.tight_layout()
     return fig
 
@@ -406,12 +407,23 @@ def write_report(
             save_figure(fig, png)
         shown.append((r, png, real_p, sim_p))
     if shown:
-        lines += ["## Timelines, measured above simulated", ""]
+        lines += [
+            "## Timelines, measured above the replay",
+            "",
+            "Each case's median repeat above its replay (that run simulated on its own "
+            "measured compute; a diagnostic, not the prediction).",
+            "",
+        ]
         for r, png, real_p, sim_p in shown:
             rel = os.path.relpath(png, out_dir)
             lines += [
                 f"### {r['scheme']} {r['model']} {r['bandwidth']} x{r['ranks']} "
-                f"({_pct(r['rel_err'])})",
+                f"(replay {_pct(r['rel_err'])}"
+                + (
+                    f", prediction {_pct(r['prediction_rel_err'])})"
+                    if r.get("prediction_rel_err") not in (None, "")
+                    else ")"
+                ),
                 "",
                 f"![{r['point_id']}]({rel})",
                 "",

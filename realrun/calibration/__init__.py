@@ -34,8 +34,6 @@ The modules, in the order a calibration uses them:
 * :mod:`~realrun.calibration.ranks`: the benchmarks each rank runs (``python -m
   realrun.calibration.ranks JOB.json``, with the environment ``torchrun`` would give it;
   the parent process never imports torch);
-* :mod:`~realrun.calibration.machine`: what this machine's ``/proc`` says (CPU model,
-  memory, cores, busy time, the socket send buffer's limit);
 * :mod:`~realrun.calibration.fits`: the fits, pure numpy, and the rows they are fitted to;
 * :mod:`~realrun.calibration.simfits`: the fits that simulate a benchmark on the
   calibrated preset and pick the value whose simulation matches it;

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from realrun.calibration import KiB, MiB
-from realrun.calibration.machine import tcp_send_buffer_bytes
+from realrun.machine import tcp_send_buffer_bytes
 
 __all__ = [
     "FRAME_CHUNK_BYTES",

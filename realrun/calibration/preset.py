@@ -38,9 +38,10 @@ from realrun.calibration.fits import (
     sharing_rows,
     wakeup_rows,
 )
-from realrun.calibration.machine import core_count, cpu_model, memory_total_text
 from realrun.calibration.ranks import MESSENGER_SIZES_BYTES, SHARING_BYTES, element_count
 from realrun.calibration.simfits import ROUTE_LINKS, fit_sharing_lead, fit_wakeup, unshaped_links
+from realrun.guard import machine_cores
+from realrun.machine import cpu_model, memory_total_text
 from simcore.preset_keys import canonical, written
 from simcore.settings import ConfigError
 from simcore.units import format_rate
@@ -174,7 +175,7 @@ def make_preset(
     mem_bw = compute["copy_bytes_per_s"]
     flops = compute["matmul_flops"]
     cpu = cpu_model()
-    cores = core_count()
+    cores = machine_cores()
     torch_version = next(r["torch"] for r in results)
     rate_name = (
         f"{cluster}-{format_rate(rate).replace(' ', '')}-calibrated"  # netns-1Gbps-calibrated

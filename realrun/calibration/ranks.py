@@ -23,7 +23,7 @@ from typing import Any
 
 from realrun.calibration import KiB, MiB
 from realrun.calibration.fits import median
-from realrun.calibration.machine import machine_busy_s
+from realrun.machine import machine_busy_s
 from simcore.units import format_bytes
 
 __all__ = [

@@ -22,7 +22,6 @@ from typing import Any
 from realrun import flows, linkcpu, scheduler
 from realrun.calibrated import TCP_PAYLOAD_BYTES
 from realrun.calibration import CalibrationError, KiB, MiB
-from realrun.calibration.machine import core_count
 from realrun.calibration.preset import make_preset
 from realrun.calibration.ranks import (
     MESSENGER_SIZES_BYTES,
@@ -32,6 +31,7 @@ from realrun.calibration.ranks import (
     SHARING_DELAYS,
     element_count,
 )
+from realrun.guard import machine_cores
 from realrun.owner import temp_dir
 
 __all__ = ["DEFAULT_ALLREDUCE_RANKS", "DEFAULT_SIZES_BYTES", "calibrate", "sharing_delays_s"]
@@ -356,7 +356,7 @@ def _measure(
     None)``; ``rate`` None: unshaped."""
     # the machine's scheduler, on its own before any rank starts (plain processes)
     try:
-        sched_rows = scheduler.measure(core_count())
+        sched_rows = scheduler.measure(machine_cores())
     except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as err:
         raise CalibrationError(f"the scheduler benchmark failed: {err}") from None
     tick("scheduler benchmark")
@@ -370,7 +370,7 @@ def _measure(
         try:
             link_row = linkcpu.measure(
                 float(rate),
-                core_count(),
+                machine_cores(),
                 prefix=os.environ.get("DTSIM_NETNS_PREFIX", "dtsim") + "l",
             )
         except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as err:

@@ -396,8 +396,10 @@ class PipelineScheme(Scheme):
         """Every stage (chunks per GPU x GPUs) runs every micro-batch forward and backward
         and sends its activations and gradients on."""
         p, its = work.gpus, work.iterations
-        v = cls.features.for_options(work.options).chunks
-        m = getattr(work.options, "microbatches", 0) or cls.features.microbatches_per_stage * p
+        feat = cls.features.for_options(work.options)
+        v = feat.chunks
+        # the micro-batches :meth:`microbatches` picks, without the partition's rounding
+        m = feat.microbatches or (feat.microbatches_per_gpu or feat.microbatches_per_stage) * p
         return SchemeWork(
             messages=its * m * 2 * p * v,
             moved_bytes=its * m * 2.0 * work.activation_bytes / work.layers * p,

@@ -243,6 +243,8 @@ class ParameterServerScheme(Scheme):
         mode = options.mean_field
         if mode == "off" or config.fidelity != "analytic" or config.compute_jitter > 0:
             return False
+        if work.cpu_hosts:  # as use_mean_field: CPU hosts simulate every worker
+            return False
         if options.placement != "colocated" or options.servers:
             return False
         if getattr(options, "round_robin", "global") != "global":

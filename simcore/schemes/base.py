@@ -163,7 +163,8 @@ class Scheme(ABC):
     """The torch.distributed backends the real runtime runs on."""
     convergence_variants: ClassVar[Mapping[str, Mapping[str, Any]]] = MappingProxyType({})
     """The scheme's runs in ``sim train``'s convergence study, by the name the study gives
-    each, with the options it sets; empty: not in the study."""
+    each, with the options it sets; empty: not in the study. Read from the class itself,
+    not inherited (a subclass names its own runs)."""
 
     def __init__(self, ctx: SimContext) -> None:
         self.ctx = ctx

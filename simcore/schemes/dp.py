@@ -108,7 +108,8 @@ class DataParallel(Scheme):
         ``2 (p - 1)`` steps of every rank, moving twice the gradients per rank."""
         p, its = work.gpus, work.iterations
         pbytes = sum(work.param_bytes)
-        buckets = 1 + pbytes // work.options.bucket_bytes
+        o = work.options
+        buckets = len(ddp_bucket_layout(work.param_bytes, o.bucket_bytes, o.first_bucket_bytes))
         if not work.detailed:
             return SchemeWork(messages=its * buckets)
         return SchemeWork(
