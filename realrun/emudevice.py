@@ -114,6 +114,34 @@ _SHARED_GRADS = [False]
 """Whether backwards return each layer's kept weight gradient (:func:`kept_weight_grads`)."""
 
 
+class HeldBytes:
+    """Bytes an emulated device would keep for the backward (:func:`counting_held`)."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self) -> None:
+        self.nbytes = 0
+
+
+_HELD: list[HeldBytes | None] = [None]
+"""Where the layers' kept outputs are counted (:func:`counting_held`), or ``None``."""
+
+
+@contextlib.contextmanager
+def counting_held() -> Iterator[HeldBytes]:
+    """Within the block, every emulated layer that runs with autograd recording adds its
+    output's bytes for the samples it got (the trace's activation bytes in proportion)
+    to the count returned: what a GPU keeps for the backward, which the broadcast zeros
+    of an emulated output do not take on the host (a run on the meta device, which only
+    reads shapes, is not counted)."""
+    held = HeldBytes()
+    _HELD[0] = held
+    try:
+        yield held
+    finally:
+        _HELD[0] = None
+
+
 @contextlib.contextmanager
 def kept_weight_grads() -> Iterator[None]:
     """Within the block, a layer's weight gradient is one zero tensor the layer made once
@@ -227,6 +255,11 @@ class EmulatedLayer(nn.Module):
         return self._kept_grad
 
     def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        held = _HELD[0]
+        device = xs[0].device if xs else self.weight.device
+        if held is not None and torch.is_grad_enabled() and device.type != "meta":
+            samples = xs[0].shape[0] if xs and xs[0].dim() else self.batch
+            held.nbytes += samples * self.out_elements * 4
         return _EmulatedOp.apply(self, self.weight, *xs)
 
     def extra_repr(self) -> str:

@@ -66,15 +66,18 @@ it used (``passes`` in the rank's record: ``[mb, kind, version]``, a prediction 
 as the version it predicts).
 
 **Memory** (per rank, in the record): ``stash_peak_bytes`` (weight copies of versions
-other than the current one held at once) and ``activation_peak_bytes`` (bytes autograd
-saved for the backward of the micro-batches in flight plus their kept inputs, counted
-with saved-tensor hooks).
+other than the current one held at once) and ``activation_peak_bytes``: the peak over
+the run of the bytes the micro-batches in flight keep for their backward (or ``W``
+pass), their stage inputs and what the stage's layers keep. With real compute that is
+what autograd saves (saved-tensor hooks, each storage once, the weights left out); on an
+emulated device, the trace's activation bytes of the layers that ran, as a GPU running
+the trace would hold them (the simulator's ``activation_peak_bytes``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -198,11 +201,13 @@ def microbatch(job: Any, m: int, microbatches: int, cache: dict[int, Any]) -> An
 
 
 class _SavedBytes:
-    """Counts the bytes autograd saves while active (saved-tensor hooks)."""
+    """Counts the bytes autograd saves while active (saved-tensor hooks), each storage
+    once, leaving out the storages of ``held`` (tensors held anyway: the weights, the
+    stage's inputs, counted apart)."""
 
-    def __init__(self) -> None:
+    def __init__(self, held: Iterable[torch.Tensor] = ()) -> None:
         self.nbytes = 0
-        self._seen: set[int] = set()
+        self._seen: set[int] = {t.untyped_storage().data_ptr() for t in held}
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         try:
@@ -460,14 +465,19 @@ class PipelineRuntime:
     def _run(
         self, weights: dict[str, torch.Tensor], x: tuple[torch.Tensor, ...], mb: int, grad: bool
     ) -> tuple[Any, int]:
-        counter = _SavedBytes()
         seed_pass(pass_seed(self.job, mb, self.stage), self.ctx.setup.device)
-        with torch.set_grad_enabled(grad), counter.hooks():
+        if self.emulated:  # what the device keeps: the trace's activations
+            count: Any = emudevice.counting_held()
+            hooks: Any = contextlib.nullcontext()
+        else:  # what autograd keeps, beside the weights and the inputs
+            counter = _SavedBytes([*weights.values(), *x])
+            count, hooks = contextlib.nullcontext(counter), counter.hooks()
+        with torch.set_grad_enabled(grad), count as held, hooks:
             out = self.mod.call(weights, *x)
             if self.mod.is_last:
                 _x, labels = microbatch(self.job, mb, self.M, self.data)
                 out = (loss_of(out, labels) * self.scale,)
-        return out, counter.nbytes
+        return out, held.nbytes
 
     def _forward(self, mb: int, it: int) -> tuple[torch.Tensor, ...]:
         x = self._inputs(mb)

@@ -540,3 +540,37 @@ def test_prediction_plot_and_report_read_validation_results(tmp_path) -> None:
     text = emulated_section([str(tmp_path)])
     assert "P3 over the parameter server" in text and "1.00x" in text  # same times
     assert "gpipe" in text and "No rows" in text  # SpecTrain was not run
+
+
+@pytest.mark.parametrize(
+    "scheme,extra",
+    [
+        ("gpipe", []),
+        ("gpipe", ["--set", "scheme.recompute=true"]),
+        ("1f1b", []),
+        ("pipedream", []),
+        ("zb-h1", []),
+        ("interleaved", []),
+        ("looped-bfs", []),
+        ("zb-interleaved", []),
+        ("zbv", []),
+        ("dualpipev", []),
+    ],
+)
+def test_a_pipeline_ranks_memory_is_the_simulators(capsys, scheme: str, extra: list[str]) -> None:
+    """Each rank's peak of what its micro-batches in flight keep for their backward
+    (inputs and the layers' outputs, the trace's bytes on an emulated device) and of its
+    stashed weight versions equal ``sim run``'s for the same stages and schedule."""
+    r = _real(
+        capsys,
+        [
+            "--model", "resnet18", "--gpus", "2", "--scheme", scheme, "--batch-size", "32",
+            "--dilation", "10", "--iterations", "2", "--calibration",
+            "tests/data/calibrated-1Gbps.yaml", *extra,
+        ]
+    )  # fmt: skip
+    assert min(r["activation_peak_bytes"]) > 0
+    assert r["activation_peak_bytes"] == r["predicted_activation_peak_bytes"]
+    assert r["stash_peak_bytes"] == r["predicted_stash_peak_bytes"]
+    if scheme == "pipedream":
+        assert r["stash_peak_bytes"][0] > 0  # stage 0 keeps an older version in flight

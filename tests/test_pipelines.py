@@ -164,9 +164,11 @@ def test_pipedream_keeps_activations_of_its_micro_batches_in_flight():
     n, m, act = 3, 6, 6_000_000
     trace = layers([(0.01, 0.02)] * n, act=act)
     r = run(trace, "pipedream", n, PipeDreamOptions(straight=True, microbatches=m))
-    per_mb = act / m
     for k in range(n):
+        # a micro-batch in flight: the stage's activations, and its input after the first
+        per_mb = (2 if k else 1) * act / m
         assert r.per_gpu_peak_memory_bytes[k] == pytest.approx((n - k) * per_mb)
+        assert r.extra["activation_peak_bytes"][k] == pytest.approx((n - k) * per_mb, abs=1)
 
 
 def test_gpipe_recompute_trades_time_for_activation_memory():
@@ -174,8 +176,9 @@ def test_gpipe_recompute_trades_time_for_activation_memory():
     trace = layers([(0.01, 0.02)] * (2 * n), act=8_000_000)
     plain = run(trace, "gpipe", n, GPipeOptions(microbatches=m, partition="layers"))
     remat = run(trace, "gpipe", n, GPipeOptions(microbatches=m, partition="layers", recompute=True))
-    # two layers of 8 MB per stage: all 4 micro-batches' activations (16 MB) ...
-    assert plain.per_gpu_peak_memory_bytes[1] == 16_000_000
+    # two layers of 8 MB per stage: all 4 micro-batches' activations (16 MB) and inputs
+    # (8 MB) ...
+    assert plain.per_gpu_peak_memory_bytes[1] == 24_000_000
     # ... versus the 4 stage inputs (one layer's output, 2 MB each) plus one micro-batch's
     # activations (4 MB) while it is recomputed
     assert remat.per_gpu_peak_memory_bytes[1] == 4 * 2_000_000 + 4_000_000

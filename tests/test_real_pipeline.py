@@ -18,6 +18,7 @@ from realrun.job import Job  # noqa: E402
 from realrun.launch import launch  # noqa: E402
 from realrun.metrics import summarize  # noqa: E402
 from realrun.pipeline import (  # noqa: E402
+    _SavedBytes,
     accumulate,
     make_schedule,
     microbatch,
@@ -300,6 +301,22 @@ def test_bytes_and_stash_memory_equal_the_simulators(
     assert sim.extra["stage_replicas"] == real["stage_replicas"]
     assert real["comm_bytes_per_iteration"] == sim.comm_bytes_per_iteration
     assert real["stash_peak_bytes"] == sim.extra["stash_peak_bytes"]
+
+
+def test_the_saved_bytes_leave_out_the_weights_and_the_inputs() -> None:
+    """A stage's kept bytes are what autograd saves beside what the stage holds anyway:
+    ``Linear`` then ``ReLU`` keeps the ReLU's output (the Linear's saved input and weight
+    are the stage's input and weights)."""
+    lin = torch.nn.Linear(64, 128)
+    x = torch.randn(4, 64, requires_grad=True)
+    counter = _SavedBytes([*lin.parameters(), x])
+    with counter.hooks():
+        torch.relu(lin(x))
+    assert counter.nbytes == 4 * 128 * 4
+    everything = _SavedBytes()
+    with everything.hooks():
+        torch.relu(lin(x))
+    assert everything.nbytes == counter.nbytes + 64 * 128 * 4 + 4 * 64 * 4
 
 
 def test_cli_pipedream_json_and_trace(tmp_path: Path) -> None:

@@ -20,11 +20,14 @@ BW = 1e15
 
 
 def run(scheme, n, layers, f, b, m, params=1000, act=0, iterations=2, bw=BW, **opts):
-    """``scheme`` on ``n`` GPUs over ``layers`` equal layers (per-batch times f, b), one
-    layer per stage (partition by layers), ``m`` micro-batches."""
+    """``scheme`` on ``n`` GPUs over ``layers`` equal layers (per-batch times f, b) after
+    an input of their activations' size, one layer per stage (partition by layers), ``m``
+    micro-batches: a micro-batch in flight holds ``2 * act / m`` on every GPU, its stage's
+    input and output."""
     trace = chain(
         TraceMeta("toy", "V100", 64),
-        [Layer(f"l{i}", f, b, param_bytes=params, activation_bytes=act) for i in range(layers)],
+        [Layer("data", 0.0, 0.0, activation_bytes=act, kind="input")]
+        + [Layer(f"l{i}", f, b, param_bytes=params, activation_bytes=act) for i in range(layers)],
     )
     cls = get_scheme(scheme)
     given = {"microbatches": m, "partition": "layers", **opts}
@@ -66,6 +69,7 @@ def test_zb_h1_bubble_is_a_third_of_1f1bs_at_1f1bs_memory(n, m):
     GPU r; ZB-H1 holds N on every GPU: 1F1B's peak, on its first GPU."""
     u = 1.0 / m
     act = 1 << 20
+    held = 2 * act / m  # a micro-batch's input and activations
     zb = run("zb-h1", n, n, 1.0, 2.0, m, act=act)
     assert zb.iteration_time_s == pytest.approx((3 * m + n - 1) * u, rel=1e-6)
     ofob = run("1f1b", n, n, 1.0, 2.0, m, act=act)
@@ -76,13 +80,14 @@ def test_zb_h1_bubble_is_a_third_of_1f1bs_at_1f1bs_memory(n, m):
     assert (zb.iteration_time_s - 3 * m * u) * 3 == pytest.approx(
         ofob.iteration_time_s - 3 * m * u, rel=1e-6
     )
-    static = ofob.per_gpu_peak_memory_bytes[-1] - act / m
+    static = ofob.per_gpu_peak_memory_bytes[-1] - held
     assert list(ofob.per_gpu_peak_memory_bytes) == pytest.approx(
-        [static + min(n - r, m) * act / m for r in range(n)], abs=n
+        [static + min(n - r, m) * held for r in range(n)], abs=n
     )
     assert list(zb.per_gpu_peak_memory_bytes) == pytest.approx(
-        [static + min(n, m) * act / m] * n, abs=n
+        [static + min(n, m) * held] * n, abs=n
     )
+    assert list(zb.extra["activation_peak_bytes"]) == pytest.approx([min(n, m) * held] * n, abs=1)
     assert max(zb.per_gpu_peak_memory_bytes) == pytest.approx(
         max(ofob.per_gpu_peak_memory_bytes), abs=n
     )
@@ -151,13 +156,14 @@ def test_activations_are_held_until_the_w_pass():
     bfs = run("looped-bfs", n, n * v, 1.0, 1.0, m, act=act, chunks=v)
     base = run("looped-bfs", n, n * v, 1.0, 1.0, m, act=0, chunks=v)
     assert all(
-        p - q == v * act
+        p - q == 2 * v * act  # each chunk holds its M micro-batches' inputs and outputs
         for p, q in zip(bfs.per_gpu_peak_memory_bytes, base.per_gpu_peak_memory_bytes)
     )
     zb = run("zb-h1", n, n, 1.0, 2.0, m, act=act)
     zb0 = run("zb-h1", n, n, 1.0, 2.0, m, act=0)
-    # the last rank: F0 I0 F1 I1 W0 ...: two micro-batches held (1F1B's B would free one)
-    assert zb.per_gpu_peak_memory_bytes[-1] - zb0.per_gpu_peak_memory_bytes[-1] == 2 * act // m
+    # the last rank: F0 I0 F1 I1 W0 ...: two micro-batches held (1F1B's B would free one),
+    # each its input and its activations
+    assert zb.per_gpu_peak_memory_bytes[-1] - zb0.per_gpu_peak_memory_bytes[-1] == 4 * act // m
 
 
 @pytest.mark.parametrize(

@@ -215,6 +215,11 @@ def _emulated_prediction(job: Job, spec: Any, calibration: str) -> dict[str, Any
         "prediction_calibration": calibration,
         "predicted_comm_bytes_per_iteration": p.result.comm_bytes_per_iteration,
         "predicted_seed_iteration_times_s": list(p.seed_times_s),
+        **{
+            f"predicted_{key}": p.result.extra[key]
+            for key in ("activation_peak_bytes", "stash_peak_bytes")
+            if key in p.result.extra
+        },
     }
 
 

@@ -43,12 +43,13 @@ the weights of and updates every stage it holds. Activations between two stages 
 same rank are not sent.
 
 **Memory per GPU.** Weights, gradients and optimizer state of its stages; the activations
-of every micro-batch between its forward and its backward, or its ``W`` pass for a split
-backward (the weight gradient needs each layer's input) (with re-materialisation only
-the stage's input is kept, and one micro-batch's activations exist during a forward or a
-recompute); with weight stashing one weight copy per distinct older version still needed
-by a micro-batch in flight (PipeDream: up to ``N - k - 1`` at stage ``k`` besides the
-current weights); SpecTrain keeps one buffer for the predicted weights.
+and the stage's input of every micro-batch between its forward and its backward, or its
+``W`` pass for a split backward (the weight gradient needs each layer's input) (with
+re-materialisation only the stage's input is kept, and one micro-batch's activations
+exist during a forward or a recompute); the peak of those alone per GPU is the result's
+``activation_peak_bytes``; with weight stashing one weight copy per distinct older
+version still needed by a micro-batch in flight (PipeDream: up to ``N - k - 1`` at stage
+``k`` besides the current weights); SpecTrain keeps one buffer for the predicted weights.
 """
 
 from __future__ import annotations
@@ -178,6 +179,9 @@ class StagePlan:
         param_bytes: weights of the stage.
         act_bytes: activations of all its layers (kept for backward).
         in_bytes, out_bytes: activations crossing into / out of the stage.
+        kept_in_bytes: the stage's inputs, kept from its forward to its backward (the
+            weight gradient of its first layers needs them): ``in_bytes``, or the model's
+            input for the first stage.
         bwd_input, bwd_weight: ``bwd`` split into the input-gradient (``I``) and the
             weight-gradient (``W``) pass (see :data:`WEIGHT_GRAD_SHARE`).
     """
@@ -189,6 +193,7 @@ class StagePlan:
     act_bytes: float
     in_bytes: float
     out_bytes: float
+    kept_in_bytes: float = 0.0
     bwd_input: list[tuple[float, str, int]] = dataclasses.field(default_factory=list)
     bwd_weight: list[tuple[float, str, int]] = dataclasses.field(default_factory=list)
 
@@ -430,6 +435,7 @@ class PipelineScheme(Scheme):
         self.used: list[dict[int, int]] = [{} for _ in ctx.gpus]  # mb -> version
         self.stashed = [0] * ctx.num_ranks
         self.stash_peak = [0] * ctx.num_ranks
+        self.act_peak = [0.0] * ctx.num_ranks
         opt_copies = ctx.optimizer_state_bytes(1)
         for r, gpu in enumerate(ctx.gpus):
             mem = gpu.memory
@@ -457,6 +463,10 @@ class PipelineScheme(Scheme):
             act_bytes=stage.activation_bytes / m,
             in_bytes=prev / m,
             out_bytes=stage.out_bytes / m,
+            kept_in_bytes=(
+                prev if k else sum(lay[i].activation_bytes for i in stage.layers if i not in run)
+            )
+            / m,
             bwd_input=[
                 (lay[i].backward_share_s(1 / m) * (1 - w), lay[i].name, i)
                 for i, w in reversed(list(zip(run, share)))
@@ -490,14 +500,16 @@ class PipelineScheme(Scheme):
         dev = ctx.topology.gpus
         lead = self.lead
         recompute = self.feat.recompute
+        act_peak = self.act_peak
         for i, a in enumerate(acts):
             kind, mb, s = a.kind, a.mb, a.stage
             plan = self.plans[s]
-            held = plan.act_bytes + (plan.in_bytes if recompute else 0)
+            held = plan.act_bytes + plan.kept_in_bytes
             it = mb // sched.per_iteration - lead
             if kind == sch.FORWARD:
                 self._on_forward(r, s, mb)
                 mem.alloc("activations", held)
+                act_peak[r] = max(act_peak[r], mem.held["activations"])
                 yield self._pass(gpu, plan.fwd, FORWARD, it, mb)
                 if recompute:
                     mem.free("activations", plan.act_bytes)
@@ -513,6 +525,7 @@ class PipelineScheme(Scheme):
                 self._on_backward(r, s, mb)
             elif kind == sch.RECOMPUTE:
                 mem.alloc("activations", plan.act_bytes)
+                act_peak[r] = max(act_peak[r], mem.held["activations"])
                 yield self._pass(gpu, plan.fwd, RECOMPUTE, it, mb)
             elif kind == sch.UPDATE:
                 yield gpu.compute(update_s[s], UPDATE, f"update stage {s}", it, -1, mb)
@@ -651,6 +664,7 @@ class PipelineScheme(Scheme):
                 max((p.forward_s + p.backward_s) / len(p.ranks) for p in self.plans)
             ),
             "stash_peak_bytes": list(self.stash_peak),
+            "activation_peak_bytes": [round(b) for b in self.act_peak],
             "chunks": self.feat.chunks,
             "placement": self.feat.placement,
             "rank_stages": [list(st) for st in self.local],
