@@ -95,6 +95,31 @@ def pipeline_speedups(df: Any) -> str:
     return md_table(("scheme", "model", "stages", "bandwidth", "measured", "predicted"), rows)
 
 
+def zero_bubble(df: Any) -> str:
+    """Each schedule's throughput over synchronous 1F1B's (``1f1b`` time / its time) on
+    the same model, ranks and bandwidth, measured and predicted (the zero-bubble paper's
+    comparison; ``--matrix schedules`` makes the rows)."""
+    from analysis.emulated_validation import SCHEDULE_NAMES
+
+    others = [s for s in SCHEDULE_NAMES if s != "1f1b"]
+    keys = df[df["scheme"] == "1f1b"][["trace", "gpus", "bandwidth"]].drop_duplicates()
+    rows = []
+    for _, k in keys.iterrows():
+        w = {"trace": k["trace"], "gpus": k["gpus"], "bandwidth": k["bandwidth"]}
+        base = _time(df, "real", scheme="1f1b", **w), _time(df, "pred", scheme="1f1b", **w)
+        cells = []
+        for scheme in others:
+            real, pred = (
+                _time(df, "real", scheme=scheme, **w),
+                _time(df, "pred", scheme=scheme, **w),
+            )
+            cells.append(f"{_ratio(base[0], real)} / {_ratio(base[1], pred)}" if real else "-")
+        rows.append((k["trace"], k["gpus"], k["bandwidth"], *cells))
+    if not rows:
+        return "*No rows: run 1f1b and the other schedules (--matrix schedules).*\n"
+    return md_table(("model", "ranks", "bandwidth", *others), rows)
+
+
 def emulated_section(folders: Sequence[str]) -> str:
     """The report's section on emulated devices (see module docs)."""
     df = read_results(folders)
@@ -113,5 +138,7 @@ def emulated_section(folders: Sequence[str]) -> str:
         vs_dp(df, "spectrain"),
         "### Pipelines: speedup over one device\n",
         pipeline_speedups(df),
+        "### Zero-bubble and interleaved schedules against 1F1B (measured / predicted)\n",
+        zero_bubble(df),
     ]
     return "\n".join(parts)

@@ -233,10 +233,35 @@ down (2026-11-29) with the model frozen after concurrent flows' spread was added
 any was predicted or run: all eight schemes and ZB-H1, 4 to 16 ranks, 10 and 25 Gbit/s,
 Inception-v3 in every family."""
 
+SCHEDULE_NAMES = (
+    "1f1b",
+    "zb-h1",
+    "interleaved",
+    "looped-bfs",
+    "zb-interleaved",
+    "zbv",
+    "dualpipev",
+)
+"""The pipeline schedules of :data:`SCHEDULES_MATRIX`: synchronous 1F1B and the five
+schedules of ``torch.distributed.pipelining`` with the zero-bubble paper's ZB-H1."""
+
+SCHEDULES_MATRIX = tuple(
+    EmuCase(scheme, trace, 4, bw, k)
+    for trace, bw, k in (("vgg16", "25Gbps", 10.0), ("resnet50", "25Gbps", 10.0),
+                         ("gnmt", "25Gbps", 50.0))
+    for scheme in SCHEDULE_NAMES
+)  # fmt: skip
+"""Today's pipeline schedules on 4 emulated devices: every schedule of
+:data:`SCHEDULE_NAMES` on VGG-16, ResNet-50 and GNMT at 25 Gbit/s (GNMT dilated 50 times, its
+passes being short), automatic micro-batches, two chunks per rank where a schedule has
+chunks; no case is in another matrix. Written down (2026-12-01) before any was predicted
+or run; the zero-bubble paper's comparison (``sim report --emulated``) reads it."""
+
 MATRICES: dict[str, tuple[EmuCase, ...]] = {
     "seed": SEED_MATRIX,
     "unseen": UNSEEN_MATRIX,
     "unseen2": UNSEEN2_MATRIX,
+    "schedules": SCHEDULES_MATRIX,
     "quick": QUICK_MATRIX,
     "scaling": SCALING_MATRIX,
     "bandwidth": BANDWIDTH_MATRIX,

@@ -457,6 +457,35 @@ def test_an_unseen_matrix_is_other_cases_of_every_family(name) -> None:
     }
 
 
+def test_the_schedules_matrix_runs_every_schedule_on_each_workload_and_only_there(
+    tmp_path,
+) -> None:
+    pd = pytest.importorskip("pandas", reason="the report reads results with pandas")
+    from analysis.emulated_report import zero_bubble
+    from analysis.emulated_validation import MATRICES, SCHEDULE_NAMES, SCHEDULES_MATRIX
+
+    others = {c.case_id for m, cases in MATRICES.items() if m != "schedules" for c in cases}
+    assert not others & {c.case_id for c in SCHEDULES_MATRIX}
+    by_workload: dict[tuple, set[str]] = {}
+    for c in SCHEDULES_MATRIX:
+        by_workload.setdefault((c.trace, c.gpus, c.bandwidth), set()).add(c.scheme)
+    assert len(by_workload) == 3 and all(v == set(SCHEDULE_NAMES) for v in by_workload.values())
+    # the report's comparison: 1F1B's time over each schedule's, measured / predicted
+    rows = [
+        {"case_id": s, "status": "ok", "scheme": s, "trace": "gnmt", "gpus": 4,
+         "bandwidth": "25Gbps", "real_iteration_time_s": t, "predicted_iteration_time_s": p}
+        for s, t, p in (("1f1b", 1.2, 1.0), ("zb-h1", 1.0, 0.8), ("zbv", 1.5, 1.0))
+    ]  # fmt: skip
+    text = zero_bubble(pd.DataFrame(rows))
+    line = next(x for x in text.splitlines() if x.startswith("| gnmt"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    names = [s for s in SCHEDULE_NAMES if s != "1f1b"]
+    assert cells[3 + names.index("zb-h1")] == "1.20x / 1.25x"
+    assert cells[3 + names.index("zbv")] == "0.80x / 1.00x"
+    assert cells[3 + names.index("dualpipev")] == "-"
+    assert "No rows" in zero_bubble(pd.DataFrame(rows[1:]))
+
+
 def test_the_scaling_matrix_dilates_growing_host_work_beyond_8_ranks() -> None:
     from analysis.emulated_validation import SCALING_MATRIX, scaling_dilation
 

@@ -26,7 +26,7 @@ from dtsim.cli.errors import BadInput
 from dtsim.cli.options import out_option
 from dtsim.cli.output import check_output_dir, output_folder, table
 
-EMULATED_MATRICES = ("seed", "unseen", "unseen2", "scaling", "bandwidth")
+EMULATED_MATRICES = ("seed", "unseen", "unseen2", "schedules", "scaling", "bandwidth")
 """``--matrix`` names of ``--device emulated`` (and ``--quick``'s)."""
 
 
@@ -56,8 +56,8 @@ EMULATED_MATRICES = ("seed", "unseen", "unseen2", "scaling", "bandwidth")
     "Transformer and a user model by file, batch 36, 500 Mbit/s, all eight schemes, to run "
     "only with the model frozen and its predictions registered first, --predict-only). "
     "emulated: seed (the default; 25 cases, all eight schemes, 4 to 16 ranks), unseen (10 "
-    "other cases of the same workloads, never tuned on), unseen2 (24 more), scaling (2 to "
-    "16 ranks), "
+    "other cases of the same workloads, never tuned on), unseen2 (24 more), schedules (21: "
+    "1f1b, zb-h1 and torch's five newer schedules on 4 ranks), scaling (2 to 16 ranks), "
     "bandwidth (1 to 25 Gbit/s) or quick.",
 )
 @click.option(
