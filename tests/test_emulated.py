@@ -586,10 +586,13 @@ def test_prediction_plot_and_report_read_validation_results(tmp_path) -> None:
         ("dualpipev", []),
     ],
 )
-def test_a_pipeline_ranks_memory_is_the_simulators(capsys, scheme: str, extra: list[str]) -> None:
+def test_a_pipeline_ranks_memory_and_bytes_are_the_simulators(
+    capsys, scheme: str, extra: list[str]
+) -> None:
     """Each rank's peak of what its micro-batches in flight keep for their backward
     (inputs and the layers' outputs, the trace's bytes on an emulated device) and of its
-    stashed weight versions equal ``sim run``'s for the same stages and schedule."""
+    stashed weight versions, and the bytes sent per iteration, equal ``sim run``'s for
+    the same stages and schedule."""
     r = _real(
         capsys,
         [
@@ -601,5 +604,6 @@ def test_a_pipeline_ranks_memory_is_the_simulators(capsys, scheme: str, extra: l
     assert min(r["activation_peak_bytes"]) > 0
     assert r["activation_peak_bytes"] == r["predicted_activation_peak_bytes"]
     assert r["stash_peak_bytes"] == r["predicted_stash_peak_bytes"]
+    assert r["comm_bytes_per_iteration"] == r["predicted_comm_bytes_per_iteration"]
     if scheme == "pipedream":
         assert r["stash_peak_bytes"][0] > 0  # stage 0 keeps an older version in flight
