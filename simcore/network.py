@@ -45,10 +45,10 @@ two hooks: :attr:`Message.on_bytes` as a message's chunks arrive, and
 
 from __future__ import annotations
 
-import heapq
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from heapq import heappop, heappush
 from typing import Any
 
 from simpy import Environment, Timeout
@@ -214,15 +214,19 @@ class _ChunkArrival(FastEvent):
     of the detailed model, and nothing ever yields them, so they skip the general
     :class:`simpy.events.Event` machinery. On queued links one event carries a chunk
     over its whole route, scheduled again for each hop, and stands for it in a queue
-    (see ``DetailedNetwork._enqueue``).
+    (see ``DetailedNetwork._enqueue``); ``at`` is the time it is scheduled for there.
+
+    ``callbacks`` is the network's one list for all its chunk events: the clock swaps
+    an event's list out before calling it and nothing adds to a chunk event's
+    callbacks, so sharing it is safe and saves a list per chunk.
     """
 
-    __slots__ = ("hop", "msg", "size")
+    __slots__ = ("at", "hop", "msg", "size")
 
     def __init__(
-        self, callback: Callable[[_ChunkArrival], None], msg: Message, hop: int, size: int
+        self, callbacks: list[Callable[[_ChunkArrival], None]], msg: Message, hop: int, size: int
     ) -> None:
-        self.callbacks = [callback]
+        self.callbacks = callbacks
         self.msg, self.hop, self.size = msg, hop, size
 
 
@@ -397,40 +401,36 @@ class DetailedNetwork(Network):
         self._at = queue.at
         # _serve's push: unchecked where no link's latency is negative (see there)
         self._push = queue.push if all(st.latency >= 0 for st in self.state) else queue.at
-        self._on_fifo_arrival = self._arrive_fifo
-        self._on_prio_arrival = self._arrive_prio
-        # One callbacks list for every chunk event served on a priority network (see
-        # _serve): the clock swaps an event's list out before calling it and nothing
-        # adds to a chunk event's callbacks, so sharing it is safe and saves a list per
-        # hop.
+        # One callbacks list for all chunk events of each kind (see _ChunkArrival)
+        self._fifo_callbacks = [self._arrive_fifo]
         self._prio_callbacks = [self._arrive_prio]
 
     def _inject(self, msg: Message) -> None:
         n = msg.nbytes
         c = self.chunk_bytes
+        now = self.env.now
         if self._queued:
-            cb = self._on_prio_arrival
+            cb = self._prio_callbacks
             if n <= c:  # one chunk (most messages): what the loops below do for it
                 msg.chunks_left = 1
-                self._enqueue(_ChunkArrival(cb, msg, 0, n))
+                self._enqueue(_ChunkArrival(cb, msg, 0, n), now)
                 return
             full, last = divmod(n, c)
             msg.chunks_left = full + (1 if last else 0)
             for _ in range(full):
-                self._enqueue(_ChunkArrival(cb, msg, 0, c))
+                self._enqueue(_ChunkArrival(cb, msg, 0, c), now)
             if last:
-                self._enqueue(_ChunkArrival(cb, msg, 0, last))
+                self._enqueue(_ChunkArrival(cb, msg, 0, last), now)
             return
         # FIFO: the first hop's departures are known now.
         st = msg.hops[0]
-        now = self.env.now
         t = st.free_at
         if t < now:
             t = now
         msg.start_s = t
         st.sent_bytes += n
         at = self._at
-        cb = self._on_fifo_arrival
+        cb = self._fifo_callbacks
         if len(msg.hops) == 1:
             # One hop: only the arrival of the last byte matters.
             msg.chunks_left = 1
@@ -495,7 +495,7 @@ class DetailedNetwork(Network):
             end = self._transmit(st, msg, hop, start, size)
         st.free_at = end
         st.sent_bytes += size
-        self._at(end + st.latency, _ChunkArrival(self._on_fifo_arrival, msg, hop + 1, size))
+        self._at(end + st.latency, _ChunkArrival(self._fifo_callbacks, msg, hop + 1, size))
 
     # ---- queued links: priorities, fair sharing ---------------------------------------
     # A chunk that finds its link idle (free, nobody queued) is served at once. Otherwise
@@ -532,12 +532,12 @@ class DetailedNetwork(Network):
         finish[flow] = start + size
         return start
 
-    def _enqueue(self, ev: _ChunkArrival) -> None:
+    def _enqueue(self, ev: _ChunkArrival, now: float) -> None:
         """Chunk ``ev`` (its message's chunk of ``ev.size`` bytes) comes to hop
-        ``ev.hop`` of its route now: served at once if the link is idle, else queued."""
+        ``ev.hop`` of its route at ``now`` (the clock's time): served at once if the link
+        is idle, else queued."""
         msg = ev.msg
         st = msg.hops[ev.hop]
-        now = self.env.now
         idle = st.free_at <= now and not st.queue
         tag = self._tag(st, msg, ev.size, idle) if self.fair else 0.0
         if idle:
@@ -545,7 +545,7 @@ class DetailedNetwork(Network):
             self._serve(st, ev, now)
             return
         st.seq += 1
-        heapq.heappush(st.queue, (msg.priority, tag, st.seq, now, ev))
+        heappush(st.queue, (msg.priority, tag, st.seq, now, ev))
 
     def _serve(self, st: LinkState, ev: _ChunkArrival, start: float) -> None:
         """Put chunk ``ev`` on link ``st`` (its hop ``ev.hop``) at ``start``; ``ev`` fires
@@ -568,7 +568,8 @@ class DetailedNetwork(Network):
         # least when the chunk that just crossed it left (``now - latency``, what
         # _advance is called on); the end is not before ``start``, and the latency not
         # negative (a topology with one that is keeps the check, and its ValueError).
-        self._push(end + st.latency, ev)
+        at = ev.at = end + st.latency
+        self._push(at, ev)
 
     def _advance(self, st: LinkState, now: float) -> None:
         """Start, on free link ``st``, every service that begins by ``now``: each one takes
@@ -580,21 +581,21 @@ class DetailedNetwork(Network):
             if queue[0][3] <= start:
                 # The best chunk had queued by the start (the usual case): nothing to set
                 # aside and put back, as below.
-                _, tag, _, _, ev = heapq.heappop(queue)
+                _, tag, _, _, ev = heappop(queue)
                 st.vtime = tag
                 self._serve(st, ev, start)
                 continue
             later = []
             while queue and queue[0][3] > start:
-                later.append(heapq.heappop(queue))
+                later.append(heappop(queue))
             if queue:
-                _, tag, _, _, ev = heapq.heappop(queue)
+                _, tag, _, _, ev = heappop(queue)
             else:  # the link went idle until the first of the later chunks came
                 first = min(later, key=lambda e: (e[3], e[2]))
                 later.remove(first)
                 _, tag, _, start, ev = first
             for entry in later:
-                heapq.heappush(queue, entry)
+                heappush(queue, entry)
             st.vtime = tag
             self._serve(st, ev, start)
 
@@ -605,7 +606,7 @@ class DetailedNetwork(Network):
         hops = msg.hops
         prev = hops[hop - 1]
         prev.recv_bytes += size
-        now = self.env.now
+        now = ev.at  # the clock's time: this event fires when it was scheduled for
         if prev.queue and prev.free_at <= now:
             self._advance(prev, now)
         if hop == len(hops):
@@ -619,7 +620,7 @@ class DetailedNetwork(Network):
             return
         st = hops[hop]
         if self.fair or st.queue or st.free_at > now:
-            self._enqueue(ev)
+            self._enqueue(ev, now)
             return
         # Fast path, the most frequent event of a priority network: the next link is
         # idle and nobody queues for it, so the chunk goes on at once, as _enqueue would

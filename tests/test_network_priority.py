@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 import simpy
 
+from simcore.clock import run_to_end
 from simcore.device import Gpu, JitteryGpu, LogNormalFactors
 from simcore.network import DEFAULT_CHUNK_BYTES, AnalyticNetwork, DetailedNetwork, make_network
+from simcore.topology import TopologyBuilder
 from tests.test_network import LAT, B, line, run_messages
 
 C = 1000  # chunk bytes: 1 µs on the wire, 10 µs latency
@@ -48,6 +50,46 @@ def test_detailed_priority_over_two_hops_keeps_one_event_per_chunk_and_hop():
     env.run()
     assert done == [pytest.approx(4 * US + 2 * LAT)]
     assert next(env._eid) == 3 * 2  # 3 chunks x 2 hops
+
+
+def _two_senders_one_slow_link():
+    """a and b -> s -> z; s-z at half the rate (2 µs a chunk), so a backlog forms there."""
+    b = TopologyBuilder("two-to-one")
+    for name, kind in (("a", "gpu"), ("b", "gpu"), ("z", "gpu"), ("s", "switch")):
+        b.device(name, kind, 0)
+    b.link("a", "s", "pcie", B, LAT)
+    b.link("b", "s", "pcie", B, LAT)
+    b.link("s", "z", "pcie", B / 2, LAT)
+    return b.build([0, 1, 2])
+
+
+@pytest.mark.parametrize("loop", [simpy.Environment.run, run_to_end])
+def test_detailed_priority_two_hops_an_urgent_chunk_overtakes_a_backlog_at_the_switch(loop):
+    # "low" (4 chunks, a -> z) reaches s at 11, 12, 13 and 14 µs; s-z serves its first
+    # chunk 11-13 µs and then, each decision taken when the chunk before reaches z
+    # (10 µs after it left), the best chunk queued by the link's free moment: the second
+    # 13-15 µs, then "high" (b -> z, at s from 14.5 µs) 15-17 µs ahead of the two "low"
+    # chunks left, which go 17-19 and 19-21 µs. FIFO would have served "high" last.
+    topo = _two_senders_one_slow_link()
+    env = simpy.Environment()
+    net = DetailedNetwork(env, topo, chunk_bytes=C, priority=True)
+    log = []
+
+    def send(src, n, prio, tag):
+        net.send(src, topo.gpus[2], n, lambda m: log.append((m.tag, env.now)), prio, tag)
+
+    env.timeout(0).callbacks.append(lambda _e: send(topo.gpus[0], 4 * C, 5, "low"))
+    env.timeout(3.5 * US).callbacks.append(lambda _e: send(topo.gpus[1], C, 0, "high"))
+    loop(env)
+    assert log == [
+        ("high", pytest.approx(17 * US + LAT, rel=1e-12)),
+        ("low", pytest.approx(21 * US + LAT, rel=1e-12)),
+    ]
+    starts = {m.tag: m.start_s for m in net.messages}
+    assert starts == {"low": 0.0, "high": pytest.approx(3.5 * US, rel=1e-12)}
+    assert next(env._eid) == 2 + 5 * 2  # two timeouts, 5 chunks x 2 hops
+    sent = {link.name: (s, r) for link, s, r, _b in net.link_bytes() if s}
+    assert sorted(sent.values()) == [(C, C), (4 * C, 4 * C), (5 * C, 5 * C)]
 
 
 def test_analytic_priority_queues_whole_messages_per_link():

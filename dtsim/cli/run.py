@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 from typing import Any
 
@@ -64,6 +66,7 @@ def run(
     check_work(config)
     with progress_bar() as progress:
         result = simulate(config, progress=progress)
+    _freeze_at_exit()
     if trace_out:
         from simcore.chrome import to_chrome_trace
 
@@ -108,3 +111,12 @@ def run(
             ran,
             lambda line: click.echo(line, err=to_err or as_json),
         )
+
+
+def _freeze_at_exit() -> None:
+    """Have the objects alive when the interpreter shuts down frozen (``gc.freeze``), so
+    that its last collections skip them: a run leaves a trace, a result and its records,
+    which nothing needs collected at exit. Registered once however often ``run`` runs in
+    one process."""
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -732,12 +732,11 @@ class ParameterServerScheme(Scheme):
             for c, plist in enumerate(self.parts[k]):
                 for s2, nb in plist:
                     if s2 == s:
-                        for r in self.class_ranks[c]:
-                            self._send_value(k, s, r, it, nb)
+                        self._send_values(k, s, it, nb, self.class_ranks[c])
             return
         self.ready.add(key)
         for r, nb in self.pulls.pop(key, []):
-            self._send_value(k, s, r, it, nb)
+            self._send_values(k, s, it, nb, (r,))
 
     def _acked(self, msg: Message) -> None:
         k, s, r, it, _nb = msg.payload
@@ -759,22 +758,33 @@ class ParameterServerScheme(Scheme):
     def _pull_arrived(self, msg: Message) -> None:
         k, s, r, it, nb = msg.payload
         if (k, s, it) in self.ready:
-            self._send_value(k, s, r, it, nb)
+            self._send_values(k, s, it, nb, (r,))
         else:
             self.pulls.setdefault((k, s, it), []).append((r, nb))
 
-    def _send_value(self, k: int, s: int, r: int, it: int, nbytes: int) -> None:
+    def _send_values(self, k: int, s: int, it: int, nbytes: int, ranks: Sequence[int]) -> None:
+        """Send server ``s``'s values of shard ``k`` (``nbytes`` each) to every rank of
+        ``ranks``, in order."""
+        if self.group_mult is not None:
+            for r in ranks:
+                self._send_grouped_value(k, s, r, it, nbytes)
+            return
+        sh = self.shards[k]
+        src, gpus = self.server_dev[s], self.ctx.topology.gpus
+        tag = self._pull_tags[sh.layer]
+        # Plain messages, sent in one call each as _push sends (what _send would do,
+        # without its two calls and its keyword packing: a value per worker and slice),
+        # Network.send's arguments by position as in _push
+        send, arrived, priority = self.ctx.transport.send, self._value_arrived, sh.priority
+        for r in ranks:
+            send(src, gpus[r], nbytes, arrived, priority, tag, -1, r, it, (k, s, r, it))
+
+    def _send_grouped_value(self, k: int, s: int, r: int, it: int, nbytes: int) -> None:
+        """Send rank ``r``'s values of shard ``k`` from server ``s`` in the placed mean
+        field (see :meth:`_send`)."""
         sh = self.shards[k]
         src, dst = self.server_dev[s], self.ctx.topology.gpus[r]
         tag, payload = self._pull_tags[sh.layer], (k, s, r, it)
-        if self.group_mult is None:
-            # A plain message, sent in one call as _push sends (what _send would do,
-            # without its two calls and its keyword packing: a value per worker and
-            # slice), Network.send's arguments by position as in _push
-            self.ctx.transport.send(
-                src, dst, nbytes, self._value_arrived, sh.priority, tag, -1, r, it, payload
-            )
-            return
         self._send(
             src,
             dst,
