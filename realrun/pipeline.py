@@ -77,7 +77,7 @@ the trace would hold them (the simulator's ``activation_peak_bytes``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -97,7 +97,7 @@ from realrun.runtime import (
     make_optimizer,
     output_shape,
 )
-from realrun.stages import StageModule, split_model
+from realrun.stages import SavedBytes, StageModule, split_model
 from simcore import schedule as sch
 from simcore.collectives import ring_bytes_sent
 from simcore.records import BACKWARD, COMM, COMPUTE, FORWARD, PREDICT, RECOMPUTE, UPDATE
@@ -198,29 +198,6 @@ def microbatch(job: Any, m: int, microbatches: int, cache: dict[int, Any]) -> An
 
 
 # ---- the runtime -------------------------------------------------------------------------------
-
-
-class _SavedBytes:
-    """Counts the bytes autograd saves while active (saved-tensor hooks), each storage
-    once, leaving out the storages of ``held`` (tensors held anyway: the weights, the
-    stage's inputs, counted apart)."""
-
-    def __init__(self, held: Iterable[torch.Tensor] = ()) -> None:
-        self.nbytes = 0
-        self._seen: set[int] = {t.untyped_storage().data_ptr() for t in held}
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        try:
-            ptr = t.untyped_storage().data_ptr()
-        except RuntimeError:
-            return t
-        if ptr not in self._seen:
-            self._seen.add(ptr)
-            self.nbytes += t.untyped_storage().nbytes()
-        return t
-
-    def hooks(self) -> Any:
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
 
 
 def accumulate(
@@ -470,7 +447,7 @@ class PipelineRuntime:
             count: Any = emudevice.counting_held()
             hooks: Any = contextlib.nullcontext()
         else:  # what autograd keeps, beside the weights and the inputs
-            counter = _SavedBytes([*weights.values(), *x])
+            counter = SavedBytes([*weights.values(), *x])
             count, hooks = contextlib.nullcontext(counter), counter.hooks()
         with torch.set_grad_enabled(grad), count as held, hooks:
             out = self.mod.call(weights, *x)

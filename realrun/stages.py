@@ -25,7 +25,7 @@ runs the stage on other weight versions (PipeDream's stash, SpecTrain's predicti
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -331,3 +331,28 @@ def _check_params(gm: fx.GraphModule, stages: list[StageModule]) -> None:
     missing = {n for n, p in gm.named_parameters() if p.requires_grad} - set(seen)
     if missing:
         raise ValueError(f"parameters in no stage: {sorted(missing)[:5]}")
+
+
+class SavedBytes:
+    """Counts the bytes autograd saves while active (saved-tensor hooks), each storage
+    once, leaving out the storages of ``held`` (tensors held anyway: the weights, the
+    stage's inputs, counted apart)."""
+
+    def __init__(self, held: Iterable[torch.Tensor] = ()) -> None:
+        self.nbytes = 0
+        self._seen: set[int] = {t.untyped_storage().data_ptr() for t in held}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """The pack hook: count ``t``'s storage if it is new, keep ``t`` as it is."""
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except RuntimeError:
+            return t
+        if ptr not in self._seen:
+            self._seen.add(ptr)
+            self.nbytes += t.untyped_storage().nbytes()
+        return t
+
+    def hooks(self) -> Any:
+        """The context manager that counts while it is active."""
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)

@@ -18,7 +18,6 @@ from realrun.job import Job  # noqa: E402
 from realrun.launch import launch  # noqa: E402
 from realrun.metrics import summarize  # noqa: E402
 from realrun.pipeline import (  # noqa: E402
-    _SavedBytes,
     accumulate,
     make_schedule,
     microbatch,
@@ -26,7 +25,7 @@ from realrun.pipeline import (  # noqa: E402
     replay_reference,
 )
 from realrun.runtime import build_model, loss_of, make_optimizer  # noqa: E402
-from realrun.stages import split_model  # noqa: E402
+from realrun.stages import SavedBytes, split_model  # noqa: E402
 from tests.test_real import simulate_same  # noqa: E402
 
 pytestmark = pytest.mark.real
@@ -309,11 +308,11 @@ def test_the_saved_bytes_leave_out_the_weights_and_the_inputs() -> None:
     are the stage's input and weights)."""
     lin = torch.nn.Linear(64, 128)
     x = torch.randn(4, 64, requires_grad=True)
-    counter = _SavedBytes([*lin.parameters(), x])
+    counter = SavedBytes([*lin.parameters(), x])
     with counter.hooks():
         torch.relu(lin(x))
     assert counter.nbytes == 4 * 128 * 4
-    everything = _SavedBytes()
+    everything = SavedBytes()
     with everything.hooks():
         torch.relu(lin(x))
     assert everything.nbytes == counter.nbytes + 64 * 128 * 4 + 4 * 64 * 4
