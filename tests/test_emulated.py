@@ -605,5 +605,10 @@ def test_a_pipeline_ranks_memory_and_bytes_are_the_simulators(
     assert r["activation_peak_bytes"] == r["predicted_activation_peak_bytes"]
     assert r["stash_peak_bytes"] == r["predicted_stash_peak_bytes"]
     assert r["comm_bytes_per_iteration"] == r["predicted_comm_bytes_per_iteration"]
+    from dtsim.cli.real import _predicted_memory
+
+    assert _predicted_memory(r) == " (sim run's, to the byte)"  # what `sim real` prints
+    off = _predicted_memory(dict(r, predicted_activation_peak_bytes=[1024, 3072]))
+    assert off.startswith("; sim run: ") and off.endswith(" / 3 KiB")
     if scheme == "pipedream":
         assert r["stash_peak_bytes"][0] > 0  # stage 0 keeps an older version in flight

@@ -648,7 +648,8 @@ def real_table(r: dict[str, Any], rate: float | None = None) -> str:
                 + ", ".join(
                     f"{format_bytes(a)} / {format_bytes(b)}"
                     for a, b in zip(r["stash_peak_bytes"], r["activation_peak_bytes"])
-                ),
+                )
+                + _predicted_memory(r),
             ),
         )
     if "emulated_iteration_time_s" in r:
@@ -662,6 +663,18 @@ def real_table(r: dict[str, Any], rate: float | None = None) -> str:
             )
         )
     return head + "\n" + table(rows)
+
+
+def _predicted_memory(r: dict[str, Any]) -> str:
+    """What ``sim run`` predicted for an emulated pipeline's stash and activation peaks,
+    beside the measured ones (empty without a prediction)."""
+    keys = ("stash_peak_bytes", "activation_peak_bytes")
+    if not all(f"predicted_{k}" in r for k in keys):
+        return ""
+    if all(r[k] == r[f"predicted_{k}"] for k in keys):
+        return " (sim run's, to the byte)"
+    pred = zip(r["predicted_stash_peak_bytes"], r["predicted_activation_peak_bytes"])
+    return "; sim run: " + ", ".join(f"{format_bytes(a)} / {format_bytes(b)}" for a, b in pred)
 
 
 def emulated_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
