@@ -790,44 +790,69 @@ def measure_goodput(
     Timed from the sender's first byte (connection already open) to the receiver's last, on
     the system-wide monotonic clock, so interpreter start-up is not counted. Pick ``nbytes``
     for a second or two at the expected rate: tbf's initial burst inflates short transfers."""
-    if src == dst:
-        raise ValueError("src and dst must be different hosts")
+    return measure_goodputs(cluster, [(src, dst)], nbytes, timeout_s=timeout_s)[0]
+
+
+def measure_goodputs(
+    cluster: EmulatedCluster,
+    pairs: Sequence[tuple[int, int]],
+    nbytes: int,
+    *,
+    timeout_s: float = 60.0,
+) -> list[float]:
+    """The goodput of each flow of ``pairs`` (``(src, dst)`` hosts) when they all send
+    ``nbytes`` at once, each timed as :func:`measure_goodput` times one flow: flows in
+    opposite directions, or into a host that is sending too, share its link's directions."""
     if nbytes <= 0:
         raise ValueError(f"nbytes must be positive, got {nbytes}")
-    dst_host, src_host = cluster.hosts[dst], cluster.hosts[src]
-    recv = subprocess.Popen(
-        cluster.command(dst, [sys.executable, "-c", _RECEIVER, dst_host.address, str(nbytes)]),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert recv.stdout is not None
-        port_line = recv.stdout.readline().strip()
-        if not port_line.isdigit():
-            recv.kill()
-            raise RuntimeError(
-                f"goodput receiver in {dst_host.namespace} failed: "
-                f"{recv.communicate(timeout=5)[1].strip()}"
-            )
-        send = _run(
-            cluster.command(
-                src, [sys.executable, "-c", _SENDER, dst_host.address, port_line, str(nbytes)]
-            ),
-            timeout_s=timeout_s,
+    if any(src == dst for src, dst in pairs):
+        raise ValueError("src and dst must be different hosts")
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(host: int, script: str, *args: str) -> subprocess.Popen[str]:
+        argv = [sys.executable, "-c", script, *args]
+        proc = subprocess.Popen(
+            cluster.command(host, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-        out, err = recv.communicate(timeout=timeout_s)
-        if recv.returncode != 0:
-            raise RuntimeError(f"goodput receiver failed: {err.strip()}")
-        got_s, end_s = out.split()
-        start = float(send.stdout.strip())
-        if int(got_s) != nbytes:
-            raise RuntimeError(f"receiver got {got_s} of {nbytes} bytes from {src_host.namespace}")
-        return nbytes / (float(end_s) - start)
+        procs.append(proc)
+        return proc
+
+    try:
+        receivers = []
+        for _src, dst in pairs:
+            address = cluster.hosts[dst].address
+            recv = start(dst, _RECEIVER, address, str(nbytes))
+            assert recv.stdout is not None
+            port = recv.stdout.readline().strip()
+            if not port.isdigit():
+                recv.kill()
+                raise RuntimeError(
+                    f"goodput receiver in {cluster.hosts[dst].namespace} failed: "
+                    f"{recv.communicate(timeout=5)[1].strip()}"
+                )
+            receivers.append((recv, address, port))
+        senders = [
+            start(src, _SENDER, address, port, str(nbytes))
+            for (src, _dst), (_recv, address, port) in zip(pairs, receivers, strict=True)
+        ]
+        out = []
+        for (src, _dst), send, (recv, _a, _p) in zip(pairs, senders, receivers, strict=True):
+            sent, send_err = send.communicate(timeout=timeout_s)
+            got, err = recv.communicate(timeout=timeout_s)
+            if send.returncode != 0 or recv.returncode != 0:
+                raise RuntimeError(f"goodput flow failed: {(send_err + err).strip()}")
+            got_s, end_s = got.split()
+            if int(got_s) != nbytes:
+                raise RuntimeError(
+                    f"receiver got {got_s} of {nbytes} bytes from {cluster.hosts[src].namespace}"
+                )
+            out.append(nbytes / (float(end_s) - float(sent.strip())))
+        return out
     finally:
-        if recv.poll() is None:
-            recv.kill()
-            recv.wait()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 # ---------------------------------------------------------------------------------------

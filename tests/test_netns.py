@@ -14,7 +14,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import FrozenInstanceError
@@ -31,6 +30,7 @@ from realrun.netns import (
     check_available,
     list_ours,
     measure_goodput,
+    measure_goodputs,
     remove_stale,
     shape_for_rate,
     terminate_as_interrupt,
@@ -251,19 +251,12 @@ def test_shaping_applies_to_each_direction(prefix: str) -> None:
     rate = 40 * MBIT
     nbytes = 3_000_000
     with EmulatedCluster(3, rate, prefix=prefix) as cluster:
-        results: dict[int, float] = {}
-        threads = [
-            threading.Thread(
-                target=lambda s=s: results.__setitem__(s, measure_goodput(cluster, s, 2, nbytes))
-            )
-            for s in (0, 1)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=30)
+        results = dict(zip((0, 1), measure_goodputs(cluster, [(0, 2), (1, 2)], nbytes)))
+        # the two directions of a link are shaped apart: flows both ways add up
+        both_ways = measure_goodputs(cluster, [(0, 1), (1, 0)], nbytes)
         stats = cluster.qdisc_stats()
     assert sorted(results) == [0, 1]
+    assert sum(both_ways) > 1.4 * rate and max(both_ways) <= 1.02 * rate, both_ways
     # unshaped downlinks would let the two flows add up to twice the rate
     assert sum(results.values()) <= 1.3 * rate, sum(results.values()) / rate
     assert stats[2]["down"]["bytes"] >= 2 * nbytes

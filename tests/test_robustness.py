@@ -334,13 +334,23 @@ def test_the_estimate_counts_every_worker_on_cpu_hosts(scheme):
     assert est.messages == simulate(config).messages
 
 
-@pytest.mark.parametrize("scheme", ["mp", "gpipe", "pipedream"])
+@pytest.mark.parametrize("scheme", ["mp", "gpipe", "pipedream", "zbv"])
 def test_a_pipelines_estimate_takes_its_declared_microbatches(scheme):
     # mp runs one micro-batch, the others one per stage or GPU: the estimate follows
     # within a small factor, as the guard promises
-    config = build_config(RunSpec(scheme=scheme, gpus=8, model="gnmt"), record_spans=False)
+    spec = RunSpec(scheme=scheme, gpus=8, model="gnmt")
+    config = build_config(spec, record_spans=False)
     ratio = estimate(config).events / simulate(config).model_events
     assert 1 / 3 < ratio < 4
+    if scheme == "mp":
+        return
+    # and it grows with a declared micro-batch count as the run does: an estimate that
+    # ignored the option would keep its events while the run's double
+    ratios = []
+    for m in (16, 32):
+        config = build_config(spec.replace(**{"scheme.microbatches": m}), record_spans=False)
+        ratios.append(estimate(config).events / simulate(config).model_events)
+    assert ratios[1] == pytest.approx(ratios[0], rel=0.1)
 
 
 @settings(max_examples=30, deadline=None)
