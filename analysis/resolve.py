@@ -250,6 +250,10 @@ def build_config(spec: RunSpec, *, record_spans: bool = True) -> SimConfig:
     options = options_from_mapping(scheme.Options, spec.scheme_options, prefix="scheme.")
     trace = resolve_trace(spec.model)
     preset, bandwidth = preset_at_rate(load_preset(spec.topology), spec.bandwidth)
+    if trace.meta.step_bytes_per_s > 0:  # a profile taken inside the runtime (sim profile)
+        from realrun.calibrated import with_profiled_step
+
+        preset = dict(with_profiled_step(preset, trace.meta))
     topo = TopologySpec(
         preset=preset,
         gpus=spec.gpus,

@@ -10,8 +10,10 @@ every case its output folder does not hold yet, and for each case :func:`run_cas
    one rate (``calibrate_at``) that every case's rate is predicted from
    (:func:`realrun.calibrated.at_rate`: the what-if across link rates); or a given
    calibration file of any age. Kept as ``calibration/<bandwidth>.yaml``;
-2. **profiles** the model on this machine (``ensure_trace``; a pipeline's trace is
-   profiled at its micro-batch), kept as ``traces/...json``;
+2. **profiles** the model on this machine once for every case of it (``ensure_trace``:
+   the data-parallel runtime on one rank at two batch sizes, each layer's time a fixed
+   part plus a part per sample, so other batches and micro-batches are predicted from
+   it), kept as ``traces/...json``;
 3. **predicts** the case (:mod:`analysis.validation.prediction`, ``predict_case``) from
    the profile and the calibration alone: the **prediction**, the number the validation
    is judged by. With ``sim validate --predict-only`` every case's prediction is written

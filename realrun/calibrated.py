@@ -179,3 +179,32 @@ def at_rate(preset: Mapping[str, Any], rate_bytes_per_s: float) -> dict[str, Any
     old_name = str(preset.get("name", "calibrated"))
     out["name"] = f"{old_name}@{format_rate(rate_bytes_per_s).replace(' ', '')}"
     return out
+
+
+PROFILED = ("profile", "run")
+"""Sources of a preset's optimizer step that a trace's measured step does not replace: a
+validation's case preset already carries its profile's (or its run's) step."""
+
+
+def with_profiled_step(preset: Mapping[str, Any], meta: Any) -> Mapping[str, Any]:
+    """``preset`` with the optimizer step that the trace of ``meta``
+    (:class:`traces.model.TraceMeta`) measured inside the training runtime
+    (``sim profile --in-runtime``) as its ``gpu.memory_bandwidth_bytes_per_s`` and
+    ``gpu.step_overhead_s``, sourced ``profile``; ``preset`` itself when it is not
+    calibrated (a GPU preset's step is the GPU's), when the trace measured no step, or
+    when the preset's step already came from a profile or a run."""
+    rate = float(getattr(meta, "step_bytes_per_s", 0.0) or 0.0)
+    if rate <= 0 or not is_calibrated(preset):
+        return preset
+    out = canonical(copy.deepcopy(dict(preset)))
+    measured = dict(_measured(out))
+    sources = dict(measured.get("sources") or knob_sources(out))
+    if sources.get("gpu.memory_bandwidth_bytes_per_s") in PROFILED:
+        return preset
+    gpu = dict(out.get("gpu") or {})
+    gpu["memory_bandwidth_bytes_per_s"] = format_rate_text(rate)
+    gpu["step_overhead_s"] = format_time_text(float(meta.step_overhead_s))
+    out["gpu"] = gpu
+    sources["gpu.memory_bandwidth_bytes_per_s"] = sources["gpu.step_overhead_s"] = "profile"
+    out["measured"] = {**measured, "sources": sources}
+    return out

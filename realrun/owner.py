@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 OWNER_ENV = "DTSIM_RUN_OWNER"
 """Environment variable naming a rank process's owner (its tag)."""
-TEMP_KINDS = ("real", "calibrate", "linkcpu", "validate", "validate-profile")
+TEMP_KINDS = ("real", "calibrate", "linkcpu", "validate", "profile")
 """The ``KIND`` of the temporary folders that carry their owner's tag."""
 _TEMP_RE = re.compile(rf"^dtsim-({'|'.join(TEMP_KINDS)})-(\d+)-(\d+)-")
 WATCH_INTERVAL_S = 0.5

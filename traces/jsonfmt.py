@@ -42,6 +42,8 @@ FORMAT_VERSION = 1
 
 _WHERE = ("cpu", "cpu_cores", "gpu", "machine")
 """Meta fields saying where a trace was measured, written only when set."""
+_STEP = ("step_bytes_per_s", "step_overhead_s")
+"""Meta fields of the optimizer step measured with the profile, written only when set."""
 
 
 def to_dict(trace: Trace) -> dict[str, Any]:
@@ -60,6 +62,7 @@ def to_dict(trace: Trace) -> dict[str, Any]:
             "provenance": m.provenance,
             **({"peak_flop_per_s": m.peak_flop_per_s} if m.peak_flop_per_s else {}),
             **{k: getattr(m, k) for k in _WHERE if getattr(m, k)},
+            **{k: getattr(m, k) for k in _STEP if getattr(m, k)},
         },
         "layers": [
             {
@@ -143,6 +146,7 @@ def from_dict(data: Any, source: str = "<dict>") -> Trace:
         cpu_cores=v.integer(meta_d, "meta", "cpu_cores", default=0),
         gpu=v.string(meta_d, "meta", "gpu", default=""),
         machine=v.string(meta_d, "meta", "machine", default=""),
+        **{k: v.number(meta_d, "meta", k) for k in _STEP if k in meta_d},
     )
     layers_l = data.get("layers")
     if not isinstance(layers_l, list) or not layers_l:

@@ -98,6 +98,12 @@ class TraceMeta:
         gpu: the GPU model it was measured on, for a trace measured on CUDA.
         machine: a fingerprint of that machine's hardware (CPU model, cores, memory,
             GPU; no host name), if recorded: equal fingerprints, same kind of machine.
+        step_bytes_per_s: the optimizer step's rate over weight-sized memory passes,
+            measured with the profile inside the training runtime (0: not measured);
+            a calibrated preset of the same machine takes it as its
+            ``gpu.memory_bandwidth_bytes_per_s``.
+        step_overhead_s: the optimizer step's fixed cost measured with it (likewise
+            ``gpu.step_overhead_s``).
     """
 
     model: str
@@ -113,6 +119,8 @@ class TraceMeta:
     cpu_cores: int = 0
     gpu: str = ""
     machine: str = ""
+    step_bytes_per_s: float = 0.0
+    step_overhead_s: float = 0.0
 
     @property
     def measured_on(self) -> str:

@@ -4,8 +4,9 @@ The emulated cluster's **calibration**, once per link rate or once at one rate t
 every case is moved to (:func:`prepare_calibrations`; the host's wake-up wait fitted
 over all of them, :func:`pool_calibrations`), kept as ``calibration/<bandwidth>.yaml``;
 where a case's calibration came from, as a row's columns (:func:`calibration_columns`).
-The model's **profile** inside the runtime the case uses (:func:`ensure_trace`), kept
-as ``traces/...json`` with its optimizer step's cost; and the case's preset: the
+The model's **profile**, one per model, inside the data-parallel runtime on one rank
+at two batch sizes (:func:`ensure_trace`), kept as ``traces/...json`` with its
+optimizer step's cost; and the case's preset: the
 calibration with the costs measured with a trace (:func:`case_topology`).
 """
 
@@ -16,23 +17,19 @@ import json
 import math
 import os
 import re
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from analysis.validation.harness import make_job, sim_config
+from analysis.matrix_defaults import BATCH
 from analysis.validation.matrix import Case, bandwidth_label, zoo_model
-from realrun.owner import temp_prefix
 from simcore.config import ConfigError
-from simcore.schemes import get_scheme
 from traces.atomic import write_text
 
-PROFILE_ITERATIONS, PROFILE_WARMUP = 12, 2
-"""Iterations of the real run a case's compute is measured in (means over the measured ones)."""
-PROFILE_REPEATS = 3
-"""Profile runs per trace; each layer's time is their median (as the real side's is the
-median of its repeats): one run on this shared machine has been 25% off another."""
+PROFILE_BATCHES = (BATCH // 4, BATCH)
+"""The batch sizes every model's profile is measured at (:func:`ensure_trace`): the
+development matrix's batch and its quarter (GPipe's micro-batch there); other batches
+and micro-batches are predicted from them."""
 
 Calibrator = Callable[[float], Mapping[str, Any]]
 """``calibrator(rate_bytes_per_s) -> topology preset mapping``."""
@@ -146,95 +143,58 @@ def prepare_calibrations(
     return calibrations
 
 
-def profile_scheme(scheme: str) -> str:
-    """The runtime a case's compute is profiled in: the pipeline's own (its stage calls,
-    weight copies and stashing are part of its compute), else the data-parallel one."""
-    return scheme if get_scheme(scheme).pipeline else "dp"
-
-
 def trace_path(
     out_dir: str,
     model: str,
-    batch: int,
+    batches: tuple[int, ...],
     input_shape: tuple[int, ...] | None = None,
-    runtime: str = "dp",
-    ranks: int = 1,
 ) -> str:
-    """Where the trace of ``model`` at ``batch`` measured in ``runtime`` on ``ranks``
-    ranks lives."""
+    """Where the profile of ``model`` measured at ``batches`` lives."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model.rsplit("/", 1)[-1])
     if input_shape is not None:
         safe += "-" + "x".join(map(str, input_shape))
     if not zoo_model(model):  # two files of one name in different folders differ
         safe += "-" + hashlib.sha256(model.encode()).hexdigest()[:6]
-    on = f"-{ranks}r" if ranks > 1 else ""
-    return os.path.join(out_dir, "traces", f"{safe}-{runtime}{on}-b{batch}.json")
+    sizes = "-".join(str(b) for b in batches)
+    return os.path.join(out_dir, "traces", f"{safe}-runtime-b{sizes}.json")
 
 
-def ensure_trace(out_dir: str, case: Case, topology_file: str) -> tuple[str, dict[str, float]]:
-    """The layer trace of ``case``'s model, measured on this machine now inside the
-    runtime the case uses (the median of :data:`PROFILE_REPEATS` runs), and its
+def ensure_trace(out_dir: str, case: Case) -> tuple[str, dict[str, float]]:
+    """The profile of ``case``'s model, one per model for every case of a validation
+    (every scheme, rank count, link rate, stage cut, batch and micro-batch), and its
     optimizer step's cost (``memory_bandwidth_bytes_per_s``, ``step_overhead_s``);
-    reused when ``out_dir`` already has them.
+    measured now where ``out_dir`` does not hold it yet.
 
-    A real run on this machine's loopback (:func:`profile_scheme`'s runtime) is turned
-    into the trace by :func:`realrun.metrics.trace_from_run`, so what the runtime does
-    around each layer is part of the layer's time, and each layer's time is the CPU work
-    its rank's main thread did for it. A data-parallel case is profiled on one rank
-    (every rank runs the whole model; communication is the simulator's). A pipeline is
-    profiled with its own stages, micro-batches and schedule, since what a stage does
-    around its layers (its call, receiving, weight copies) each stage pays: the
-    ``--profile-out`` of a real run. The per-layer profiler's trace only gives the
-    structure (parameters, activations, the graph)."""
-    runtime = profile_scheme(case.scheme)
-    pipeline = get_scheme(runtime).pipeline
-    ranks = case.ranks if pipeline else 1
-    path = trace_path(out_dir, case.model, case.trace_batch, case.input_shape, runtime, ranks)
+    It is :func:`realrun.runtime_profile.profile_in_runtime`'s profile, as ``sim profile
+    --in-runtime`` takes it: the data-parallel runtime on one rank on this machine's
+    loopback, at :data:`PROFILE_BATCHES` samples (a layer's time fitted as a fixed part
+    plus a part per sample), so a case at another batch, or a pipeline's micro-batch, is
+    predicted from it, not profiled. Nothing comes from the case's own runtime. The
+    per-layer profile that gives the structure (parameters, activations, the graph) is
+    kept beside it (``.layers.json``)."""
+    path = trace_path(out_dir, case.model, PROFILE_BATCHES, case.input_shape)
     rate_path = path.removesuffix(".json") + ".update.json"
     if os.path.exists(path) and os.path.exists(rate_path):
         with open(rate_path, encoding="utf-8") as fh:
             return path, json.load(fh)
-    import tempfile
-
-    from realrun.launch import launch
-    from realrun.metrics import UpdateCost, median_trace, trace_from_run, update_cost
     from realrun.profiler import ProfileConfig, profile_model
-    from simcore.config import OPTIMIZERS
+    from realrun.runtime_profile import profile_in_runtime
     from traces.jsonfmt import save
 
     base = profile_model(
-        case.model, ProfileConfig(batch_size=case.trace_batch, progress=False), case.input_shape
+        case.model,
+        ProfileConfig(batch_size=max(PROFILE_BATCHES), progress=False),
+        case.input_shape,
     )
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    base_path = path.removesuffix(".json") + ".layers.json"
-    save(base, base_path)  # the per-layer profile: the structure, kept for reference
-    one = replace(
-        case,
-        scheme=runtime,
-        ranks=ranks,
-        iterations=PROFILE_ITERATIONS,
-        warmup_iterations=PROFILE_WARMUP,
-        options=case.options if pipeline else (),
-    )
-    config = sim_config(one, base_path, topology_file, record_spans=False)
-    job = make_job(one, config)
-    runs = []
-    for _ in range(PROFILE_REPEATS):
-        with tempfile.TemporaryDirectory(prefix=temp_prefix("validate-profile")) as tmp:
-            runs.append(launch(job, tmp))
-    trace = median_trace([trace_from_run(records, base) for records in runs])
-    costs = [update_cost(records, base, OPTIMIZERS[job.optimizer][1]) for records in runs]
-    cost = UpdateCost(
-        statistics.median(c.bytes_per_s for c in costs),
-        statistics.median(c.overhead_s for c in costs),
+    save(base, path.removesuffix(".json") + ".layers.json")
+    profile = profile_in_runtime(
+        case.model, PROFILE_BATCHES, input_shape=case.input_shape, structure=base
     )
     tmp_path = path + ".tmp.json"
-    save(trace, tmp_path)
+    save(profile.trace, tmp_path)
     os.replace(tmp_path, path)
-    update = {
-        "memory_bandwidth_bytes_per_s": cost.bytes_per_s,
-        "step_overhead_s": cost.overhead_s,
-    }
+    update = profile.update_mapping()
     write_text(rate_path, json.dumps(update))
     return path, update
 

@@ -132,11 +132,6 @@ class Case:
         return int(dict(self.options).get("microbatches", 1))
 
     @property
-    def trace_batch(self) -> int:
-        """The batch of the trace the simulator needs: the micro-batch for a pipeline."""
-        return self.batch_size // self.microbatches
-
-    @property
     def case_id(self) -> str:
         """A readable, stable name: scheme, model, bandwidth, ranks, plus a hash of the
         rest (batch, iterations, options, seconds measured; not ``run_iterations``)."""

@@ -56,7 +56,7 @@ def predict_case(case: Case, out_dir: str, calibration: str) -> Prediction:
     are planned (:meth:`Case.planned`) to fill the case's seconds at the predicted time."""
     from simcore.engine import simulate
 
-    trace_file, update = ensure_trace(out_dir, case, calibration)
+    trace_file, update = ensure_trace(out_dir, case)
     topology = case_topology(out_dir, calibration, trace_file, update)
     config = sim_config(case, trace_file, topology)
     result = simulate(config)

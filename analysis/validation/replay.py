@@ -239,6 +239,6 @@ def remeasure(
 
     _trace, preset = measured_files(case, out_dir, repeat)
     records = load_records(records_path(out_dir, case, repeat))
-    trace_file, update = ensure_trace(out_dir, case, preset)
+    trace_file, update = ensure_trace(out_dir, case)
     job = Job.from_dict(records["job"])
     return simulate_measured(case, records, repeat, into, preset, trace_file, update, job, ensemble)

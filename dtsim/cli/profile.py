@@ -25,14 +25,23 @@ declared once there, with the same defaults as 'sim real'."""
 @setting_option(REAL_FIELDS["input_shape"])
 @setting_option(REAL_FIELDS["batch_size"])
 @click.option(
+    "--in-runtime",
+    is_flag=True,
+    help="Measure inside the data-parallel training runtime on one rank (real "
+    "torch.distributed steps on loopback), as 'sim validate' profiles: each layer's time "
+    "includes the runtime's work around it (hooks, autograd, Python), which layers timed "
+    "alone leave out, and the optimizer step's cost is measured too and kept in the trace "
+    "(a calibrated preset takes it). CPU only.",
+)
+@click.option(
     "--fit-batch",
     type=click.IntRange(min=0),
-    default=0,
+    default=None,
     metavar="N",
     help="Also profile at N samples (fewer than --batch-size, e.g. a quarter) and fit each "
     "layer's times as a fixed part plus a part per sample, so other batch sizes and "
     "pipeline micro-batches are predicted from this one trace instead of scaled in "
-    "proportion. [default: 0, no fit]",
+    "proportion; 0: no fit. [default: 0; a quarter of the batch with --in-runtime]",
 )
 @click.option(
     "--device",
@@ -89,9 +98,10 @@ declared once there, with the same defaults as 'sim real'."""
 @click.option(
     "--repeats",
     type=click.IntRange(min=1),
-    default=5,
-    show_default=True,
-    help="Timed samples per layer and direction (the median is kept).",
+    default=None,
+    help="Timed samples per layer and direction (the median is kept); with --in-runtime, "
+    "training runs per batch size (each layer's median over them). [default: 5; 3 with "
+    "--in-runtime]",
 )
 @click.option(
     "--warmup",
@@ -118,7 +128,8 @@ def profile(
     model: str | None,
     input_shape: str | None,
     batch_size: str | None,
-    fit_batch: int,
+    in_runtime: bool,
+    fit_batch: int | None,
     device: str,
     dtype: str,
     out: str | None,
@@ -127,7 +138,7 @@ def profile(
     device_flops: str | None,
     efficiency: float,
     memory_bandwidth: str | None,
-    repeats: int,
+    repeats: int | None,
     warmup: int,
     threads: int,
     seed: int,
@@ -145,10 +156,17 @@ def profile(
     a part that does not grow with the batch and a part per sample, so that 'sim run' at
     another batch size, or a pipeline's micro-batches, pays each call's fixed cost.
 
+    With --in-runtime the times are measured inside real training steps of the
+    data-parallel runtime on one rank (at the batch and a quarter of it, fitted as
+    above), with the optimizer step's cost: the profile 'sim validate' predicts every
+    scheme, rank count and micro-batch from. Use it with a 'sim calibrate' preset of
+    this machine ('sim run --model TRACE --topology CALIBRATED.yaml').
+
     \b
     Examples:
       sim profile --model resnet18 --batch-size 8 --out resnet18.json
       sim run --model resnet18.json --gpus 4 --scheme dp
+      sim profile --model mlp_medium --batch-size 24 --in-runtime --out mlp.json
       sim profile --model vgg16 --batch-size 64 --analytic --device-flops 15.7TFLOPS
       sim profile --model mynet.py:make_net --input-shape 3,32,32 --out mynet.json
       sim profile --model resnet18 --batch-size 8 --format chakra --out resnet18.0.et
@@ -178,6 +196,13 @@ def profile(
     given = {"model": model, "input_shape": input_shape, "batch_size": batch_size}
     spec = RealSpec().replace(**{k: v for k, v in given.items() if v is not None})
     batch_size = spec.batch_size or DEFAULT_REAL_BATCH
+    if in_runtime and (analytic or fmt == "chakra" or device != "cpu"):
+        raise BadInput(
+            "--in-runtime measures real training steps on this machine's CPU; drop it with "
+            "--analytic, --format chakra or --device cuda"
+        )
+    if fit_batch is None:
+        fit_batch = batch_size // 4 if in_runtime and batch_size >= 8 else 0
     if fit_batch and (analytic or fmt == "chakra"):
         raise BadInput(
             "--fit-batch: only a measured dtsim trace has fixed parts to fit; drop it with "
@@ -208,7 +233,7 @@ def profile(
             device=device,
             dtype=dtype,
             warmup=warmup,
-            repeats=repeats,
+            repeats=repeats or 5,
             threads=threads,
             analytic=analytic,
             device_flops=flops_rate,
@@ -218,7 +243,9 @@ def profile(
             progress=progress,
         )
         trace = profile_model(model_name, config, shape)
-        if fit_batch:
+        if in_runtime:
+            trace = _in_runtime(model_name, shape, trace, fit_batch, batch_size, repeats or 3)
+        elif fit_batch:
             from dataclasses import replace
 
             from traces.batchfit import fit_batch_model
@@ -236,12 +263,62 @@ def profile(
             f"profiling {resolved.name} ({text[:160]}); use a smaller batch"
         ) from None
     save_trace(trace, path)
+    if in_runtime:
+        click.echo(
+            f"optimizer step: {format_bytes(trace.meta.step_bytes_per_s)}/s over weight-sized "
+            f"passes + {format_time(trace.meta.step_overhead_s)} a step (kept in the trace)"
+        )
     click.echo(
         f"wrote {path}: {resolved.name}, {len(trace.layers)} layers, batch {batch_size} on "
         f"{trace.meta.device}; forward {format_time(trace.forward_s)} + backward "
         f"{format_time(trace.backward_s)} per batch; {trace.param_count / 1e6:.2f}M params "
         f"({format_bytes(trace.param_bytes)}); took {time.perf_counter() - started:.1f} s"
     )
+
+
+def _in_runtime(
+    model_name: str,
+    shape: tuple[int, ...] | None,
+    structure: Any,
+    fit_batch: int,
+    batch_size: int,
+    repeats: int,
+) -> Any:
+    """``--in-runtime``: the profile inside the data-parallel runtime
+    (:func:`realrun.runtime_profile.profile_in_runtime`) at ``fit_batch`` (where set) and
+    ``batch_size``, with a progress bar on a terminal."""
+    import sys
+
+    from tqdm import tqdm
+
+    from dtsim.cli.clean import clean_stale
+    from realrun.runtime_profile import profile_in_runtime
+
+    clean_stale()
+    batches = (fit_batch, batch_size) if fit_batch else (batch_size,)
+    bar = tqdm(
+        total=len(batches) * repeats,
+        desc="profiling in the runtime",
+        unit="run",
+        leave=False,
+        disable=not sys.stderr.isatty(),
+    )
+
+    def progress(done: int, total: int) -> None:
+        bar.n = done
+        bar.refresh()
+
+    try:
+        return profile_in_runtime(
+            model_name,
+            batches,
+            input_shape=shape,
+            structure=structure,
+            repeats=repeats,
+            progress=progress,
+        ).trace
+    finally:
+        bar.close()
 
 
 def _record_chakra(

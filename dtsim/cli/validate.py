@@ -219,20 +219,27 @@ def validate(
     dry_run: bool,
     progress: bool | None,
 ) -> None:
-    """Check the simulator against real runs: for each case of a matrix (schemes x models
-    x bandwidths x ranks), calibrate the emulated cluster (once per bandwidth), profile
-    the model on this machine (once per batch), simulate on the calibrated topology, run
-    it for real --repeats times (network namespaces, needs root) and compare iteration
-    time, throughput, bytes per link (exactly), utilisation and bubble per rank. Every
-    case is compared on each run's own measured compute (every run simulated again on
-    its layer times, --sim-seeds times with a little compute jitter, their mean its
-    prediction; medians compared; the profile's prediction is kept in the table).
+    """Check the simulator's predictions against real runs: for each case of a matrix
+    (schemes x models x bandwidths x ranks), calibrate the emulated cluster (once per
+    bandwidth, or once with --calibrate-at or --calibration), profile each model once
+    (the data-parallel runtime on one rank at two batch sizes; every case of the model,
+    its micro-batches included, is predicted from that one profile), predict the case
+    from the profile and the calibration alone, run it for real --repeats times
+    (network namespaces, needs root) and compare iteration time, throughput, bytes per
+    link (exactly), utilisation and bubble per rank.
+
+    The prediction is what is scored. Each run is also replayed (simulated again on its
+    own measured layer times and overheads, --sim-seeds times with a little compute
+    jitter): a labelled second column that tells a wrong input from a wrong model, never
+    the headline. With --predict-only the predictions are registered first (commit,
+    time, input hashes); a later run of the same --out scores them as written.
 
     Writes DIR/validation.parquet and .csv (one row per case), DIR/report.md with a
-    scatter of simulated against measured time and per-case timelines, the Chrome
-    traces of both sides in DIR/timelines/, and each real run's records in DIR/real/
-    (bench/resimulate.py simulates them again). Rerunning the same command skips
-    finished cases. Exits 1 when the median error exceeds --fail-above.
+    scatter of predicted (and replayed) against measured time and per-case timelines,
+    the Chrome traces of both sides in DIR/timelines/, and each real run's records in
+    DIR/real/ (bench/resimulate.py simulates them again). Rerunning the same command
+    skips finished cases. Exits 1 when the prediction's median error exceeds
+    --fail-above or its largest --fail-above-max.
 
     \b
     Examples:
