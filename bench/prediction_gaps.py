@@ -8,7 +8,8 @@ under load, a pipeline's send holds). This simulates each case of the folder who
 starts with the given prefix on the prediction's inputs with ONE of the replay's put in
 (each knob alone, then the run's layer times alone, then all knobs, then everything: the
 replay), all on the stages the run used, and prints the iteration times beside the
-measured one::
+measured one, and how the run's layer times compare with the profile's at the same
+(micro-)batch::
 
     python bench/prediction_gaps.py validation/ [PREFIX] [--repeat 0]
 
@@ -93,6 +94,21 @@ def gaps(out_dir: str, row: dict[str, Any], repeat: int = 0) -> list[tuple[str, 
     return out
 
 
+def compute_ratio(out_dir: str, row: dict[str, Any], repeat: int = 0) -> tuple[float, float]:
+    """``(run_s, profile_s)``: the forward and backward seconds of every layer once, at
+    the batch the run measured (a pipeline's micro-batch), in the run's layer times
+    (repeat ``repeat``) and in the profile's (rescaled to that batch)."""
+    from analysis.validation.inputs import PROFILE_BATCHES, trace_path
+    from analysis.validation.matrix import case_from_row
+    from analysis.validation.replay import measured_files
+    from traces.jsonfmt import load
+
+    case = case_from_row(row)
+    run = load(measured_files(case, out_dir, repeat)[0])
+    profile = load(trace_path(out_dir, case.model, PROFILE_BATCHES, case.input_shape))
+    return run.compute_s, profile.rescale_batch(run.meta.batch_size).compute_s
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", help="a sim validate --out folder")
@@ -118,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for what, t in lines:
             print(f"  {1e3 * t:8.1f} ms {100 * (t - measured) / measured:+6.1f}%  {what}")
+        run_s, profile_s = compute_ratio(args.out_dir, row, args.repeat)
+        print(
+            f"  the run's layers took {1e3 * run_s:.1f} ms a pass, the profile's "
+            f"{1e3 * profile_s:.1f} ms ({run_s / profile_s:.2f}x)"
+        )
     return 0
 
 

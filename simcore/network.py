@@ -824,7 +824,13 @@ def uplink_factors(topology: Topology, seed: int) -> dict[int, float]:
     mean 1 and coefficient of variation ``flow_spread``, drawn from ``seed``, and at most
     1 (no flow beats a lone one: the link's rate is what a lone flow gets). An uplink is
     a link direction into a switch (a NIC's or a server's); the downlinks keep their
-    rate, so a flow's rate is its sender's draw. Empty when the topology has neither."""
+    rate, so a flow's rate is its sender's draw. Empty when the topology has neither,
+    and on CPU hosts, whose ranks, messaging and links' packet work share the machine's
+    cores as the host model charges them: the concurrent-flows benchmark's shortfall is
+    that same work there, and counting it twice made the CPU cluster's slow links 20-30%
+    slower than measured (docs/prediction.md)."""
+    if topology.host_spec is not None and topology.gpu_spec.kind == "cpu":
+        return {}
     share, cv = topology.flow_share, topology.flow_spread
     devices = topology.devices
     ups = [

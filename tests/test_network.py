@@ -420,6 +420,21 @@ def spread_star(share: float, spread: float, n: int = 3):
     return b.build(list(range(n)), flow_share=share, flow_spread=spread)
 
 
+def test_cpu_hosts_draw_no_uplink_factors_and_device_hosts_do():
+    """On CPU hosts the flows' shortfall is the shared cores' work, which the host model
+    charges: no rate factors there; hosts with devices (emulated or GPU) draw them."""
+    from dataclasses import replace
+
+    from simcore.network import uplink_factors
+    from simcore.topology import GpuSpec, HostSpec
+
+    topo = spread_star(0.8, 0.05, n=4)
+    cpu = replace(topo, host_spec=HostSpec(cores=2, shared=True), gpu_spec=GpuSpec(kind="cpu"))
+    device = replace(cpu, gpu_spec=GpuSpec(kind="gpu"))
+    assert uplink_factors(cpu, 0) == {}
+    assert uplink_factors(device, 0) == uplink_factors(topo, 0) != {}
+
+
 def test_uplink_factors_scale_only_the_links_into_a_switch_and_follow_the_seed():
     from simcore.network import uplink_factors
 

@@ -3,6 +3,7 @@ and one real end-to-end validation on an emulated cluster."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import secrets
@@ -599,6 +600,19 @@ def test_every_bandwidth_is_calibrated_first_and_the_wakeup_pooled(
 
 # ---- for real ------------------------------------------------------------------------
 
+
+def _bench(name: str) -> Any:
+    """The script ``bench/NAME.py`` as a module."""
+    import importlib.util
+
+    path = Path(__file__).parent.parent / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 _REASON = netns_unavailable_reason()
 needs_netns = pytest.mark.skipif(
     _REASON is not None, reason=f"network namespaces unavailable: {_REASON}"
@@ -706,6 +720,20 @@ def test_validate_end_to_end_on_an_emulated_cluster(
     assert [(pid, 0) for pid in df["point_id"]] == [(pid, k) for pid, k, _p in walked]
     assert all(os.path.exists(path) for *_x, path in walked)
     assert [c.scheme for _r, c, _k, _p in kept_repeats(out, "gpipe-")] == ["gpipe"]
+    # bench/prediction_gaps.py starts from the very prediction and ends at the replay,
+    # every variant on the run's stages
+    gaps = _bench("prediction_gaps")
+    with open(os.path.join(out, "validation.csv"), newline="") as fh:
+        for row in csv.DictReader(fh):
+            lines = gaps.gaps(out, row)
+            assert lines[0][0] == "prediction" and lines[-1][0].startswith("replay")
+            predicted = float(row["predicted_iteration_time_s"])
+            assert lines[0][1] == pytest.approx(predicted, rel=1e-9)
+            assert all(t > 0 for _what, t in lines)
+    assert gaps.main([out, "gpipe-"]) == 0
+    assert "the run's layers took" in capsys.readouterr().out
+    assert gaps.main([out, "nothing-"]) == 2
+    assert "no case of" in capsys.readouterr().err
     # gpipe's iteration of four micro-batches is short: more than two measured
     assert int(by.loc["gpipe", "run_iterations"]) > 2
     med = float(df["abs_prediction_rel_err"].median())
