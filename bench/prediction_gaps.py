@@ -51,7 +51,7 @@ def gaps(out_dir: str, row: dict[str, Any], repeat: int = 0) -> list[tuple[str, 
 
     from analysis.resolve import load_preset
     from analysis.validation.harness import sim_config
-    from analysis.validation.inputs import PROFILE_BATCHES, trace_path
+    from analysis.validation.inputs import PROFILE_BATCHES, case_preset_path, trace_path
     from analysis.validation.matrix import case_from_row
     from analysis.validation.replay import measured_files, stages_path
     from simcore.engine import simulate
@@ -60,9 +60,7 @@ def gaps(out_dir: str, row: dict[str, Any], repeat: int = 0) -> list[tuple[str, 
 
     case = case_from_row(row)
     profile = trace_path(out_dir, case.model, PROFILE_BATCHES, case.input_shape)
-    calibration = str(row["calibration"])
-    stem = os.path.basename(calibration).removesuffix(".yaml")
-    predicted_preset = profile.removesuffix(".json") + f"-{stem}.yaml"
+    predicted_preset = case_preset_path(profile, str(row["calibration"]))
     run_trace, run_preset = measured_files(case, out_dir, repeat)
     if not (os.path.exists(profile) and os.path.exists(predicted_preset)):
         raise FileNotFoundError(f"no profile and preset of {case.model} in {out_dir}")

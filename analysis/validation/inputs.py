@@ -199,6 +199,13 @@ def ensure_trace(out_dir: str, case: Case) -> tuple[str, dict[str, float]]:
     return path, update
 
 
+def case_preset_path(trace_file: str, topology_file: str) -> str:
+    """Where :func:`case_topology` keeps the case preset of ``trace_file`` on
+    ``topology_file``: beside the trace, named after both."""
+    stem = os.path.basename(topology_file).removesuffix(".yaml")
+    return trace_file.removesuffix(".json") + f"-{stem}.yaml"
+
+
 def case_topology(
     out_dir: str,
     topology_file: str,
@@ -241,8 +248,7 @@ def case_topology(
     for key in ("p2p_message_cpu_s", "isend_s", "posted_cpu_s"):
         if key in update:
             preset["host"] = {**dict(preset.get("host") or {}), key: float(update[key])}
-    stem = os.path.basename(topology_file).removesuffix(".yaml")
-    path = trace_file.removesuffix(".json") + f"-{stem}.yaml"
+    path = case_preset_path(trace_file, topology_file)
     if not os.path.exists(path):
         import yaml
 
