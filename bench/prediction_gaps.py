@@ -85,6 +85,8 @@ def gaps(out_dir: str, row: dict[str, Any], repeat: int = 0) -> list[tuple[str, 
         if value is None or value == (base.get(section) or {}).get(key):
             continue
         one = {**base, section: {**dict(base.get(section) or {}), key: value}}
+        if key == "p2p_message_cpu_s":  # the run's figure stands for every load
+            one["host"]["p2p_message_busy_cpu_s"] = 0.0
         out.append((f"+ {section}.{key} = {value}", simulate_on(one, profile)))
     out.append(("+ the run's layer times", simulate_on(base, run_trace)))
     out.append(("+ all the run's knobs", simulate_on(run, profile)))

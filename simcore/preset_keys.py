@@ -138,7 +138,9 @@ class PresetKey:
 
 _UNSHAPED = "calibration:unshaped ping-pong"
 _MESSENGER = "calibration:messenger ping-pong"
+_MESSENGER_BUSY = "calibration:messenger ping-pong beside compute"
 _SHAPED = "calibration:shaped ping-pong"
+_ISEND = "calibration:isend beside compute"
 _FLOWS = "calibration:concurrent flows"
 _LINK_CPU = "calibration:link cpu"
 
@@ -205,10 +207,16 @@ KEYS: tuple[PresetKey, ...] = (
         "host", "p2p_copy_cpu_s_per_byte", "float", "s/byte",
         "the messenger threads' CPU per byte", _MESSENGER, minimum=0,
     ),
-    PresetKey("host", "isend_s", "seconds", "s", "the sending thread's hold per isend", "run"),
+    PresetKey(
+        "host", "p2p_message_busy_cpu_s", "seconds", "s",
+        "the same at an end whose cores all compute", _MESSENGER_BUSY,
+    ),
+    PresetKey(
+        "host", "isend_s", "seconds", "s", "the sending thread's hold per isend", _ISEND,
+    ),
     PresetKey(
         "host", "posted_cpu_s", "seconds", "s",
-        "a pipeline's transport threads' CPU per message end", "run",
+        "a pipeline's transport threads' CPU per message end", _ISEND,
     ),
     PresetKey(
         "host", "wakeup_s", "seconds", "s",

@@ -101,17 +101,25 @@ class HostSpec:
         p2p_copy_cpu_s_per_byte: CPU seconds per byte such a message costs each end
             beyond ``copy_cpu_s_per_byte`` (the messenger's buffers and tensor handling);
             ``sim calibrate`` fits it with ``p2p_message_cpu_s`` over message sizes.
+        p2p_message_busy_cpu_s: what ``p2p_message_cpu_s`` is at an end whose machine has
+            every core computing when the message starts (the messenger's threads
+            preempt compute and run on caches it filled); ``sim calibrate`` fits it from
+            the same ping-pong beside computing main threads. 0: ``p2p_message_cpu_s``
+            at any load.
         isend_s: how long handing a message to the transport holds the sending rank's
             thread beyond the message's CPU (``message_cpu``): the runtime's code around
             an ``isend`` whose bytes that thread writes itself (pipelines' and gossip's
             messages, :attr:`simcore.transport.Transport.isend_on_thread`).
-            ``sim validate`` measures it in each run (the main threads' send spans).
+            ``sim calibrate`` measures it with two ranks exchanging such messages while
+            they compute; a replay of ``sim validate`` takes it from its run (the main
+            threads' send spans).
         posted_cpu_s: CPU seconds each end of a message that a rank's own thread hands
             to the transport (the pipelines' and gossip's ``isend``) costs the
             transport's threads beyond ``message_cpu``: runnable on the end's cores,
             waited for by nobody (what gloo's threads spend reading and writing the
-            sockets besides the calibrated copies). ``sim validate`` measures it in each
-            pipeline run (its processes' CPU outside their main threads); 0: none.
+            sockets besides the calibrated copies). ``sim calibrate`` measures it in the
+            same benchmark as ``isend_s``, a replay of ``sim validate`` in its pipeline
+            run (its processes' CPU outside their main threads); 0: none.
         wakeup_s: how long a thread a message wakes waits for a core when every core of
             its machine computes, per computing thread per core: a time-slicing
             scheduler lets the running threads go on to the end of their slices first,
@@ -147,6 +155,7 @@ class HostSpec:
     socket_buffer_bytes: int = 0
     p2p_message_cpu_s: float = 0.0
     p2p_copy_cpu_s_per_byte: float = 0.0
+    p2p_message_busy_cpu_s: float = 0.0
     isend_s: float = 0.0
     posted_cpu_s: float = 0.0
     wakeup_s: float = 0.0
@@ -174,10 +183,13 @@ class HostSpec:
         """CPU seconds one end spends on ``nbytes`` sent as ``messages`` messages."""
         return messages * self.message_cpu_s + nbytes * self.copy_cpu_s_per_byte
 
-    def p2p_cpu(self, nbytes: int) -> float:
+    def p2p_cpu(self, nbytes: int, busy: bool = False) -> float:
         """CPU seconds a message of ``nbytes`` through a messenger costs each end beyond
-        :meth:`message_cpu`."""
-        return self.p2p_message_cpu_s + nbytes * self.p2p_copy_cpu_s_per_byte
+        :meth:`message_cpu`; ``busy``: at an end whose cores all compute."""
+        per_message = self.p2p_message_cpu_s
+        if busy and self.p2p_message_busy_cpu_s > 0:
+            per_message = self.p2p_message_busy_cpu_s
+        return per_message + nbytes * self.p2p_copy_cpu_s_per_byte
 
 
 @dataclass(frozen=True)

@@ -174,16 +174,15 @@ class HostTransport(Transport):
                 net.start(msg)
                 return msg
             reduce_bytes = nbytes if reduces else 0
-            extra_s = spec.p2p_cpu(nbytes) if p2p else 0.0
             if handshake_s > 0:
                 sender = senders.get(src)
                 if sender is None:
                     sender = senders[src] = _Sender(self, handshake_s, spec.socket_buffer_bytes)
-                sender.queue(msg, segments, reduce_bytes, extra_s)
+                sender.queue(msg, segments, reduce_bytes, p2p)
             elif on_thread and src in cpu.thread_of:  # the rank's thread: running
-                start(msg, segments, reduce_bytes, extra_s, True)
+                start(msg, segments, reduce_bytes, p2p, True)
             else:  # the thread that writes the bytes waits for a core first
-                cpu.wake(src, lambda: start(msg, segments, reduce_bytes, extra_s))
+                cpu.wake(src, lambda: start(msg, segments, reduce_bytes, p2p))
             return msg
 
         return send
@@ -193,11 +192,11 @@ class HostTransport(Transport):
         msg: Message,
         segments: int,
         reduce_bytes: int,
-        extra_s: float,
+        p2p: bool,
         on_thread: bool = False,
     ) -> None:
         """Put ``msg`` on the wire with its ends' CPU work."""
-        self._join(msg, segments, reduce_bytes, extra_s, on_thread)
+        self._join(msg, segments, reduce_bytes, p2p, on_thread)
         self.net.start(msg)
 
     def _join(
@@ -205,18 +204,16 @@ class HostTransport(Transport):
         msg: Message,
         segments: int,
         reduce_bytes: int,
-        extra_s: float = 0.0,
+        p2p: bool = False,
         on_thread: bool = False,
     ) -> None:
-        """Deliver ``msg`` only when the wire and both ends' CPU work are done (each end's
-        with ``extra_s`` more: a messenger thread's own code), and the receiving thread
-        has had a core (:meth:`CommCpu.wake`)."""
+        """Deliver ``msg`` only when the wire and both ends' CPU work are done (with
+        ``p2p`` each end's with a messenger thread's own code too), and the receiving
+        thread has had a core (:meth:`CommCpu.wake`)."""
         cpu = self.cpu
         env = self.net.env
         deliver = msg.on_arrival
-        left, start = cpu.join(
-            msg.src, msg.dst, msg.nbytes, segments, reduce_bytes, extra_s, on_thread
-        )
+        left, start = cpu.join(msg.src, msg.dst, msg.nbytes, segments, reduce_bytes, p2p, on_thread)
         count = [left]
 
         def arrive(_ev: Any = None) -> None:
@@ -278,17 +275,22 @@ class CommCpu:
         nbytes: int,
         messages: int,
         reduce_bytes: int,
-        extra_s: float = 0.0,
+        p2p: bool = False,
         on_thread: bool = False,
     ) -> tuple[int, Callable[[Callable[[], None]], None]]:
-        """Queue the CPU work of one message (each end ``extra_s`` more; with
-        ``on_thread`` the sending end's on ``src``'s rank thread, and each end's
-        ``HostSpec.posted_cpu_s`` beside it, waited for by nobody); returns how many
-        completions (the wire's included) its delivery waits for, and a function that
-        starts the tasks with the callback to call on each completion."""
+        """Queue the CPU work of one message (with ``p2p`` each end a messenger's own
+        code more, :meth:`HostSpec.p2p_cpu`, at its busy cost on an end whose machine
+        has every core computing now; with ``on_thread`` the sending end's on ``src``'s
+        rank thread, and each end's ``HostSpec.posted_cpu_s`` beside it, waited for by
+        nobody); returns how many completions (the wire's included) its delivery waits
+        for, and a function that starts the tasks with the callback to call on each
+        completion."""
         spec = self.spec
-        send_s = spec.message_cpu(nbytes, messages) + extra_s
-        recv_s = send_s + reduce_bytes * spec.reduce_cpu_s_per_byte
+        send_s = recv_s = spec.message_cpu(nbytes, messages)
+        if p2p:
+            send_s += spec.p2p_cpu(nbytes, self.computing(src))
+            recv_s += spec.p2p_cpu(nbytes, self.computing(dst))
+        recv_s += reduce_bytes * spec.reduce_cpu_s_per_byte
         thread = self.thread_of.get(src) if on_thread else None
 
         def start(on_one: Callable[[], None]) -> None:
@@ -320,6 +322,11 @@ class CommCpu:
             Timeout(self.pool_of(device).env, wait).callbacks.append(lambda _ev: then())
         else:
             then()
+
+    def computing(self, device: int) -> bool:
+        """Whether every core of ``device``'s machine is taken by compute now."""
+        pool = self.pool_of(device)
+        return pool.holding >= pool.cores
 
     def wakeup_s(self, device: int) -> float:
         """How long a thread of ``device``'s machine woken now waits for a core: nothing
@@ -433,13 +440,13 @@ class _Sender:
 
     def __init__(self, transport: HostTransport, handshake_s: float, buffer_bytes: int = 0) -> None:
         self.transport, self.handshake_s, self.buffer_bytes = transport, handshake_s, buffer_bytes
-        self.heap: list[tuple[float, int, Message, int, int, float]] = []
+        self.heap: list[tuple[float, int, Message, int, int, bool]] = []
         self.busy = False
         self.seq = 0
         self.sockets: dict[int, _Socket] = {}
 
-    def queue(self, msg: Message, segments: int, reduce_bytes: int, extra_s: float) -> None:
-        heapq.heappush(self.heap, (msg.priority, self.seq, msg, segments, reduce_bytes, extra_s))
+    def queue(self, msg: Message, segments: int, reduce_bytes: int, p2p: bool) -> None:
+        heapq.heappush(self.heap, (msg.priority, self.seq, msg, segments, reduce_bytes, p2p))
         self.seq += 1
         if not self.busy:
             self._next()
@@ -449,7 +456,7 @@ class _Sender:
             self.busy = False
             return
         self.busy = True
-        _prio, _seq, msg, segments, reduce_bytes, extra_s = heapq.heappop(self.heap)
+        _prio, _seq, msg, segments, reduce_bytes, p2p = heapq.heappop(self.heap)
         sock = self.sockets.get(msg.dst)
         if sock is None:
             sock = self.sockets[msg.dst] = _Socket()
@@ -457,7 +464,7 @@ class _Sender:
         def handshake() -> None:
             def go() -> None:
                 ev = Timeout(self.transport.net.env, self.handshake_s)
-                ev.callbacks.append(lambda _e: self._go(msg, sock, segments, reduce_bytes, extra_s))
+                ev.callbacks.append(lambda _e: self._go(msg, sock, segments, reduce_bytes, p2p))
 
             self.transport.cpu.wake(msg.src, go)  # the sending thread may wait for a core
 
@@ -467,16 +474,14 @@ class _Sender:
         else:
             sock.waiting_slot = (need, handshake)
 
-    def _go(
-        self, msg: Message, sock: _Socket, segments: int, reduce_bytes: int, extra_s: float
-    ) -> None:
+    def _go(self, msg: Message, sock: _Socket, segments: int, reduce_bytes: int, p2p: bool) -> None:
         sock.queued += msg.nbytes
         sock.sent += 1
         msg.on_bytes = sock.ack
         deliver = msg.on_arrival
         msg.on_arrival = lambda m: sock.arrive(m, deliver)
         mark = sock.queued - self.buffer_bytes
-        self.transport._start(msg, segments, reduce_bytes, extra_s)
+        self.transport._start(msg, segments, reduce_bytes, p2p)
         if mark <= sock.acked:
             self._next()
         else:

@@ -27,6 +27,7 @@ from realrun.calibration.fits import (
     send_buffer_bytes,
 )
 from realrun.calibration.preset import write_calibration
+from realrun.calibration.ranks import MESSENGER_SIZES_BYTES, element_count
 from realrun.calibration.run import calibrate
 from realrun.machine import tcp_send_buffer_bytes
 from realrun.scheduler import BALANCE_GRID_S, CYCLES
@@ -272,6 +273,19 @@ def test_local_calibration_writes_a_topology_sim_run_reads(tmp_path: Any, capsys
     # beside a computing main thread, the other threads' CPU per message is kept too
     busy = [r for r in preset["measured"]["messenger"] if r["busy"]]
     assert busy and all(r["messages_cpu_s"] >= 0 for r in busy)
+    # a pipeline's isend beside compute: every size measured, fitted into the file
+    assert [r["bytes"] for r in preset["measured"]["isend"]] == [
+        4 * element_count(n) for n in MESSENGER_SIZES_BYTES
+    ]
+    assert all(r["isend_cpu_s"] > 0 for r in preset["measured"]["isend"])
+    for key in ("isend_s", "posted_cpu_s"):
+        assert preset["host"][key] == preset["measured"]["fits"][key] >= 0
+    # and fitted into the busy cost per message
+    assert preset["host"]["p2p_message_busy_cpu_s"] >= 0
+    assert (
+        preset["host"]["p2p_message_busy_cpu_s"]
+        == preset["measured"]["fits"]["p2p_message_busy_cpu_s"]
+    )
     # the scheduler benchmark ran first, one process more than cores, and its fitted
     # load-balancing delay is the file's host.balance_s
     sched = preset["measured"]["scheduler"]
@@ -444,11 +458,15 @@ def test_cli_errors_are_one_line(
 
 def test_cli_without_netns_says_why_in_one_line(capsys: Any, monkeypatch: Any) -> None:
     import realrun.netns as netns
+    import realrun.owner
+    import realrun.stale
 
     def refuse() -> None:
         raise netns.NetnsUnavailable("emulated clusters need root (network namespaces); try")
 
     monkeypatch.setattr(netns, "check_available", refuse)
+    # what dead runs left elsewhere on the machine would add its own note line
+    monkeypatch.setattr(realrun.stale, "remove_stale", lambda *a: realrun.owner.Removed())
     code, _, err = run_main(capsys, "calibrate", "--bandwidth", "1Gbps")
     assert code == 2 and err.count("\n") == 1 and "need root" in err
 
@@ -482,6 +500,57 @@ def test_the_messengers_cpu_is_a_line_over_message_sizes():
     assert a >= 0 and b > 0
     assert fit_messenger_cpu([(1024, 3e-4), (1024, 1e-4), (1024, 2e-4)]) == (2e-4, 0.0)
     assert fit_messenger_cpu([]) == (0.0, 0.0)
+
+
+def test_the_messengers_busy_cpu_is_the_per_message_part_beside_compute():
+    """``busy_messenger_cpu``: the busy rows' CPU per message (``messages_cpu_s``) less a
+    plain send's (per message and per byte) gives a line whose per-message part is
+    ``p2p_message_busy_cpu_s``; idle rows and rows without the figure are left out, and
+    without busy rows it is 0 (the idle cost stands for every load)."""
+    from realrun.calibration.fits import busy_messenger_cpu
+
+    message_cpu, copy = 1.5e-4, 3e-10
+    busy, burn = 4.5e-4, 1e-9  # per message beside compute; per byte in flight
+    rows = [
+        {"bytes": n, "busy": True, "messages_cpu_s": message_cpu + n * copy + busy + n * burn}
+        for n in (1 << 10, 64 << 10, 256 << 10, 1 << 20)
+    ]
+    rows += [{"bytes": 1024, "busy": False, "cpu_s": 1.0}, {"bytes": 2048, "busy": True}]
+    assert busy_messenger_cpu(rows, message_cpu, copy) == pytest.approx(busy, rel=1e-6)
+    assert busy_messenger_cpu(rows[-2:], message_cpu, copy) == 0.0
+
+
+def test_the_isend_hold_and_the_transports_cpu_are_per_message_parts_beside_compute():
+    """``isend_rows`` takes each size's medians over the two ranks; ``fit_isend`` gives
+    the per-message parts of the lines through the main thread's CPU in an ``isend``
+    beyond the sending end's charge, and through the other threads' CPU per end beyond
+    half a message's charge (per-byte parts, the link's packet work, left out)."""
+    from realrun.calibration.fits import fit_isend, isend_rows
+
+    message_cpu, copy = 1.5e-4, 3e-10
+    hold, posted, link = 3e-4, 1e-4, 2e-9
+    results = [
+        {
+            "isend": [
+                {
+                    "bytes": n,
+                    "shaped": True,
+                    "isend_cpu_s": k * (message_cpu + n * copy + hold + n * link),
+                    "off_main_cpu_s": k * ((message_cpu + n * copy) / 2 + posted + n * link),
+                }
+                for n in (1 << 10, 64 << 10, 256 << 10, 1 << 20)
+            ]
+        }
+        for k in (0.5, 1.0, 1.5)  # three ranks' rows: the median is the middle one's
+    ]
+    rows = isend_rows(results)
+    assert [r["bytes"] for r in rows] == [1 << 10, 64 << 10, 256 << 10, 1 << 20]
+    assert all(r["shaped"] for r in rows)
+    got_hold, got_posted = fit_isend(rows, message_cpu, copy)
+    assert got_hold == pytest.approx(hold, rel=1e-6)
+    assert got_posted == pytest.approx(posted, rel=1e-6)
+    assert fit_isend([], message_cpu, copy) == (0.0, 0.0)
+    assert isend_rows([{"rank": 0}]) == []
 
 
 NETNS_PRESET = os.path.join(

@@ -303,6 +303,36 @@ def test_a_messenger_message_costs_both_ends_its_own_cpu(key, charges):
         assert len(same) == 1, scheme
 
 
+def test_a_messenger_message_costs_its_busy_cpu_only_where_compute_takes_every_core():
+    """``p2p_message_busy_cpu_s`` replaces ``p2p_message_cpu_s`` at an end whose cores
+    all compute when the message starts: with one core per rank (two ranks computing on
+    two cores) a higher busy cost makes the parameter server slower and never faster;
+    with a core more than the ranks compute on, it is never charged; 0 means the idle
+    cost at any load; the bytes never change."""
+    from simcore.topology import HostSpec
+
+    spec = HostSpec(p2p_message_cpu_s=1e-4, p2p_message_busy_cpu_s=5e-4)
+    assert spec.p2p_cpu(0) == pytest.approx(1e-4)
+    assert spec.p2p_cpu(0, busy=True) == pytest.approx(5e-4)
+    assert HostSpec(p2p_message_cpu_s=1e-4).p2p_cpu(0, busy=True) == pytest.approx(1e-4)
+    tr = trace(n_layers=4, param_bytes=MB, fwd_s=5e-3)
+    times, sent = [], set()
+    for busy in (0.0, 1e-4, 2e-3, 8e-3):
+        res = run(preset(cores=2, p2p_message_cpu_s=1e-4, p2p_message_busy_cpu_s=busy), 2,
+                  "ps", trace=tr)  # fmt: skip
+        times.append(res.iteration_time_s)
+        sent.add(res.comm_bytes_total)
+    assert times[0] == pytest.approx(times[1])  # 0: the idle cost, which 1e-4 is
+    assert times == sorted(times) and times[3] > times[1]
+    assert len(sent) == 1
+    spare = {
+        run(preset(cores=8, p2p_message_cpu_s=1e-4, p2p_message_busy_cpu_s=b), 2, "ps",
+            trace=tr).iteration_time_s
+        for b in (0.0, 8e-3)
+    }  # fmt: skip
+    assert len(spare) == 1
+
+
 @pytest.mark.parametrize("wakeup_s", [0.5e-3, 2e-3])
 def test_a_woken_thread_waits_for_a_core_only_while_compute_takes_all(wakeup_s):
     """``host.wakeup_s`` with free communication CPU: a two-rank ring all-reduce has two

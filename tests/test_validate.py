@@ -316,6 +316,7 @@ def test_a_cases_preset_takes_the_runs_step_and_messenger_costs(tmp_path: Path) 
     path = case_topology(str(tmp_path), calibration, trace2, update)
     topo = build_topology(TopologySpec(load_preset(path), 2))
     assert topo.host_spec is not None and topo.host_spec.p2p_message_cpu_s == 3e-4
+    assert topo.host_spec.p2p_message_busy_cpu_s == 0  # the run's figure at every load
     assert topo.host_spec.p2p_copy_cpu_s_per_byte == pytest.approx(
         float(calibrated["host"]["p2p_copy_cpu_s_per_byte"])
     )

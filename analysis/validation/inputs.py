@@ -237,6 +237,8 @@ def case_topology(
     for key in ("p2p_message_cpu_s", "isend_s", "posted_cpu_s"):
         if key in update:
             sources[f"host.{key}"] = "run"
+    if "p2p_message_cpu_s" in update:  # the run's figure is its messages' at every load
+        sources["host.p2p_message_busy_cpu_s"] = "run"
     preset["measured"] = {**measured, "sources": sources}
     preset["gpu"] = {
         **dict(preset.get("gpu") or {}),
@@ -248,6 +250,8 @@ def case_topology(
     for key in ("p2p_message_cpu_s", "isend_s", "posted_cpu_s"):
         if key in update:
             preset["host"] = {**dict(preset.get("host") or {}), key: float(update[key])}
+    if "p2p_message_cpu_s" in update:
+        preset["host"]["p2p_message_busy_cpu_s"] = 0.0
     path = case_preset_path(trace_file, topology_file)
     if not os.path.exists(path):
         import yaml

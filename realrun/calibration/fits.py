@@ -27,11 +27,14 @@ __all__ = [
     "SEGMENT_BYTES",
     "LineFit",
     "allreduce_rows",
+    "busy_messenger_cpu",
     "fit_cpu_cost",
+    "fit_isend",
     "fit_latency_bandwidth",
     "fit_line",
     "fit_messenger_cpu",
     "fit_shaped_link",
+    "isend_rows",
     "median",
     "pingpong_rows",
     "segment_bytes",
@@ -244,6 +247,65 @@ def fit_messenger_cpu(points: Sequence[tuple[float, float]]) -> tuple[float, flo
         return max(0.0, median(ys)), 0.0
     fit = fit_line(xs, ys, relative=False)
     return fit.intercept, fit.slope
+
+
+def busy_messenger_cpu(
+    messenger: Sequence[Mapping[str, Any]], message_cpu_s: float, copy_cpu_s_per_byte: float
+) -> float:
+    """``p2p_message_busy_cpu_s``: the per-message part of :func:`fit_messenger_cpu`'s
+    line through the messenger ping-pong rows measured beside computing main threads
+    (``busy``; their ``messages_cpu_s``, the process's CPU less the main thread's, per
+    message) beyond a plain send's ``message_cpu_s`` and copies; 0 without such rows
+    (the idle cost stands for every load)."""
+    points = [
+        (m["bytes"], m["messages_cpu_s"] - (message_cpu_s + m["bytes"] * copy_cpu_s_per_byte))
+        for m in messenger
+        if m.get("busy") and "messages_cpu_s" in m
+    ]
+    return fit_messenger_cpu(points)[0] if points else 0.0
+
+
+def isend_rows(results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per size of the pipeline-message benchmark, the medians over its two ranks:
+    ``{bytes, shaped, isend_cpu_s, off_main_cpu_s}`` (see
+    :func:`realrun.calibration.ranks._isend_beside_compute`)."""
+    by_size: dict[int, list[Mapping[str, Any]]] = {}
+    for res in results:
+        for rec in res.get("isend", []):
+            by_size.setdefault(int(rec["bytes"]), []).append(rec)
+    return [
+        {
+            "bytes": n,
+            "shaped": bool(recs[0].get("shaped", False)),
+            "isend_cpu_s": median([float(r["isend_cpu_s"]) for r in recs]),
+            "off_main_cpu_s": median([float(r["off_main_cpu_s"]) for r in recs]),
+        }
+        for n, recs in sorted(by_size.items())
+    ]
+
+
+def fit_isend(
+    rows: Sequence[Mapping[str, Any]], message_cpu_s: float, copy_cpu_s_per_byte: float
+) -> tuple[float, float]:
+    """``(isend_s, posted_cpu_s)`` from :func:`isend_rows`: the per-message parts of
+    :func:`fit_messenger_cpu`'s lines through, over the sizes, the main thread's CPU in an
+    ``isend`` beyond the message's sending end (``message_cpu_s`` and the copies, what
+    ``HostSpec.message_cpu`` charges it), and the other threads' CPU per message end
+    beyond half a message's (the receiving end's, charged off the rank's thread; one end
+    in two is a receive). Their per-byte parts are left out: over a shaped link they
+    hold the link's packet work, which ``link_cpu_s_per_byte`` charges. ``(0, 0)``
+    without rows."""
+    if not rows:
+        return 0.0, 0.0
+    hold = [
+        (r["bytes"], r["isend_cpu_s"] - (message_cpu_s + r["bytes"] * copy_cpu_s_per_byte))
+        for r in rows
+    ]
+    posted = [
+        (r["bytes"], r["off_main_cpu_s"] - (message_cpu_s + r["bytes"] * copy_cpu_s_per_byte) / 2)
+        for r in rows
+    ]
+    return fit_messenger_cpu(hold)[0], fit_messenger_cpu(posted)[0]
 
 
 def fit_cpu_cost(

@@ -27,11 +27,14 @@ from realrun.calibrated import (
 from realrun.calibration import CalibrationError, KiB
 from realrun.calibration.fits import (
     allreduce_rows,
+    busy_messenger_cpu,
     fit_cpu_cost,
+    fit_isend,
     fit_latency_bandwidth,
     fit_line,
     fit_messenger_cpu,
     fit_shaped_link,
+    isend_rows,
     median,
     pingpong_rows,
     send_buffer_bytes,
@@ -166,6 +169,13 @@ def make_preset(
             if not m["busy"] and not m["shaped"] and "cpu_s" in m
         ]
     )
+    # the same beside computing main threads: per message, what a run's messages cost
+    # where the ranks compute (the fitted line's per-byte part is left out: over a shaped
+    # link it holds the threads' burn while a message is in flight)
+    p2p_busy_cpu = busy_messenger_cpu(messenger, message_cpu, process_copy_cpu)
+    # a pipeline's isend on a computing rank's own thread, and its transport threads
+    isend = isend_rows(results)
+    isend_hold, posted_cpu = fit_isend(isend, message_cpu, process_copy_cpu)
     compute = next(r["compute"] for r in results if r.get("compute"))
     red_x = [c["bytes"] for c in compute["reduce"]]
     red_fit = fit_line(red_x, [c["cpu_s"] for c in compute["reduce"]])
@@ -223,6 +233,9 @@ def make_preset(
         "p2p_handshake_s": handshake,
         "p2p_message_cpu_s": p2p_message_cpu,
         "p2p_copy_cpu_s_per_byte": p2p_copy_cpu,
+        "p2p_message_busy_cpu_s": p2p_busy_cpu,
+        "isend_s": isend_hold,
+        "posted_cpu_s": posted_cpu,
         "socket_buffer_bytes": send_buffer,
     }
     measured: dict[str, Any] = {
@@ -237,6 +250,7 @@ def make_preset(
         "wall_s": round(wall_s, 3),
         "p2p": p2p,
         "messenger": messenger,
+        "isend": isend,
         "allreduce": allreduce_rows(results),
         "reduce": compute["reduce"],
         "copy_bytes_per_s": mem_bw,
@@ -264,6 +278,9 @@ def make_preset(
             "p2p_handshake_s": handshake,
             "p2p_message_cpu_s": p2p_message_cpu,
             "p2p_copy_cpu_s_per_byte": p2p_copy_cpu,
+            "p2p_message_busy_cpu_s": p2p_busy_cpu,
+            "isend_s": isend_hold,
+            "posted_cpu_s": posted_cpu,
             "socket_buffer_bytes": f"{send_buffer}B",
         },
         "gloo": {"segment_bytes": GLOO_SEGMENT, "threads": GLOO_THREADS},

@@ -51,6 +51,11 @@ about 200 KB, ps's shards a few MB)."""
 SMALL_BYTES = 64 * KiB
 SMALL_FACTOR = 4
 
+ISEND_MESSAGES = 60
+"""Rounds of the pipeline-message benchmark per size (each a message each way)."""
+ISEND_WARMUP = 10
+"""Its untimed first rounds."""
+
 SHARING_BYTES = 2 * MiB
 """Each flow's message in the two-flow benchmark (a parameter server's shards are a few
 MB): host 0 sends it to host 1 over two TCP connections, the second starting later."""
@@ -162,6 +167,15 @@ def _rank_main(job_path: str) -> int:  # pragma: no cover - runs in the rank pro
                     )
                 dist.barrier()
                 step(f"messenger {format_bytes(n)} {tag or 'idle'}")
+        elif kind == "isend":
+            for n in MESSENGER_SIZES_BYTES:
+                if rank in (0, 1):
+                    row = _isend_beside_compute(dist, torch, rank, n, ISEND_MESSAGES)
+                    result.setdefault("isend", []).append(
+                        {**row, "shaped": "shape" in job["steps"]}
+                    )
+                dist.barrier()
+                step(f"isend {format_bytes(n)} beside compute")
         elif kind == "sharing":
             if rank in (0, 1):
                 result["sharing"] = _two_flows(
@@ -348,6 +362,51 @@ def _messenger_pingpong(
         "cpu_s": cpu[0],
         "main_cpu_s": main_cpu[0],
         "messages": 2 * len(rts),
+    }
+
+
+def _isend_beside_compute(
+    dist: Any, torch: Any, rank: int, n: int, count: int
+) -> dict[str, Any]:  # pragma: no cover - runs in the rank processes
+    """A pipeline's messages between ranks 0 and 1 while both compute: every receive
+    posted ahead, then ``count`` rounds in which each rank computes about a millisecond
+    (small matrix products), hands an ``n``-byte tensor to ``dist.isend`` on its main
+    thread and waits for the peer's message of the round. The first
+    :data:`ISEND_WARMUP` rounds are warm-up. Returns the main thread's CPU seconds in
+    each timed ``isend`` call (what the call holds the rank for: writing the bytes, the
+    soft interrupts that pass them on), and the process's CPU less the main thread's
+    over the timed rounds per message end (sends and receives: gloo's threads)."""
+    import threading
+
+    peer = 1 - rank
+    numel = element_count(n)
+    out = torch.ones(numel)
+    ins = [torch.empty(numel) for _ in range(count)]
+    recvs = [dist.irecv(b, peer) for b in ins]
+    a = torch.rand(128, 128)
+    main = time.pthread_getcpuclockid(threading.main_thread().ident)
+    calls: list[float] = []
+    sends = []
+    p0 = m0 = 0.0
+    for i in range(count):
+        if i == ISEND_WARMUP:
+            p0, m0 = time.process_time(), time.clock_gettime(main)
+        for _ in range(12):  # about a millisecond of compute
+            a = torch.tanh(a @ a * 0.01)
+        c0 = time.thread_time()
+        sends.append(dist.isend(out, peer))
+        if i >= ISEND_WARMUP:
+            calls.append(time.thread_time() - c0)
+        recvs[i].wait()
+    off_main = (time.process_time() - p0) - (time.clock_gettime(main) - m0)
+    for req in sends:
+        req.wait()
+    timed = count - ISEND_WARMUP
+    return {
+        "bytes": 4 * numel,
+        "isend_cpu_s": sorted(calls)[len(calls) // 2],
+        "off_main_cpu_s": off_main / (2 * timed),
+        "messages": timed,
     }
 
 

@@ -69,7 +69,15 @@ def describe(preset: Mapping[str, Any]) -> list[tuple[str, str]]:
             "beyond the wire's time, "
             f"{h.get('p2p_message_cpu_s', 0.0) * 1e6:.3g} us CPU per message and end "
             f"and {h.get('p2p_copy_cpu_s_per_byte', 0.0) * 1e9:.3g} ns per byte beyond a "
-            "plain send's",
+            "plain send's; "
+            f"{h.get('p2p_message_busy_cpu_s', 0.0) * 1e6:.3g} us per message beside "
+            "computing threads",
+        ),
+        (
+            "isend beside compute",
+            f"{h.get('isend_s', 0.0) * 1e6:.3g} us holding the sending thread beyond the "
+            f"message's CPU, {h.get('posted_cpu_s', 0.0) * 1e6:.3g} us of the transport's "
+            "threads per message end (a pipeline's messages)",
         ),
         *(
             [

@@ -208,6 +208,7 @@ def _steps(job: Mapping[str, Any]) -> int:
         "compute": 3,
         "shape": 0,
         "messenger": len(MESSENGER_SIZES_BYTES),
+        "isend": len(MESSENGER_SIZES_BYTES),
         "sharing": 1,
         "wakeup": 1,
     }
@@ -295,7 +296,7 @@ def calibrate(
     # 200 Mbit/s link also slows for its soft interrupts, which is not a wait)
     steps = ["pingpong:unshaped", "compute", "wakeup"]
     steps += ["messenger:unshaped", "shape", "pingpong:shaped", "sharing"] if shaped else []
-    steps += ["messenger:idle", "messenger:busy", "allreduce"]
+    steps += ["messenger:idle", "messenger:busy", "isend", "allreduce"]
     job = {
         "sizes": sizes,
         "repeats": repeats,
