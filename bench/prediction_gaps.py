@@ -41,6 +41,17 @@ RUN_KNOBS = (
 (``analysis.validation.inputs.case_topology``)."""
 
 
+def profile_file(out_dir: str, case: Any) -> str:
+    """The profile ``out_dir`` predicted ``case`` from: on the ranks a validation profiles
+    on now, else on one rank (folders written before profiles ran on more)."""
+    from analysis.validation.inputs import PROFILE_BATCHES, profile_ranks, trace_path
+
+    path = trace_path(out_dir, case.model, PROFILE_BATCHES, case.input_shape, profile_ranks())
+    if os.path.exists(path):
+        return path
+    return trace_path(out_dir, case.model, PROFILE_BATCHES, case.input_shape)
+
+
 def gaps(out_dir: str, row: dict[str, Any], repeat: int = 0) -> list[tuple[str, float]]:
     """``[(what, iteration_time_s)]`` for the case of table ``row``: the prediction, each
     run knob that differs put in alone, the run's layer times alone, all the run's
@@ -51,7 +62,7 @@ def gaps(out_dir: str, row: dict[str, Any], repeat: int = 0) -> list[tuple[str, 
 
     from analysis.resolve import load_preset
     from analysis.validation.harness import sim_config
-    from analysis.validation.inputs import PROFILE_BATCHES, case_preset_path, trace_path
+    from analysis.validation.inputs import case_preset_path
     from analysis.validation.matrix import case_from_row
     from analysis.validation.replay import measured_files, stages_path
     from simcore.engine import simulate
@@ -59,7 +70,7 @@ def gaps(out_dir: str, row: dict[str, Any], repeat: int = 0) -> list[tuple[str, 
     from simcore.schemes import get_scheme
 
     case = case_from_row(row)
-    profile = trace_path(out_dir, case.model, PROFILE_BATCHES, case.input_shape)
+    profile = profile_file(out_dir, case)
     predicted_preset = case_preset_path(profile, str(row["calibration"]))
     run_trace, run_preset = measured_files(case, out_dir, repeat)
     if not (os.path.exists(profile) and os.path.exists(predicted_preset)):
@@ -98,14 +109,13 @@ def compute_ratio(out_dir: str, row: dict[str, Any], repeat: int = 0) -> tuple[f
     """``(run_s, profile_s)``: the forward and backward seconds of every layer once, at
     the batch the run measured (a pipeline's micro-batch), in the run's layer times
     (repeat ``repeat``) and in the profile's (rescaled to that batch)."""
-    from analysis.validation.inputs import PROFILE_BATCHES, trace_path
     from analysis.validation.matrix import case_from_row
     from analysis.validation.replay import measured_files
     from traces.jsonfmt import load
 
     case = case_from_row(row)
     run = load(measured_files(case, out_dir, repeat)[0])
-    profile = load(trace_path(out_dir, case.model, PROFILE_BATCHES, case.input_shape))
+    profile = load(profile_file(out_dir, case))
     return run.compute_s, profile.rescale_batch(run.meta.batch_size).compute_s
 
 

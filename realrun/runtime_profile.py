@@ -1,11 +1,12 @@
-"""A model's profile taken inside the data-parallel runtime on one rank, at two batch sizes.
+"""A model's profile taken inside the data-parallel runtime, at two batch sizes.
 
 One profile per model serves every prediction made of it: every scheme, rank count,
 link rate, stage cut and micro-batch. It is what ``sim profile --in-runtime`` writes and
 what ``sim validate`` predicts from, so the user's flow and the validation's are one.
 
 :func:`profile_in_runtime` runs the model's training step in the real data-parallel
-runtime on one rank on loopback (``launch``; nothing to communicate), ``repeats`` times at
+runtime on loopback (``launch``), on one rank or on as many as will share the machine's
+cores in the runs to predict (ranks sharing cores compute slower), ``repeats`` times at
 each batch size, and turns each run into a trace with :func:`realrun.metrics.trace_from_run`:
 a layer's time is what its rank's main thread spent from the end of the span before it to
 its own end, so the runtime's work around the layers (hooks, Python, the autograd engine)
@@ -82,6 +83,7 @@ def profile_in_runtime(
     input_shape: tuple[int, ...] | None = None,
     structure: Trace | None = None,
     repeats: int = REPEATS,
+    ranks: int = 1,
     iterations: int = ITERATIONS,
     warmup: int = WARMUP,
     launcher: Launcher | None = None,
@@ -91,13 +93,18 @@ def profile_in_runtime(
     on one rank at each of ``batches`` (see the module docs). ``structure``: the model's
     layers, parameters and graph at any batch (:func:`realrun.profiler.profile_model` at
     the largest batch when not given; only its structure and its times' ratios between
-    layers the runtime does not record are used). ``progress(done, total)`` after each run.
-    ``ValueError`` for no batch, a batch below one or repeats below one."""
+    layers the runtime does not record are used). ``ranks``: data-parallel ranks, each
+    computing ``batches`` samples (more than one: the layers' times are those of a
+    machine whose cores the ranks share, the means over the ranks).
+    ``progress(done, total)`` after each run. ``ValueError`` for no batch, a batch below
+    one, repeats or ranks below one."""
     sizes = sorted(set(int(b) for b in batches))
     if not sizes or sizes[0] < 1:
         raise ValueError(f"batch sizes must be one or more positive numbers, got {batches}")
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
+    if ranks < 1:
+        raise ValueError(f"ranks must be at least 1, got {ranks}")
     if structure is None:
         from realrun.profiler import ProfileConfig, profile_model
 
@@ -118,7 +125,7 @@ def profile_in_runtime(
         base = structure.rescale_batch(size)
         job = job_from_spec(
             "dp",
-            1,
+            ranks,
             {},
             model=model,
             input_shape=input_shape,
@@ -152,7 +159,8 @@ def profile_in_runtime(
     sizes_text = ", ".join(str(b) for b in sizes)
     meta = replace(
         trace.meta,
-        provenance=f"measured inside the data-parallel runtime on one rank by dtsim "
+        provenance=f"measured inside the data-parallel runtime on "
+        f"{'one rank' if ranks == 1 else f'{ranks} ranks'} by dtsim "
         f"(realrun.runtime_profile; batches {sizes_text}, median of {repeats} runs each)"
         + ("; fixed parts fitted over the batches" if len(sizes) > 1 else ""),
         step_bytes_per_s=update.bytes_per_s,

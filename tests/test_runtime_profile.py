@@ -1,4 +1,4 @@
-"""One profile per model, taken inside the data-parallel runtime on one rank
+"""One profile per model, taken inside the data-parallel runtime on the machine's shared cores
 (realrun.runtime_profile): what ``sim profile --in-runtime`` writes, the optimizer step it
 carries into a calibrated preset, and ``sim validate`` predicting every case of a model
 from that one profile."""
@@ -101,6 +101,8 @@ def test_profile_in_runtime_refuses_what_it_cannot_measure() -> None:
         profile_in_runtime("mlp_small", [0, 8], structure=_trace())
     with pytest.raises(ValueError, match="repeats"):
         profile_in_runtime("mlp_small", [8], structure=_trace(), repeats=0)
+    with pytest.raises(ValueError, match="ranks"):
+        profile_in_runtime("mlp_small", [8], structure=_trace(), ranks=0)
 
 
 def test_sim_profile_in_runtime_measures_real_training_steps(
@@ -124,6 +126,26 @@ def test_sim_profile_in_runtime_measures_real_training_steps(
     for layer in trace.layers:
         assert 0 <= layer.forward_fixed_s <= layer.forward_s
         assert 0 <= layer.backward_fixed_s <= layer.backward_s
+
+
+def test_sim_profile_in_runtime_on_two_ranks_takes_their_mean(
+    capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    """``--ranks 2``: two data-parallel ranks on loopback, each at the batch; the trace
+    is at the per-rank batch and says how many ranks it was measured on."""
+    pytest.importorskip("torch", reason="sim profile measures with torch (pip install .[real])")
+    path = tmp_path / "m.json"
+    args = ["profile", "--model", "mlp_small", "--batch-size", "16", "--no-progress"]
+    code, _, err = _run_main(
+        capsys, *args, "--in-runtime", "--ranks", "2", "--repeats", "1", "--out", str(path)
+    )
+    assert code == 0, err
+    trace = load(str(path))
+    assert trace.meta.batch_size == 16 and "on 2 ranks" in trace.meta.provenance
+    assert all(layer.forward_s > 0 for layer in trace.layers if layer.param_bytes > 0)
+    other = tmp_path / "n.json"
+    code, _, err = _run_main(capsys, *args, "--ranks", "2", "--out", str(other))
+    assert code == 2 and "--ranks" in err and "--in-runtime" in err and not other.exists()
 
 
 @pytest.mark.parametrize(

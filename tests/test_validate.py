@@ -24,6 +24,7 @@ from analysis.validation.inputs import (
     case_topology,
     pool_calibrations,
     prepare_calibrations,
+    profile_ranks,
 )
 from analysis.validation.matrix import (
     HELDOUT_BATCH,
@@ -675,13 +676,14 @@ def test_validate_end_to_end_on_an_emulated_cluster(
     for pid in df["point_id"]:
         for path in timeline_paths(out, pid):
             assert os.path.getsize(path) > 0, path
-    # one profile of the model, in a one-rank dp run at two batches, serves both cases
-    # (gpipe's micro-batch from its fitted fixed parts)
+    # one profile of the model, in a dp run at two batches on the machine's shared cores,
+    # serves both cases (gpipe's micro-batch from its fitted fixed parts)
+    on = "-r2" if profile_ranks() == 2 else ""
     traces = sorted(p.name for p in (Path(out) / "traces").glob("*.json"))
     assert traces == [
-        "mlp_medium-runtime-b6-24.json",
-        "mlp_medium-runtime-b6-24.layers.json",
-        "mlp_medium-runtime-b6-24.update.json",
+        f"mlp_medium-runtime-b6-24{on}.json",
+        f"mlp_medium-runtime-b6-24{on}.layers.json",
+        f"mlp_medium-runtime-b6-24{on}.update.json",
     ]
     # both are simulated on each repeat's own measured compute (gpipe on its stages),
     # three times with a little jitter

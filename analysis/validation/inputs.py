@@ -4,9 +4,9 @@ The emulated cluster's **calibration**, once per link rate or once at one rate t
 every case is moved to (:func:`prepare_calibrations`; the host's wake-up wait fitted
 over all of them, :func:`pool_calibrations`), kept as ``calibration/<bandwidth>.yaml``;
 where a case's calibration came from, as a row's columns (:func:`calibration_columns`).
-The model's **profile**, one per model, inside the data-parallel runtime on one rank
-at two batch sizes (:func:`ensure_trace`), kept as ``traces/...json`` with its
-optimizer step's cost; and the case's preset: the
+The model's **profile**, one per model, inside the data-parallel runtime on two ranks
+sharing the machine's cores at two batch sizes (:func:`ensure_trace`), kept as
+``traces/...json`` with its optimizer step's cost; and the case's preset: the
 calibration with the costs measured with a trace (:func:`case_topology`).
 """
 
@@ -30,6 +30,19 @@ PROFILE_BATCHES = (BATCH // 4, BATCH)
 """The batch sizes every model's profile is measured at (:func:`ensure_trace`): the
 development matrix's batch and its quarter (GPipe's micro-batch there); other batches
 and micro-batches are predicted from them."""
+
+PROFILE_RANKS = 2
+"""Data-parallel ranks a profile is measured on (:func:`profile_ranks`): the fewest that
+any case of the CPU matrices runs, so that the profile computes on a machine whose cores
+are shared as every case's ranks share them."""
+
+
+def profile_ranks() -> int:
+    """:data:`PROFILE_RANKS`, or fewer where this machine has fewer cores."""
+    from realrun.guard import machine_cores
+
+    return max(1, min(PROFILE_RANKS, machine_cores()))
+
 
 Calibrator = Callable[[float], Mapping[str, Any]]
 """``calibrator(rate_bytes_per_s) -> topology preset mapping``."""
@@ -148,15 +161,17 @@ def trace_path(
     model: str,
     batches: tuple[int, ...],
     input_shape: tuple[int, ...] | None = None,
+    ranks: int = 1,
 ) -> str:
-    """Where the profile of ``model`` measured at ``batches`` lives."""
+    """Where the profile of ``model`` measured at ``batches`` on ``ranks`` ranks lives."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model.rsplit("/", 1)[-1])
     if input_shape is not None:
         safe += "-" + "x".join(map(str, input_shape))
     if not zoo_model(model):  # two files of one name in different folders differ
         safe += "-" + hashlib.sha256(model.encode()).hexdigest()[:6]
     sizes = "-".join(str(b) for b in batches)
-    return os.path.join(out_dir, "traces", f"{safe}-runtime-b{sizes}.json")
+    on = f"-r{ranks}" if ranks > 1 else ""
+    return os.path.join(out_dir, "traces", f"{safe}-runtime-b{sizes}{on}.json")
 
 
 def ensure_trace(out_dir: str, case: Case) -> tuple[str, dict[str, float]]:
@@ -166,13 +181,14 @@ def ensure_trace(out_dir: str, case: Case) -> tuple[str, dict[str, float]]:
     measured now where ``out_dir`` does not hold it yet.
 
     It is :func:`realrun.runtime_profile.profile_in_runtime`'s profile, as ``sim profile
-    --in-runtime`` takes it: the data-parallel runtime on one rank on this machine's
-    loopback, at :data:`PROFILE_BATCHES` samples (a layer's time fitted as a fixed part
-    plus a part per sample), so a case at another batch, or a pipeline's micro-batch, is
-    predicted from it, not profiled. Nothing comes from the case's own runtime. The
-    per-layer profile that gives the structure (parameters, activations, the graph) is
-    kept beside it (``.layers.json``)."""
-    path = trace_path(out_dir, case.model, PROFILE_BATCHES, case.input_shape)
+    --in-runtime --ranks N`` takes it: the data-parallel runtime on :func:`profile_ranks`
+    ranks on this machine's loopback, at :data:`PROFILE_BATCHES` samples each (a layer's
+    time fitted as a fixed part plus a part per sample), so a case at another batch, or a
+    pipeline's micro-batch, is predicted from it, not profiled. Nothing comes from the
+    case's own runtime. The per-layer profile that gives the structure (parameters,
+    activations, the graph) is kept beside it (``.layers.json``)."""
+    ranks = profile_ranks()
+    path = trace_path(out_dir, case.model, PROFILE_BATCHES, case.input_shape, ranks)
     rate_path = path.removesuffix(".json") + ".update.json"
     if os.path.exists(path) and os.path.exists(rate_path):
         with open(rate_path, encoding="utf-8") as fh:
@@ -189,7 +205,7 @@ def ensure_trace(out_dir: str, case: Case) -> tuple[str, dict[str, float]]:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     save(base, path.removesuffix(".json") + ".layers.json")
     profile = profile_in_runtime(
-        case.model, PROFILE_BATCHES, input_shape=case.input_shape, structure=base
+        case.model, PROFILE_BATCHES, input_shape=case.input_shape, structure=base, ranks=ranks
     )
     tmp_path = path + ".tmp.json"
     save(profile.trace, tmp_path)

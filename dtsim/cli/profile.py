@@ -27,11 +27,22 @@ declared once there, with the same defaults as 'sim real'."""
 @click.option(
     "--in-runtime",
     is_flag=True,
-    help="Measure inside the data-parallel training runtime on one rank (real "
-    "torch.distributed steps on loopback), as 'sim validate' profiles: each layer's time "
+    help="Measure inside the data-parallel training runtime (real torch.distributed steps "
+    "on loopback, --ranks ranks), as 'sim validate' profiles: each layer's time "
     "includes the runtime's work around it (hooks, autograd, Python), which layers timed "
     "alone leave out, and the optimizer step's cost is measured too and kept in the trace "
     "(a calibrated preset takes it). CPU only.",
+)
+@click.option(
+    "--ranks",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="With --in-runtime: data-parallel ranks, each computing --batch-size samples "
+    "(the layers' times are their means). Give as many as will compute on one machine's "
+    "cores at once in the runs you predict, at most its cores: the emulated cluster's "
+    "ranks all share this machine's cores ('sim validate' profiles on 2), and ranks that "
+    "share cores compute slower (docs/prediction.md).",
 )
 @click.option(
     "--fit-batch",
@@ -129,6 +140,7 @@ def profile(
     input_shape: str | None,
     batch_size: str | None,
     in_runtime: bool,
+    ranks: int,
     fit_batch: int | None,
     device: str,
     dtype: str,
@@ -201,6 +213,8 @@ def profile(
             "--in-runtime measures real training steps on this machine's CPU; drop it with "
             "--analytic, --format chakra or --device cuda"
         )
+    if ranks > 1 and not in_runtime:
+        raise BadInput(f"--ranks: {ranks} needs --in-runtime (layers timed alone run on one)")
     if fit_batch is None:
         fit_batch = batch_size // 4 if in_runtime and batch_size >= 8 else 0
     if fit_batch and (analytic or fmt == "chakra"):
@@ -244,7 +258,9 @@ def profile(
         )
         trace = profile_model(model_name, config, shape)
         if in_runtime:
-            trace = _in_runtime(model_name, shape, trace, fit_batch, batch_size, repeats or 3)
+            trace = _in_runtime(
+                model_name, shape, trace, fit_batch, batch_size, repeats or 3, ranks
+            )
         elif fit_batch:
             from dataclasses import replace
 
@@ -283,8 +299,9 @@ def _in_runtime(
     fit_batch: int,
     batch_size: int,
     repeats: int,
+    ranks: int = 1,
 ) -> Any:
-    """``--in-runtime``: the profile inside the data-parallel runtime
+    """``--in-runtime``: the profile inside the data-parallel runtime on ``ranks`` ranks
     (:func:`realrun.runtime_profile.profile_in_runtime`) at ``fit_batch`` (where set) and
     ``batch_size``, with a progress bar on a terminal."""
     import sys
@@ -315,6 +332,7 @@ def _in_runtime(
             input_shape=shape,
             structure=structure,
             repeats=repeats,
+            ranks=ranks,
             progress=progress,
         ).trace
     finally:

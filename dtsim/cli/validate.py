@@ -222,7 +222,7 @@ def validate(
     """Check the simulator's predictions against real runs: for each case of a matrix
     (schemes x models x bandwidths x ranks), calibrate the emulated cluster (once per
     bandwidth, or once with --calibrate-at or --calibration), profile each model once
-    (the data-parallel runtime on one rank at two batch sizes; every case of the model,
+    (the data-parallel runtime on two ranks at two batch sizes; every case of the model,
     its micro-batches included, is predicted from that one profile), predict the case
     from the profile and the calibration alone, run it for real --repeats times
     (network namespaces, needs root) and compare iteration time, throughput, bytes per
