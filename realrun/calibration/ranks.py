@@ -404,7 +404,7 @@ def _isend_beside_compute(
     timed = count - ISEND_WARMUP
     return {
         "bytes": 4 * numel,
-        "isend_cpu_s": sorted(calls)[len(calls) // 2],
+        "isend_cpu_s": median(calls),
         "off_main_cpu_s": off_main / (2 * timed),
         "messages": timed,
     }
