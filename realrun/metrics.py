@@ -296,9 +296,10 @@ def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:
     span of the measured iterations is charged from the end of the span before it on the
     same rank's compute stream (any kind: the previous layer, the loss, a wait) to its own
     end, so a pass's layers add up to the pass; layers the runtime does not record (those
-    without parameters, in data-parallel runs) get the time in which they ran charged to
-    the next recorded layer and none themselves, except where a wait comes between: the
-    time from a recorded span to a wait right after it is then theirs (split by
+    without parameters, in data-parallel runs) ran inside the recorded span that follows
+    them in forward and precedes them in backward, and get their share of it by
+    ``base``'s times (:func:`_spread_to_unrecorded`), except where a wait comes between:
+    the time from a recorded span to a wait right after it is then theirs (split by
     ``base``'s times of them, equally if those are 0), since they ran before the wait.
     Where a rank's main thread hands its messages to gloo between two spans (the
     pipelines' and gossip's ``isend``), that time is the sends' and not the next
@@ -342,17 +343,15 @@ def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:
             samples[(kind, unrecorded)] = [seconds * share / passes]
     if not samples:
         raise ValueError("the records hold no forward or backward spans of measured iterations")
-    layers = []
-    for layer in base.layers:
-        fwd = samples.get((FORWARD, layer.name))
-        bwd = samples.get((BACKWARD, layer.name))
-        layers.append(
-            replace(
-                layer,
-                forward_s=statistics.fmean(fwd) if fwd else 0.0,
-                backward_s=statistics.fmean(bwd) if bwd else 0.0,
-            )
+    means = _spread_to_unrecorded({key: statistics.fmean(v) for key, v in samples.items()}, base)
+    layers = [
+        replace(
+            layer,
+            forward_s=means.get((FORWARD, layer.name), 0.0),
+            backward_s=means.get((BACKWARD, layer.name), 0.0),
         )
+        for layer in base.layers
+    ]
     meta = replace(
         base.meta,
         batch_size=batch,
@@ -369,6 +368,52 @@ def trace_from_run(records: Mapping[str, Any], base: Trace) -> Trace:
         ),
         base.edges,
     )
+
+
+def _spread_to_unrecorded(
+    means: Mapping[tuple[str, str], float], base: Trace
+) -> dict[tuple[str, str], float]:
+    """``means`` (each recorded layer's mean charged time by ``(kind, name)``) with the
+    time of the layers the run did not record handed back to them.
+
+    A forward span is charged from the end of the span before it, so it holds the
+    forward of the unrecorded layers that ran between the recorded layer before it and
+    itself (in ``base``'s order); a backward span holds the backward of the unrecorded
+    layers between itself and the recorded layer after it (backward runs in reverse).
+    Unrecorded are the layers without parameters that no span names (the data-parallel
+    runtimes time layers by their parameters' hooks); a layer with parameters that no
+    span names ran elsewhere (another stage's rank). Each such group's time is split
+    over its layers in proportion to ``base``'s times of them (a profile of each layer
+    alone): kept together, a stage cut between a pooling layer and the convolution after
+    it would put the pooling's forward on the wrong stage. A group whose ``base`` times
+    are all 0 stays on the recorded layer."""
+    out = dict(means)
+    names = [layer.name for layer in base.layers]
+    seen = {name for _kind, name in means}
+    unrecorded = {
+        layer.name for layer in base.layers if layer.name not in seen and layer.param_bytes == 0
+    }
+    for kind, step in ((FORWARD, -1), (BACKWARD, 1)):
+        for i, name in enumerate(names):
+            if (kind, name) not in means:
+                continue
+            group = [i]
+            j = i + step
+            while 0 <= j < len(names) and names[j] in unrecorded:
+                group.append(j)
+                j += step
+            if len(group) == 1:
+                continue
+            weights = [
+                base.layers[k].forward_s if kind == FORWARD else base.layers[k].backward_s
+                for k in group
+            ]
+            total = sum(weights)
+            if total <= 0:
+                continue
+            for k, w in zip(group, weights):
+                out[(kind, names[k])] = means[(kind, name)] * w / total
+    return out
 
 
 def median_trace(traces: Sequence[Trace]) -> Trace:

@@ -196,6 +196,36 @@ def test_layers_a_wait_follows_get_the_time_before_it():
     assert sum(x.forward_s for x in (a, r, b)) == pytest.approx((0.35 + 0.5) / 2)
 
 
+def test_layers_the_run_does_not_time_get_their_share_of_the_span_that_holds_them():
+    """A data-parallel run times only layers with parameters: the forward span of ``b``
+    also holds the forward of ``r`` (no parameters) that ran after ``a``, and the
+    backward span of ``a`` holds ``r``'s backward, which ran before it. Each is split by
+    the layers' times alone (forward 3:1 for ``r``:``b``, backward 1:1 for ``r``:``a``),
+    so a stage cut between ``r`` and ``b`` gives each stage its own layers' time; what
+    a pass adds up to is unchanged."""
+    layers = [
+        Layer("x", 0.0, 0.0, kind="input"),
+        Layer("a", 1.0, 1.0, param_bytes=400),
+        Layer("r", 3.0, 1.0),
+        Layer("b", 1.0, 1.0, param_bytes=400),
+    ]
+    three = chain(TraceMeta("m", "cpu", 8), layers)
+    spans = [
+        span("forward", "a", 10.0, 10.1, 1),
+        span("forward", "b", 10.1, 10.5, 1),
+        span("backward", "b", 10.5, 10.6, 1),
+        span("backward", "a", 10.6, 10.8, 1),
+    ]
+    x, a, r, b = trace_from_run(records(spans, microbatches=1), three).layers
+    assert (a.forward_s, r.forward_s, b.forward_s) == pytest.approx((0.1, 0.3, 0.1))
+    assert (b.backward_s, r.backward_s, a.backward_s) == pytest.approx((0.1, 0.1, 0.1))
+    assert (x.forward_s, x.backward_s) == (0.0, 0.0)
+    # a layer without a time of its own alone keeps nothing: the span stays its layer's
+    flat = chain(TraceMeta("m", "cpu", 8), [*layers[:2], Layer("r", 0.0, 0.0), layers[3]])
+    _x, a, r, b = trace_from_run(records(spans, microbatches=1), flat).layers
+    assert (r.forward_s, b.forward_s, a.backward_s) == pytest.approx((0.0, 0.4, 0.2))
+
+
 def layer_span(kind, name, a, b, it, layer):
     return ["r0", "compute", kind, name, a, b, it, layer, 0, 0, -1]
 
