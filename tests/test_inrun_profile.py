@@ -159,19 +159,25 @@ def test_a_step_taken_layer_by_layer_adds_up_per_iteration():
     assert update_cost(records(spans), base(), 1) == UpdateCost(pytest.approx(800 / 0.05))
 
 
+def with_unrecorded(forward_s, backward_s):
+    """Input ``x``, layers ``a`` and ``b`` with parameters and ``r`` between them
+    without, whose isolated times are ``forward_s`` and ``backward_s``."""
+    layers = [
+        Layer("x", 0.0, 0.0, kind="input"),
+        Layer("a", 1.0, 1.0, param_bytes=400),
+        Layer("r", forward_s, backward_s),
+        Layer("b", 1.0, 1.0, param_bytes=400),
+    ]
+    return chain(TraceMeta("m", "cpu", 8), layers)
+
+
 def test_layers_a_wait_follows_get_the_time_before_it():
     """A gossip worker waits for its partner's gradients before each layer with
     parameters: the layer without them between two such layers (``r``, unrecorded) runs
     between the recorded span before it and the wait, so that time is its own (forward:
     after ``a``; backward: after ``b``), not nothing; a gap before a wait with no
     unrecorded layer there (after the last backward) is charged to no layer."""
-    layers = [
-        Layer("x", 0.0, 0.0, kind="input"),
-        Layer("a", 1.0, 1.0, param_bytes=400),
-        Layer("r", 0.0, 0.0),
-        Layer("b", 1.0, 1.0, param_bytes=400),
-    ]
-    three = chain(TraceMeta("m", "cpu", 8), layers)
+    three = with_unrecorded(0.0, 0.0)
     spans = [
         span("forward", "a", 10.0, 10.1, 1),
         span("wait", "wait L3", 10.3, 10.5, 1),  # 0.2 s of r's forward before it
@@ -203,13 +209,7 @@ def test_layers_the_run_does_not_time_get_their_share_of_the_span_that_holds_the
     the layers' times alone (forward 3:1 for ``r``:``b``, backward 1:1 for ``r``:``a``),
     so a stage cut between ``r`` and ``b`` gives each stage its own layers' time; what
     a pass adds up to is unchanged."""
-    layers = [
-        Layer("x", 0.0, 0.0, kind="input"),
-        Layer("a", 1.0, 1.0, param_bytes=400),
-        Layer("r", 3.0, 1.0),
-        Layer("b", 1.0, 1.0, param_bytes=400),
-    ]
-    three = chain(TraceMeta("m", "cpu", 8), layers)
+    three = with_unrecorded(3.0, 1.0)
     spans = [
         span("forward", "a", 10.0, 10.1, 1),
         span("forward", "b", 10.1, 10.5, 1),
@@ -221,8 +221,7 @@ def test_layers_the_run_does_not_time_get_their_share_of_the_span_that_holds_the
     assert (b.backward_s, r.backward_s, a.backward_s) == pytest.approx((0.1, 0.1, 0.1))
     assert (x.forward_s, x.backward_s) == (0.0, 0.0)
     # a layer without a time of its own alone keeps nothing: the span stays its layer's
-    flat = chain(TraceMeta("m", "cpu", 8), [*layers[:2], Layer("r", 0.0, 0.0), layers[3]])
-    _x, a, r, b = trace_from_run(records(spans, microbatches=1), flat).layers
+    _x, a, r, b = trace_from_run(records(spans, microbatches=1), with_unrecorded(0, 0)).layers
     assert (r.forward_s, b.forward_s, a.backward_s) == pytest.approx((0.0, 0.4, 0.2))
 
 
