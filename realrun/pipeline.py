@@ -554,6 +554,13 @@ class PipelineRuntime:
             out, saved = self._run(weights, k["x"], mb, True)
             self._hold(saved)
             k["held"] += saved
+            # its own span (the simulator's re-run before such a backward), so that an
+            # in-run profile does not charge it to the backward's first layer
+            rerun_end = self.rec.now()
+            self.rec.span(
+                COMPUTE, RECOMPUTE, f"stage{self.stage} mb{mb} rerun", start, rerun_end, it
+            )
+            start = rerun_end
         elif self.emulated and self._predict_next:  # the prediction's cost and version
             version = (self._prediction or self._predicted(False))[1]
             self._prediction = None

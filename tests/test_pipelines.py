@@ -189,6 +189,31 @@ def test_gpipe_recompute_trades_time_for_activation_memory():
     assert any(s.kind == RECOMPUTE for s in remat.span_records())
 
 
+@pytest.mark.parametrize(
+    "scheme, options, reruns",
+    [
+        ("spectrain", {}, True),
+        ("pipedream", {"scheme.straight": True, "scheme.stash": False}, True),
+        ("pipedream", {"scheme.straight": True}, False),  # the stash keeps the forward's
+        ("gpipe", {}, False),
+    ],
+)
+def test_a_backward_at_other_weights_reruns_its_forward_on_cpu_hosts(scheme, options, reruns):
+    """On CPU hosts (ranks that compute with real torch) a backward at other weights than
+    its forward's runs the forward again first, as ``sim real`` must: one re-run per
+    backward, each the forward's length on an idle core. On GPUs the scheme's cost
+    stands without it."""
+    spec = RunSpec(scheme=scheme, gpus=3, model="resnet18-cpu", iterations=2, topology="netns")
+    result = simulate(build_config(spec.replace(**options), record_spans=True))
+    spans = result.span_records()
+    rerun = [s for s in spans if s.kind == RECOMPUTE]
+    backward = {(s.device, s.microbatch) for s in spans if s.kind == BACKWARD}
+    assert backward
+    assert len({(s.device, s.microbatch) for s in rerun}) == (len(backward) if reruns else 0)
+    gpu = simulate(build_config(spec.replace(topology="dgx1", **options), record_spans=True))
+    assert not any(s.kind == RECOMPUTE for s in gpu.span_records())
+
+
 # ---- communication, replication, configuration ------------------------------------------
 
 

@@ -26,6 +26,8 @@ from realrun.pipeline import (  # noqa: E402
 )
 from realrun.runtime import build_model, loss_of, make_optimizer  # noqa: E402
 from realrun.stages import SavedBytes, split_model  # noqa: E402
+from simcore import schedule as sch  # noqa: E402
+from simcore.records import RECOMPUTE  # noqa: E402
 from tests.test_real import simulate_same  # noqa: E402
 
 pytestmark = pytest.mark.real
@@ -230,6 +232,13 @@ def test_async_pipelines_equal_the_weight_version_replay(
     assert_versions(records, job)
     for r in records["ranks"]:
         assert sorted(map(tuple, r["passes"])) == sorted(map(tuple, passes[r["stage"]]))
+    # a backward at other weights than its forward's re-runs the forward first, in a
+    # span of its own (the simulator's re-run on CPU hosts); with the stash it cannot
+    other = scheme == "spectrain" or not options.get("stash", True)
+    for r in records["ranks"]:
+        reruns = [s for s in r["spans"] if s[2] == RECOMPUTE and s[3].endswith(" rerun")]
+        backwards = [p for p in r["passes"] if p[1] == sch.BACKWARD]
+        assert len(reruns) == (len(backwards) if other else 0)
     stash = result["stash_peak_bytes"]
     if options.get("stash", scheme == "pipedream"):
         # stage k keeps N - k - 1 older versions (a stage without weights keeps nothing)

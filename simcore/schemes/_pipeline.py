@@ -159,6 +159,13 @@ class PipelineFeatures:
     chunks: int = 1
     placement: str = "loop"
 
+    @property
+    def backward_at_other_weights(self) -> bool:
+        """Whether a micro-batch's backward uses other weights than its forward did:
+        SpecTrain's predicted ones, or the current ones of an asynchronous pipeline
+        that does not stash (vanilla pipelining)."""
+        return self.predict or (not self.flush and not self.stash)
+
     def for_options(self, options: Any) -> PipelineFeatures:
         """These features with the values of ``options``' fields of the same names."""
         names = {f.name for f in dataclasses.fields(self)}
@@ -418,6 +425,14 @@ class PipelineScheme(Scheme):
         plan = self.plan(ctx.config, opts, ctx.topology, ctx.trace)
         self.feat = feat = plan.features
         """The features of this run (the scheme's, with its options applied)."""
+        self.reruns_forward = feat.backward_at_other_weights and ctx.topology.gpu_spec.kind == "cpu"
+        """Whether each backward re-runs its forward first: a backward at other weights
+        than its forward's (:attr:`PipelineFeatures.backward_at_other_weights`) on ranks
+        that compute for real on CPU hosts. Autograd differentiates the activations a
+        forward computed, so the real runtime runs the stage's forward again from the
+        kept input at the backward's weights (docs/realrun.md, "Numerics"), and the
+        forward keeps no activations. Devices (GPUs, emulated GPU hosts) take the
+        scheme's cost without it."""
         self.part = plan.partition
         self.microbatches_per_iteration = plan.microbatches
         self.lead = plan.lead
@@ -500,6 +515,7 @@ class PipelineScheme(Scheme):
         dev = ctx.topology.gpus
         lead = self.lead
         recompute = self.feat.recompute
+        rerun = self.reruns_forward
         act_peak = self.act_peak
         for i, a in enumerate(acts):
             kind, mb, s = a.kind, a.mb, a.stage
@@ -511,9 +527,13 @@ class PipelineScheme(Scheme):
                 mem.alloc("activations", held)
                 act_peak[r] = max(act_peak[r], mem.held["activations"])
                 yield self._pass(gpu, plan.fwd, FORWARD, it, mb)
-                if recompute:
+                if recompute or rerun:
                     mem.free("activations", plan.act_bytes)
             elif kind == sch.BACKWARD:
+                if rerun:  # the forward again, at the backward's weights
+                    mem.alloc("activations", plan.act_bytes)
+                    act_peak[r] = max(act_peak[r], mem.held["activations"])
+                    yield self._pass(gpu, plan.fwd, RECOMPUTE, it, mb)
                 yield self._pass(gpu, plan.bwd, BACKWARD, it, mb)
                 mem.free("activations", held)
                 self._on_backward(r, s, mb)
