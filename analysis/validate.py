@@ -67,7 +67,9 @@ from analysis.validation.inputs import (
     calibration_columns,
     calibration_files,
     default_calibrator,
+    machine_probe_s,
     prepare_calibrations,
+    profile_probe_s,
 )
 from analysis.validation.matrix import Case
 from analysis.validation.prediction import check_registered, load_predictions, predict_case
@@ -79,6 +81,7 @@ from analysis.validation.rows import (
     measured_links_real,
     measured_links_sim,
     prediction_columns,
+    speed_columns,
     summarise,
     summarise_prediction,
     without_shuffle_labels,
@@ -158,7 +161,9 @@ def run_case(
     update = prediction.update
     sim = result.to_dict()
     job = make_job(case, config)
+    probes = [machine_probe_s()]  # the machine's speed beside the runs
     records = runner(job, case.bandwidth_bytes_per_s, repeats)
+    probes.append(machine_probe_s())
     for k, rec in enumerate(records):
         keep_records(rec, records_path(out_dir, case, k))
     reals = [summarize(r, cluster="netns") for r in records]
@@ -197,6 +202,7 @@ def run_case(
         f"registered {registered['registered_at']}" if registered else "simulated at the run"
     )
     row["prediction_now_s"] = profiled_s  # today's simulation of the same inputs
+    row.update(speed_columns(profile_probe_s(trace_file), probes))
     row["sim_profiled_iteration_time_s"] = scored_s
     row.update(calibration_columns(topology_file, case.bandwidth_bytes_per_s))
     row["sim_iteration_times_s"] = compact([m.iteration_time_s for m in measured])

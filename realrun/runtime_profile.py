@@ -39,6 +39,9 @@ machine has been 25% off the next)."""
 OPTIMIZER = "momentum"
 """The optimizer whose step is measured (the simulator's default)."""
 
+PROBE_CALLS, PROBE_WARMUP = 15, 3
+"""Timed and untimed calls of :func:`compute_probe_s`."""
+
 Launcher = Callable[[Any, str], dict[str, Any]]
 """``launcher(job, out_dir) -> records``: :func:`realrun.launch.launch` or a stand-in."""
 
@@ -167,3 +170,33 @@ def profile_in_runtime(
         step_overhead_s=update.overhead_s,
     )
     return RuntimeProfile(Trace(meta, trace.layers, trace.edges), update, tuple(sizes), repeats)
+
+
+def compute_probe_s(calls: int = PROBE_CALLS) -> float:
+    """Median wall seconds of one fixed step of single-thread torch compute on this
+    machine: a 3x3 convolution's forward and backward over 24 samples of 16 channels of
+    32x32 (about 0.1 GFLOP), after :data:`PROBE_WARMUP` untimed ones. ``sim validate``
+    reads it when it profiles a model and again before each case's runs, so a case run
+    while the machine computes at another speed than at its profile shows as such (this
+    shared machine's cores have changed speed by a third within half an hour). The
+    caller's torch thread count is restored."""
+    import time
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(24, 16, 32, 32, generator=gen)
+        w = torch.randn(16, 16, 3, 3, generator=gen, requires_grad=True)
+        times = []
+        for i in range(calls + PROBE_WARMUP):
+            t0 = time.perf_counter()
+            torch.nn.functional.conv2d(x, w, padding=1).sum().backward()
+            w.grad = None
+            if i >= PROBE_WARMUP:
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    finally:
+        torch.set_num_threads(threads)

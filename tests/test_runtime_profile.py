@@ -205,3 +205,49 @@ def test_a_validation_profiles_each_model_once_for_all_its_cases(
     assert got[0][1] == {"memory_bandwidth_bytes_per_s": 1e9, "step_overhead_s": 2e-4}
     assert json.loads(Path(got[0][0].removesuffix(".json") + ".update.json").read_text())
     assert Path(got[0][0].removesuffix(".json") + ".layers.json").exists()
+    # the machine's compute probe, taken with each profile, for the cases to compare with
+    probe = inputs.profile_probe_s(got[0][0])
+    assert probe is not None and 0 < probe < 1
+    assert inputs.profile_probe_s(str(tmp_path / "nowhere.json")) is None
+
+
+def test_the_compute_probe_times_one_thread_and_restores_the_callers_threads() -> None:
+    torch = pytest.importorskip("torch", reason="the probe computes with torch")
+    from realrun.runtime_profile import compute_probe_s
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        probe = compute_probe_s(calls=3)
+        assert 0 < probe < 1  # about 10 ms on this machine's cores
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_speed_columns_compare_the_cases_probes_with_the_profiles() -> None:
+    import math
+
+    from analysis.validation.rows import speed_columns
+
+    cols = speed_columns(0.010, [0.012, 0.014])
+    assert cols["machine_probe_s"] == pytest.approx(0.013)
+    assert cols["machine_vs_profile"] == pytest.approx(1.3)  # the case ran 1.3x slower
+    assert cols == pytest.approx(speed_columns(0.010, [None, 0.013]))
+    assert math.isnan(speed_columns(None, [0.01])["machine_vs_profile"])
+    assert math.isnan(speed_columns(0.01, [None, None])["machine_vs_profile"])
+
+
+def test_the_report_names_the_cases_whose_machine_moved() -> None:
+    from analysis.validation.report import _machine_speed
+
+    rows = [
+        {"point_id": "a", "machine_vs_profile": 1.02},
+        {"point_id": "b", "machine_vs_profile": 1.40},
+        {"point_id": "c", "machine_vs_profile": float("nan")},
+        {"point_id": "d"},
+    ]
+    text = _machine_speed(rows)
+    assert "1.21x" in text and "1.02-1.40x" in text  # median and range of a and b
+    assert "b 1.40x" in text and "a 1.02x" not in text
+    assert _machine_speed([{"point_id": "d"}]) == ""

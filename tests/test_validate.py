@@ -683,6 +683,7 @@ def test_validate_end_to_end_on_an_emulated_cluster(
     assert traces == [
         f"mlp_medium-runtime-b6-24{on}.json",
         f"mlp_medium-runtime-b6-24{on}.layers.json",
+        f"mlp_medium-runtime-b6-24{on}.probe.json",  # the machine's speed with it
         f"mlp_medium-runtime-b6-24{on}.update.json",
     ]
     # both are simulated on each repeat's own measured compute (gpipe on its stages),
@@ -762,6 +763,11 @@ def test_validate_quick_fidelity(tmp_path: Path, prefix: str) -> None:
     summary = run_validation(quick_matrix(), str(tmp_path / "v"), repeats=3)
     assert summary.failed == 0, summary.errors
     assert summary.bytes_exact == summary.cases
+    import pandas as pd
+
+    # every case says how fast the machine computed beside its runs against its profile
+    table = pd.read_csv(tmp_path / "v" / "validation.csv")
+    assert (table["machine_vs_profile"] > 0).all(), table["machine_vs_profile"]
     assert summary.prediction_median_abs_rel_err >= 0, format_summary(summary)
     assert summary.median_abs_rel_err <= FAIL_ABOVE, format_summary(summary)
 

@@ -186,7 +186,9 @@ def ensure_trace(out_dir: str, case: Case) -> tuple[str, dict[str, float]]:
     time fitted as a fixed part plus a part per sample), so a case at another batch, or a
     pipeline's micro-batch, is predicted from it, not profiled. Nothing comes from the
     case's own runtime. The per-layer profile that gives the structure (parameters,
-    activations, the graph) is kept beside it (``.layers.json``)."""
+    activations, the graph) is kept beside it (``.layers.json``), and so is the machine's
+    compute probe taken right after it (``.probe.json``, :func:`machine_probe_s`), which
+    each case's row compares with its own (``machine_vs_profile``)."""
     ranks = profile_ranks()
     path = trace_path(out_dir, case.model, PROFILE_BATCHES, case.input_shape, ranks)
     rate_path = path.removesuffix(".json") + ".update.json"
@@ -212,7 +214,34 @@ def ensure_trace(out_dir: str, case: Case) -> tuple[str, dict[str, float]]:
     os.replace(tmp_path, path)
     update = profile.update_mapping()
     write_text(rate_path, json.dumps(update))
+    write_text(probe_path(path), json.dumps({"probe_s": machine_probe_s()}))
     return path, update
+
+
+def probe_path(trace_file: str) -> str:
+    """Where :func:`ensure_trace` keeps the machine's compute probe taken with the
+    profile (:func:`machine_probe_s`), beside the trace."""
+    return trace_file.removesuffix(".json") + ".probe.json"
+
+
+def profile_probe_s(trace_file: str) -> float | None:
+    """The compute probe taken with the profile ``trace_file``; ``None`` for a profile
+    taken before probes were kept."""
+    try:
+        with open(probe_path(trace_file), encoding="utf-8") as fh:
+            return float(json.load(fh)["probe_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def machine_probe_s() -> float | None:
+    """:func:`realrun.runtime_profile.compute_probe_s` now: the machine's speed at a
+    fixed step of single-thread compute; ``None`` without torch."""
+    try:
+        from realrun.runtime_profile import compute_probe_s
+    except ImportError:
+        return None
+    return compute_probe_s()
 
 
 def case_preset_path(trace_file: str, topology_file: str) -> str:

@@ -386,6 +386,9 @@ def write_report(
             ),
             "",
         ]
+    speed = _machine_speed(ok)
+    if speed:
+        lines += ["## The machine's speed", "", speed, ""]
     used = {str(r["calibration"]) for r in ok if r.get("calibration")}
     given = [p for p in calibrations if os.path.abspath(p) not in used]
     every = [*sorted(used), *given]
@@ -437,6 +440,37 @@ def write_report(
     path = os.path.join(out_dir, "report.md")
     write_text(path, "\n".join(lines))
     return path
+
+
+SPEED_FLAG = 0.15
+"""How far the machine's compute probe beside a case may move from the profile's before
+the report names the case (this shared machine drifts about that much between runs)."""
+
+
+def _machine_speed(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One paragraph: the cases' compute probes against their profiles' (the column
+    ``machine_vs_profile``), and the cases where it moved more than :data:`SPEED_FLAG`;
+    empty when no row has one."""
+    have = [r for r in rows if is_number(r.get("machine_vs_profile"))]
+    ratios = [float(r["machine_vs_profile"]) for r in have]
+    ratios = [x for x in ratios if x == x]  # not nan
+    if not ratios:
+        return ""
+    text = (
+        f"A fixed step of single-thread compute took {statistics.median(ratios):.2f}x as "
+        f"long beside the cases' runs as when their models were profiled "
+        f"(median; {min(ratios):.2f}-{max(ratios):.2f}x). Above 1 the machine computed "
+        f"slower than at its profile, and a compute-bound prediction reads fast by about "
+        f"as much without the model being at fault."
+    )
+    moved = [
+        f"{r['point_id']} {float(r['machine_vs_profile']):.2f}x"
+        for r in have
+        if abs(float(r["machine_vs_profile"]) - 1) > SPEED_FLAG
+    ]
+    if moved:
+        text += f" Moved more than {SPEED_FLAG:.0%}: " + ", ".join(moved) + "."
+    return text
 
 
 def _calibration_use(rows: Sequence[Mapping[str, Any]]) -> str:

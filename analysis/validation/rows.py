@@ -253,6 +253,21 @@ def prediction_columns(predicted_s: float, measured_s: float) -> dict[str, float
     }
 
 
+def speed_columns(
+    profile_probe_s: float | None, probes_s: Sequence[float | None]
+) -> dict[str, float]:
+    """A row's machine-speed columns: the compute probe taken with the profile, the mean
+    of those taken right before and after the case's runs, and their ratio
+    (``machine_vs_profile``: above 1, the machine computed slower at the case than when
+    the model was profiled, and the prediction made from that profile is fast by about
+    as much on compute-bound cases). ``nan`` where a probe is missing."""
+    taken = [float(p) for p in probes_s if p is not None]
+    now = statistics.fmean(taken) if taken else math.nan
+    then = math.nan if profile_probe_s is None else float(profile_probe_s)
+    ratio = now / then if then > 0 and not math.isnan(now) else math.nan
+    return {"profile_probe_s": then, "machine_probe_s": now, "machine_vs_profile": ratio}
+
+
 def summarise(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float, int]:
     """``(median |rel err|, max |rel err|, bytes-exact count)`` over the ``ok`` rows
     (``nan`` errors when there are none)."""
