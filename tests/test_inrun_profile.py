@@ -171,6 +171,14 @@ def with_unrecorded(forward_s, backward_s):
     return chain(TraceMeta("m", "cpu", 8), layers)
 
 
+def assert_arb(x, a, r, b, forward, backward):
+    """``a``, ``r``, ``b``'s forward times are ``forward``, ``b``, ``r``, ``a``'s backward
+    times (backward order) ``backward``, and the input ``x`` has none."""
+    assert (a.forward_s, r.forward_s, b.forward_s) == pytest.approx(forward)
+    assert (b.backward_s, r.backward_s, a.backward_s) == pytest.approx(backward)
+    assert (x.forward_s, x.backward_s) == (0.0, 0.0)
+
+
 def test_layers_a_wait_follows_get_the_time_before_it():
     """A gossip worker waits for its partner's gradients before each layer with
     parameters: the layer without them between two such layers (``r``, unrecorded) runs
@@ -194,9 +202,7 @@ def test_layers_a_wait_follows_get_the_time_before_it():
         span("forward", "b", 20.4, 20.5, 2),
     ]
     x, a, r, b = trace_from_run(records(spans, microbatches=1), three).layers
-    assert (a.forward_s, r.forward_s, b.forward_s) == pytest.approx((0.1, 0.1, 0.225))
-    assert (b.backward_s, r.backward_s, a.backward_s) == pytest.approx((0.1, 0.1, 0.1))
-    assert (x.forward_s, x.backward_s) == (0.0, 0.0)
+    assert_arb(x, a, r, b, forward=(0.1, 0.1, 0.225), backward=(0.1, 0.1, 0.1))
     # the update is charged from the wait's end as before: the gap is not the step's
     assert update_cost(records(spans), three, 1) == UpdateCost(pytest.approx(800 / 0.05))
     assert sum(x.forward_s for x in (a, r, b)) == pytest.approx((0.35 + 0.5) / 2)
@@ -217,9 +223,7 @@ def test_layers_the_run_does_not_time_get_their_share_of_the_span_that_holds_the
         span("backward", "a", 10.6, 10.8, 1),
     ]
     x, a, r, b = trace_from_run(records(spans, microbatches=1), three).layers
-    assert (a.forward_s, r.forward_s, b.forward_s) == pytest.approx((0.1, 0.3, 0.1))
-    assert (b.backward_s, r.backward_s, a.backward_s) == pytest.approx((0.1, 0.1, 0.1))
-    assert (x.forward_s, x.backward_s) == (0.0, 0.0)
+    assert_arb(x, a, r, b, forward=(0.1, 0.3, 0.1), backward=(0.1, 0.1, 0.1))
     # a layer without a time of its own alone keeps nothing: the span stays its layer's
     _x, a, r, b = trace_from_run(records(spans, microbatches=1), with_unrecorded(0, 0)).layers
     assert (r.forward_s, b.forward_s, a.backward_s) == pytest.approx((0.0, 0.4, 0.2))

@@ -339,13 +339,12 @@ def test_the_estimate_counts_every_worker_on_cpu_hosts(scheme):
 )
 def test_a_pipelines_estimate_takes_its_declared_microbatches(scheme, recorded):
     # mp runs one micro-batch, the others one per stage or GPU: the estimate follows
-    # within a small factor, as the guard promises, and stays where it was recorded
-    # (2026-12-07; the estimate is deterministic, so a move means the estimator or the
-    # scheme's events changed: re-record it on purpose)
+    # within the small factor the guard promises (0.84-3.2x), and stays where it was
+    # recorded (2026-12-07; the estimate is deterministic, so a move means the estimator
+    # or the scheme's events changed: re-record it on purpose)
     spec = RunSpec(scheme=scheme, gpus=8, model="gnmt")
     config = build_config(spec, record_spans=False)
     ratio = estimate(config).events / simulate(config).model_events
-    assert 1 / 3 < ratio < 4
     assert ratio == pytest.approx(recorded, rel=0.02)
     if scheme == "mp":
         return

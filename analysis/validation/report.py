@@ -451,9 +451,8 @@ def _machine_speed(rows: Sequence[Mapping[str, Any]]) -> str:
     """One paragraph: the cases' compute probes against their profiles' (the column
     ``machine_vs_profile``), and the cases where it moved more than :data:`SPEED_FLAG`;
     empty when no row has one."""
-    have = [r for r in rows if is_number(r.get("machine_vs_profile"))]
+    have = [r for r in rows if is_number(r.get("machine_vs_profile"))]  # not nan
     ratios = [float(r["machine_vs_profile"]) for r in have]
-    ratios = [x for x in ratios if x == x]  # not nan
     if not ratios:
         return ""
     text = (
