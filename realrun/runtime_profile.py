@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from realrun.allocator import keep_freed_memory
 from realrun.metrics import UpdateCost, median_trace, trace_from_run, update_cost
 from traces.model import Trace
 
@@ -178,14 +179,18 @@ def compute_probe_s(calls: int = PROBE_CALLS) -> float:
     32x32 (about 0.1 GFLOP), after :data:`PROBE_WARMUP` untimed ones. ``sim validate``
     reads it when it profiles a model and again before each case's runs, so a case run
     while the machine computes at another speed than at its profile shows as such (this
-    shared machine's cores have changed speed by a third within half an hour). The
-    caller's torch thread count is restored."""
+    shared machine's cores have changed speed by a third within half an hour). It runs
+    with freed memory kept (:func:`realrun.allocator.keep_freed_memory`, for this
+    process from then on): with glibc's defaults each call faulted its buffers in again,
+    and the faults, not the compute, set the time (5-9 ms where the compute takes 3.5).
+    The caller's torch thread count is restored."""
     import time
 
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    keep_freed_memory()
     try:
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(24, 16, 32, 32, generator=gen)
