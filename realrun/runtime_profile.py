@@ -178,12 +178,12 @@ def compute_probe_s(calls: int = PROBE_CALLS) -> float:
     machine: a 3x3 convolution's forward and backward over 24 samples of 16 channels of
     32x32 (about 0.1 GFLOP), after :data:`PROBE_WARMUP` untimed ones. ``sim validate``
     reads it when it profiles a model and again before each case's runs, so a case run
-    while the machine computes at another speed than at its profile shows as such (this
-    shared machine's cores have changed speed by a third within half an hour). It runs
-    with freed memory kept (:func:`realrun.allocator.keep_freed_memory`, for this
-    process from then on): with glibc's defaults each call faulted its buffers in again,
-    and the faults, not the compute, set the time (5-9 ms where the compute takes 3.5).
-    The caller's torch thread count is restored."""
+    while the machine computes at another speed than at its profile shows as such
+    (docs/prediction.md). It runs with freed memory kept
+    (:func:`realrun.allocator.keep_freed_memory`, for this process from then on): with
+    glibc's defaults each call faults its buffers in again, and on a virtual machine
+    those faults, not the compute, set the time. The caller's torch thread count is
+    restored."""
     import time
 
     import torch
