@@ -23,15 +23,15 @@ import pandas as pd
 
 
 def load(dirs: list[str]) -> dict[str, pd.DataFrame]:
-    """Each folder's ``validation.csv`` by point id, keyed by the folder's name less
-    what all the names start with."""
+    """Each folder's ``validation.csv`` by point id, keyed by the folder's name less the
+    words all the names start with (``run-2026-a``, ``run-2026-b``: ``a``, ``b``)."""
     names = [os.path.basename(os.path.normpath(d)) for d in dirs]
-    common = 0
-    if len(set(names)) == len(names):  # the characters every name starts with
-        while all(len(n) > common and n[common] == names[0][common] for n in names):
-            common += 1
+    common = 0  # the characters every name starts with, cut back to a separator
+    while all(len(n) > common and n[common] == names[0][common] for n in names):
+        common += 1
+    cut = max(names[0].rfind(sep, 0, common) for sep in "-_.") + 1
     return {
-        name[common:] or name: pd.read_csv(os.path.join(d, "validation.csv")).set_index("point_id")
+        name[cut:]: pd.read_csv(os.path.join(d, "validation.csv")).set_index("point_id")
         for name, d in zip(names, dirs, strict=True)
     }
 
@@ -86,6 +86,8 @@ def main() -> None:
     if len(args.dirs) < 2:
         parser.error("give at least two runs' folders")
     runs = load(args.dirs)
+    if len(runs) < len(args.dirs):
+        parser.error("the folders must have different names (they label the columns)")
     table = spread(runs)
     with pd.option_context("display.width", 200, "display.max_rows", None):
         print(table.round(2).to_string())

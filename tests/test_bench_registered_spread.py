@@ -46,3 +46,9 @@ def test_a_steady_miss_and_a_noisy_case_are_told_apart(tmp_path) -> None:
     lines = registered_spread.summary(runs, table)
     assert lines[0].startswith("a: median |error| 10.0%, max 20.0%")
     assert "same sign in every run: 1 of 2" in lines[-1]
+
+
+def test_names_lose_only_whole_words_they_share(tmp_path) -> None:
+    rows = [("case", 1.0, 1.0)]
+    one, ten = _run(tmp_path, "dev1", rows), _run(tmp_path, "dev10", rows)
+    assert list(registered_spread.load([one, ten])) == ["dev1", "dev10"]

@@ -444,7 +444,7 @@ def write_report(
 
 SPEED_FLAG = 0.15
 """How far the machine's compute probe beside a case may move from the profile's before
-the report names the case (this shared machine drifts about that much between runs)."""
+the report names the case."""
 
 
 def _machine_speed(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -459,8 +459,8 @@ def _machine_speed(rows: Sequence[Mapping[str, Any]]) -> str:
         f"A fixed step of single-thread compute took {statistics.median(ratios):.2f}x as "
         f"long beside the cases' runs as when their models were profiled "
         f"(median; {min(ratios):.2f}-{max(ratios):.2f}x). Above 1 the machine computed "
-        f"slower than at its profile, and a compute-bound prediction reads fast by about "
-        f"as much without the model being at fault."
+        f"slower than at its profile. The probe is short: it flags a machine that moved, "
+        f"not how fast a case's ranks computed, so it corrects nothing."
     )
     moved = [
         f"{r['point_id']} {float(r['machine_vs_profile']):.2f}x"

@@ -259,8 +259,7 @@ def speed_columns(
     """A row's machine-speed columns: the compute probe taken with the profile, the mean
     of those taken right before and after the case's runs, and their ratio
     (``machine_vs_profile``: above 1, the machine computed slower at the case than when
-    the model was profiled, and the prediction made from that profile is fast by about
-    as much on compute-bound cases). ``nan`` where a probe is missing."""
+    the model was profiled). ``nan`` where a probe is missing."""
     taken = [float(p) for p in probes_s if p is not None]
     now = statistics.fmean(taken) if taken else math.nan
     then = math.nan if profile_probe_s is None else float(profile_probe_s)
