@@ -54,8 +54,10 @@ class PostedLink:
     """Sends with ``isend`` and receives into receives posted ahead (see module docs).
 
     ``expected`` yields the messages this rank will receive, in the order it consumes
-    them; up to ``window`` of them have a receive posted at any time. ``label(kind,
-    key)`` names a message and its trace layer for the timeline.
+    them; up to ``window`` of them have a receive posted at any time, or, with ``window``
+    None, those of the iterations up to the one :meth:`post_through` last named (a scheme
+    that posts an iteration's receives together). ``label(kind, key)`` names a message and
+    its trace layer for the timeline.
     """
 
     def __init__(
@@ -65,7 +67,7 @@ class PostedLink:
         group: Any,
         rec: Recorder,
         expected: Iterable[Expected],
-        window: int,
+        window: int | None,
         label: Callable[[int, int], tuple[str, int]],
         timeout_s: float,
     ) -> None:
@@ -73,7 +75,9 @@ class PostedLink:
         self.label = label
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self._expected = iter(expected)
-        self._window = max(1, window)
+        self._window = None if window is None else max(1, window)
+        self._through = -1  # window None: iterations posted so far
+        self._ahead: Expected | None = None  # the next expected message, not yet posted
         self._posted: dict[tuple[int, int], tuple[Any, torch.Tensor, int, int]] = {}
         self._sends: queue.SimpleQueue[tuple[Any, torch.Tensor] | None] = queue.SimpleQueue()
         self._completer: threading.Thread | None = None
@@ -81,14 +85,29 @@ class PostedLink:
         self._post_more()
 
     # ---- receiving -------------------------------------------------------------------
+    def _peek(self) -> Expected | None:
+        """The next expected message not yet posted (None after the last)."""
+        if self._ahead is None:
+            self._ahead = next(self._expected, None)
+        return self._ahead
+
     def _post_more(self) -> None:
-        while len(self._posted) < self._window:
-            nxt = next(self._expected, None)
-            if nxt is None:
+        while (nxt := self._peek()) is not None:
+            if self._window is None:
+                if nxt[3] > self._through:
+                    return
+            elif len(self._posted) >= self._window:
                 return
+            self._ahead = None
             src, kind, key, it, buf = nxt
             work = dist.irecv(buf, src, group=self.group, tag=message_tag(kind, key))
             self._posted[(kind, key)] = (work, buf, src, it)
+
+    def post_through(self, iteration: int) -> None:
+        """Post the receives of every expected message of iterations up to ``iteration``
+        (a link made with ``window`` None posts nothing else)."""
+        self._through = max(self._through, iteration)
+        self._post_more()
 
     def wait(self, kind: int, key: int) -> torch.Tensor:
         """Wait for message ``(kind, key)`` and return its buffer (it must be among the
@@ -160,6 +179,8 @@ class PostedLink:
         message the scheme sends but never uses, such as gossip's batch for the iteration
         after the last)."""
         if drain:  # the peers' sends are posted: these complete without their threads
+            self._through = 1 << 62
+            self._post_more()
             while self._posted:
                 for work, *_rest in list(self._posted.values()):
                     work.wait(self.timeout)
@@ -170,7 +191,7 @@ class PostedLink:
             self._completer.join()
             self._completer = None
         self._raise_send_error()
-        if self._posted or next(self._expected, None) is not None:
+        if self._posted or self._peek() is not None:
             raise RuntimeError(f"rank {self.rank} finished with messages it never consumed")
 
     def _flow(self, src: int, dst: int, kind: int, key: int) -> int:

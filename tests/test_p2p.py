@@ -85,13 +85,17 @@ class _Work:
         return None
 
 
-def test_gossip_posts_the_next_batch_before_it_sends_its_model(monkeypatch):
+def test_gossip_posts_an_iteration_together_before_it_sends_its_model(monkeypatch):
     """Exchanging weights, a gossip worker mixes the partner's layers of iteration
-    ``it - 1``, then sends its own model of ``it``, then takes the batch of ``it - 1``. With
-    :func:`receive_window`, every receive of iteration ``it`` (the batch's too) is posted
-    by the time it sends, so no ready notice has to follow the model through the TCP
-    stream; one iteration's window would leave the batch's unposted. Exchanging
-    gradients the batch comes first and one iteration's window does it."""
+    ``it - 1``, posts iteration ``it``'s receives (``post_through``), sends its own model
+    of ``it``, then takes the batch of ``it - 1``. Every receive of ``it`` (the batch's
+    too) is then posted by the time it sends, so no ready notice follows the model
+    through the TCP stream, and none of ``it + 1``'s is, so no partner that is ahead
+    pushes its next model into the link the worker is receiving on. The sliding window
+    the runtime used before (layers plus two iterations' batches) posted the next
+    iteration's first layers while the current ones were still due; one iteration's
+    window does that too, a layer at a time, and leaves the batch unposted. Exchanging
+    gradients the batch comes first and one iteration's window is kept."""
     from realrun import p2p
 
     monkeypatch.setattr(p2p.dist, "irecv", lambda *a, **k: _Work())
@@ -104,20 +108,58 @@ def test_gossip_posts_the_next_batch_before_it_sends_its_model(monkeypatch):
                 for i in range(count[kind]):
                     yield (1, kind, it * KEY_STRIDE + i, it, torch.empty(1))
 
-    def posted_before_sends(window: int) -> bool:
+    def posting(window: int | None) -> tuple[bool, bool]:
+        """(every receive of ``it`` posted before the sends, none of ``it + 1`` posted
+        while ``it - 1``'s layers were due), over the iterations."""
         label = lambda *a: ("m", 0)  # noqa: E731
         link = p2p.PostedLink(0, 2, None, Recorder("r0"), expected(), window, label, 1)
-        ok = True
+        if window is None:
+            link.post_through(0)
+        before_sends, not_early = True, True
         for it in range(1, iterations):
             for i in range(layers):
+                not_early &= all(key // KEY_STRIDE < it for _k, key in link._posted)
                 link.wait(WEIGHTS, (it - 1) * KEY_STRIDE + i)
+            if window is None:
+                link.post_through(it)  # GossipRuntime._mix's last step
             # the worker sends its model of ``it`` here
             wanted = {(k, it * KEY_STRIDE + i) for k in count for i in range(count[k])}
-            ok &= wanted <= set(link._posted)
+            before_sends &= wanted <= set(link._posted)
             for i in range(batches):
                 link.wait(BATCH, (it - 1) * KEY_STRIDE + i)
-        return ok
+        link.close(drain=True)
+        return before_sends, not_early
 
-    assert posted_before_sends(receive_window(layers, batches, by_weights=True))
-    assert not posted_before_sends(layers + batches)
+    assert receive_window(layers, batches, by_weights=True) is None
+    assert posting(None) == (True, True)
+    assert posting(layers + 2 * batches) == (True, False)
+    assert posting(layers + batches) == (False, False)
     assert receive_window(layers, batches, by_weights=False) == layers + batches
+
+
+def test_a_link_without_a_window_posts_only_the_iterations_named(monkeypatch):
+    """``window`` None: nothing is posted until ``post_through``, then exactly the
+    expected messages of the iterations up to the one named; ``close`` refuses to finish
+    with messages never posted, and drains them when asked."""
+    from realrun import p2p
+
+    monkeypatch.setattr(p2p.dist, "irecv", lambda *a, **k: _Work())
+    label = lambda *a: ("m", 0)  # noqa: E731
+    items = [
+        (1, WEIGHTS, it * KEY_STRIDE + i, it, torch.empty(1)) for it in range(3) for i in range(2)
+    ]
+    link = p2p.PostedLink(0, 2, None, Recorder("r0"), iter(items), None, label, 1)
+    assert link._posted == {}
+    link.post_through(1)
+    assert sorted(key for _k, key in link._posted) == [0, 1, KEY_STRIDE, KEY_STRIDE + 1]
+    link.post_through(0)  # never goes back
+    assert len(link._posted) == 4
+    for it in range(2):
+        for i in range(2):
+            link.wait(WEIGHTS, it * KEY_STRIDE + i)
+    assert link._posted == {}
+    with pytest.raises(RuntimeError, match="never consumed"):
+        link.close()
+    link = p2p.PostedLink(0, 2, None, Recorder("r0"), iter(items), None, label, 1)
+    link.close(drain=True)
+    assert link._posted == {}

@@ -36,17 +36,16 @@ ahead for them and sends with ``isend`` (:class:`realrun.p2p.PostedLink`): no Py
 thread carries them. An iteration ends for a worker once it has its partner's messages
 of that iteration.
 
-The receives are posted one iteration's messages ahead, no more: the next iteration's are
-posted as this iteration's are used, so a worker whose partner is still busy with its
-previous exchange waits for the partner's ready notice instead of pushing into a link
-that is still receiving (gloo sends after the receiver's notice). Two iterations ahead let
-drifting workers overlap exchanges with different partners on one link: ``mlp_medium`` on
-four ranks at 1 Gbit/s took 172-181 ms an iteration instead of 110-112 ms (two runs each,
-measured, exchanging gradients). Exchanging weights, the next iteration's batch is posted
-with its layers, before the worker sends its model: a ready notice travels in the TCP
-stream behind the data the worker sends the same peer, so a batch receive posted after
-the model held the partner's few-kB batch for 1-2.6 s an iteration (GNMT on eight
-emulated hosts at 25 Mbit/s, measured).
+Receives are posted one iteration ahead, no more (docs/gossip.md has the measurements).
+Exchanging weights, a worker posts iteration ``t``'s receives, its batch's with them,
+once it has mixed in every layer of ``t - 1`` and before it sends its own model of
+``t``: a ready notice travels in the TCP stream behind the data the worker sends the
+same peer, so a receive posted after the model would hold the partner's batch; posted
+any earlier, a partner that is ahead pushes its next model into the link that still
+carries the one the worker waits for, and the delay passes from worker to worker.
+Exchanging gradients, each receive of iteration ``t`` is posted as the message of its
+slot in ``t - 1`` is used; a worker whose partner is still busy with its previous
+exchange waits for the partner's ready notice.
 """
 
 from __future__ import annotations
@@ -119,12 +118,13 @@ def load_state(
             off += n
 
 
-def receive_window(layers: int, batch_messages: int, by_weights: bool) -> int:
-    """How many receives a gossip worker keeps posted: one iteration's messages (module
-    docs); exchanging weights, also the next batch's, so that they are posted with the
-    next iteration's layers, before the worker sends its model: gloo's ready notice for
-    a receive travels behind the data the worker sends the same peer."""
-    return layers + batch_messages * (2 if by_weights else 1)
+def receive_window(layers: int, batch_messages: int, by_weights: bool) -> int | None:
+    """How many receives a gossip worker keeps posted (module docs): exchanging
+    gradients, one iteration's messages, each posted as the previous iteration's message
+    of its slot is used; exchanging weights None, for an iteration at a time (the worker
+    posts iteration ``it``'s, its batch with them, once it has mixed in every layer of
+    ``it - 1``, before it sends its model)."""
+    return None if by_weights else layers + batch_messages
 
 
 class GossipRuntime(WorkerLoop):
@@ -208,6 +208,8 @@ class GossipRuntime(WorkerLoop):
                 self.label,
                 self.job.timeout_s * 4,
             )
+            if self.by_weights:
+                self.link.post_through(0)
         super().run()
         if self.link is not None:
             self.link.close(drain=True)  # the last iteration's batch is never trained on
@@ -264,6 +266,7 @@ class GossipRuntime(WorkerLoop):
                 layer.index,
             )  # fmt: skip
         self.rec.end_iteration(it)  # the partner's messages of ``it`` are all here
+        self.link.post_through(it + 1)
 
     def after_backward(self, it: int) -> None:
         if not self.by_weights:

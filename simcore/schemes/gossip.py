@@ -421,11 +421,14 @@ class Gossip(Scheme):
         for it in range(ctx.iterations):
             if by_weights and self.p > 1:
                 # The last partner's weights and state averaged in, then ours sent.
+                # Iteration ``it``'s receives (the batch's too) are posted together once
+                # every layer of ``it - 1`` is mixed in, before this worker's model goes.
                 if it > 0:
                     for slot in range(len(self.grads)):
                         yield from self._wait_for(r, it - 1, slot, gpu)
-                        self._use(r, it - 1, slot)
                     yield gpu.compute_seq([self._average_op(layer, it) for layer in self.grads])
+                    for slot in range(len(self.grads) + (1 if self.shuffle_bytes else 0)):
+                        self._use(r, it - 1, slot)
                 for slot in range(len(self.grads)):
                     self._send(r, it, slot)
             # Forward: the batch shuffled in last iteration, then layer by layer (with
@@ -434,7 +437,8 @@ class Gossip(Scheme):
                 self._send(r, it, self.shuffle_slot)
                 if it > 0:
                     yield from self._wait_for(r, it - 1, self.shuffle_slot, gpu)
-                    self._use(r, it - 1, self.shuffle_slot)
+                    if not (by_weights and self.p > 1):
+                        self._use(r, it - 1, self.shuffle_slot)
             for layer, run in self.ops.forward_runs(it, has_grad):
                 if layer >= 0 and it > 0:
                     if self.p > 1:
@@ -496,8 +500,9 @@ class Gossip(Scheme):
 
     # ---- exchange -----------------------------------------------------------------------
     def _use(self, r: int, it: int, slot: int) -> None:
-        """Rank ``r`` has used iteration ``it``'s message in ``slot``: its receive for
-        the next iteration's message in that slot is posted, so a send held for it goes."""
+        """Rank ``r`` has posted its receive for iteration ``it + 1``'s message in
+        ``slot`` (exchanging weights, every slot's once it has mixed in all of ``it``;
+        else as it uses ``it``'s message in that slot), so a send held for it goes."""
         key = (r, it, slot)
         held = self.held.pop(key, None)
         if held is None:
@@ -508,9 +513,8 @@ class Gossip(Scheme):
     def _send(self, r: int, it: int, slot: int) -> None:
         """Rank ``r`` sends its ``slot`` of iteration ``it`` to its partner, once the
         partner has a receive posted for it: receives are posted one iteration ahead
-        (realrun.schemes.gossip), so the partner must have used its message of the
-        previous iteration in that slot. gloo moves a message only after the receiver's
-        notice; a partner that is behind holds the send."""
+        (realrun.schemes.gossip; :meth:`_use`). gloo moves a message only after the
+        receiver's notice; a partner that is behind holds the send."""
         if it > 0:
             key = (self.partners_of(it)[0][r], it - 1, slot)
             if key not in self.used:
