@@ -186,7 +186,7 @@ def _sync(job: Job, epochs: int, keep: bool, on_epoch: Any) -> Emulation:
 
 
 def _gossip(job: Job, epochs: int, keep: bool, on_epoch: Any) -> Emulation:
-    from realrun.schemes.gossip import load_state, state_tensors
+    from realrun.schemes.gossip import mix_in, pack
     from simcore.schemes.gossip import GossipOptions, partners
 
     opts = job.options
@@ -204,24 +204,18 @@ def _gossip(job: Job, epochs: int, keep: bool, on_epoch: Any) -> Emulation:
     ev = _Evaluator(job)
     u_per = data.updates_per_epoch(job)
     total = epochs * u_per
-    sent: list[list[tuple[torch.Tensor, list[torch.Tensor]]]] = []
+    sent: list[list[torch.Tensor]] = []
 
-    def snapshot(r: int) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+    def snapshot(r: int) -> list[torch.Tensor]:
         # what worker r sends: each parameter's weights and optimizer state
-        return [
-            (q.detach().clone(), [t.clone() for t in state_tensors(optims[r], [q])])
-            for q in params[r]
-        ]
+        return [pack(optims[r], [q]) for q in params[r]]
 
     def mix(it: int) -> None:
         # the weights and state the partner of ``it`` sent at its start, averaged in
         recv = partners(p, it, schedule, rotation)[1]
         for r in range(p):
-            for q, (w, st) in zip(params[r], sent[recv[r]]):
-                with torch.no_grad():
-                    q.copy_((q + w) / 2)
-                mine = state_tensors(optims[r], [q])
-                load_state(optims[r], [q], [(a + b) / 2 for a, b in zip(mine, st)])
+            for q, msg in zip(params[r], sent[recv[r]]):
+                mix_in(optims[r], [q], msg)
 
     losses: list[float] = []
 

@@ -76,46 +76,48 @@ STATE_KEYS = {"momentum_buffer": 1, "exp_avg": 2, "exp_avg_sq": 2}
 (:data:`simcore.config.OPTIMIZERS`: momentum 1, Adam 2)."""
 
 
-def state_tensors(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The optimizer's averaged state of ``params``, flattened and concatenated per state
-    kind (SGD with momentum: the momentum buffer; Adam: the two moments; plain SGD: none),
-    zeros where the optimizer has none yet."""
+def state_keys(opt: torch.optim.Optimizer) -> list[str]:
+    """The optimizer state a gossip message carries and averages: SGD with momentum its
+    momentum buffer, Adam its two moments, plain SGD none."""
     group = opt.param_groups[0]
     if "betas" in group:
-        keys = ["exp_avg", "exp_avg_sq"]
-    elif group.get("momentum", 0.0):
-        keys = ["momentum_buffer"]
-    else:
-        keys = []
-    out = []
-    for key in keys:
-        parts = []
+        return ["exp_avg", "exp_avg_sq"]
+    return ["momentum_buffer"] if group.get("momentum", 0.0) else []
+
+
+def pack(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> torch.Tensor:
+    """A layer's message, exchanging weights: ``params``' values, then each of
+    :func:`state_keys` of every parameter (zeros where the optimizer has none yet),
+    flattened into one new tensor (each array read once, the message written once)."""
+    parts = [p.detach().reshape(-1) for p in params]
+    for key in state_keys(opt):
         for p in params:
             t = opt.state.get(p, {}).get(key)
             parts.append((t if t is not None else torch.zeros_like(p)).detach().reshape(-1))
-        out.append(torch.cat(parts))
-    return out
+    return torch.cat(parts)
 
 
-def load_state(
-    opt: torch.optim.Optimizer, params: list[torch.Tensor], flats: list[torch.Tensor]
-) -> None:
-    """Write ``flats`` (as :func:`state_tensors` returns them) into the optimizer's state
-    of ``params`` where the optimizer has that state (before its first step it has none,
-    and ``flats`` are the means of zeros and the partner's)."""
-    group = opt.param_groups[0]
-    keys = ["exp_avg", "exp_avg_sq"] if "betas" in group else ["momentum_buffer"]
-    for key, flat in zip(keys, flats):
-        off = 0
+def mix_in(opt: torch.optim.Optimizer, params: list[torch.Tensor], theirs: torch.Tensor) -> None:
+    """Average a partner's message (laid out as :func:`pack` lays it out) into
+    ``params`` and the optimizer's state, in place: each value becomes the mean of its
+    own and the partner's (``lerp`` at one half: read both, write one). Where the
+    optimizer has no momentum buffer yet, the mean of zeros and the partner's is set."""
+    off = 0
+    with torch.no_grad():
         for p in params:
             n = p.numel()
-            state = opt.state.get(p, {})
-            if state.get(key) is not None:
-                with torch.no_grad():
-                    state[key].copy_(flat[off : off + n].view_as(p))
-            elif key == "momentum_buffer" and flat[off : off + n].any():
-                state[key] = flat[off : off + n].view_as(p).clone()
+            p.lerp_(theirs[off : off + n].view_as(p), 0.5)
             off += n
+        for key in state_keys(opt):
+            for p in params:
+                n = p.numel()
+                part = theirs[off : off + n].view_as(p)
+                state = opt.state.get(p)
+                if state is not None and state.get(key) is not None:
+                    state[key].lerp_(part, 0.5)
+                elif key == "momentum_buffer" and state is not None and part.any():
+                    state[key] = part / 2
+                off += n
 
 
 def receive_window(layers: int, batch_messages: int, by_weights: bool) -> int | None:
@@ -222,8 +224,7 @@ class GossipRuntime(WorkerLoop):
                 self._mix(it - 1)
             send_to, _recv = self.partners_of(it)
             for layer in self.setup.layers:
-                opt = self.optimizers[layer.index]
-                flat = torch.cat([layer.flat_values(), *state_tensors(opt, layer.params)])
+                flat = pack(self.optimizers[layer.index], layer.params)
                 self.link.send(send_to, WEIGHTS, it * KEY_STRIDE + layer.index, it, flat.cpu())
         if self.shuffle:
             send_to, _recv = self.partners_of(it)
@@ -250,17 +251,8 @@ class GossipRuntime(WorkerLoop):
             theirs = self.link.wait(WEIGHTS, it * KEY_STRIDE + layer.index)
             self.wait_span(start, f"wait L{layer.index}", it + 1, layer.index)
             start = self.rec.now()
-            opt = self.optimizers[layer.index]
-            n = layer.numel
-            device = layer.params[0].device
-            theirs = theirs.to(device)
-            layer.load_flat((layer.flat_values() + theirs[:n]) / 2)
-            mine = state_tensors(opt, layer.params)
-            load_state(
-                opt,
-                layer.params,
-                [(m + theirs[(k + 1) * n : (k + 2) * n]) / 2 for k, m in enumerate(mine)],
-            )
+            theirs = theirs.to(layer.params[0].device)
+            mix_in(self.optimizers[layer.index], layer.params, theirs)
             self.rec.span(
                 COMPUTE, UPDATE, f"average L{layer.index}", start, self.rec.now(), it + 1,
                 layer.index,

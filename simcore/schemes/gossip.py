@@ -93,6 +93,11 @@ AVERAGE_PASSES = 3
 """Weight-sized memory passes to average one array with the partner's: read both, write
 one."""
 
+PACK_PASSES = 2
+"""Weight-sized memory passes to pack one array into a message, exchanging weights (the
+real runtime copies a layer's weights and optimizer state into one buffer per message):
+read it, write it."""
+
 RANDOM_ROTATION_SEED = 20180219
 """Seed of the ``random`` rotation's permutations (any fixed value: every rank and the
 simulator draw the same ones)."""
@@ -341,6 +346,8 @@ class Gossip(Scheme):
         if self.by_weights:
             self.update_s = {i: step * trace.layers[i].param_bytes / bw for i in self.grads}
             self.average_s = {i: mix * trace.layers[i].param_bytes / bw for i in self.grads}
+            pack = PACK_PASSES * self.copies if p > 1 else 0
+            self.pack_s = {i: pack * trace.layers[i].param_bytes / bw for i in self.grads}
         else:
             self.update_s = {i: (step + mix) * trace.layers[i].param_bytes / bw for i in self.grads}
             self.average_s = {}
@@ -429,7 +436,8 @@ class Gossip(Scheme):
                     yield gpu.compute_seq([self._average_op(layer, it) for layer in self.grads])
                     for slot in range(len(self.grads) + (1 if self.shuffle_bytes else 0)):
                         self._use(r, it - 1, slot)
-                for slot in range(len(self.grads)):
+                for slot, layer in enumerate(self.grads):  # each layer packed, then sent
+                    yield gpu.compute_seq([self._pack_op(layer, it)])
                     self._send(r, it, slot)
             # Forward: the batch shuffled in last iteration, then layer by layer (with
             # gradients, each layer after its averaged update of the last iteration).
@@ -466,6 +474,18 @@ class Gossip(Scheme):
             self.average_s[layer],
             UPDATE,
             f"average {self.ctx.trace.layers[layer].name}",
+            it,
+            layer,
+            -1,
+        )
+
+    def _pack_op(self, layer: int, it: int) -> tuple[Any, ...]:
+        """The op that copies ``layer``'s weights and state into its message of
+        iteration ``it`` (exchanging weights)."""
+        return (
+            self.pack_s[layer],
+            UPDATE,
+            f"pack {self.ctx.trace.layers[layer].name}",
             it,
             layer,
             -1,
