@@ -36,10 +36,10 @@ ahead for them and sends with ``isend`` (:class:`realrun.p2p.PostedLink`): no Py
 thread carries them. An iteration ends for a worker once it has its partner's messages
 of that iteration.
 
-Receives are posted one iteration ahead, no more (docs/gossip.md has the measurements).
-Exchanging weights, a worker posts iteration ``t``'s receives, its batch's with them,
-once it has mixed in every layer of ``t - 1`` and before it sends its own model of
-``t``: a ready notice travels in the TCP stream behind the data the worker sends the
+Receives are posted one iteration ahead, no more (docs/p3_gossip.md has the
+measurements). Exchanging weights, a worker posts iteration ``t``'s receives, its
+batch's with them, once it has mixed in every layer of ``t - 1`` and before it sends its
+own model of ``t``: a ready notice travels in the TCP stream behind the data the worker sends the
 same peer, so a receive posted after the model would hold the partner's batch; posted
 any earlier, a partner that is ahead pushes its next model into the link that still
 carries the one the worker waits for, and the delay passes from worker to worker.
@@ -70,10 +70,6 @@ from simcore.schemes.gossip import GossipOptions, exchanged_copies, partners
 
 KEY_STRIDE = 1 << 16
 """Message key: ``iteration * KEY_STRIDE + layer index`` (or batch tensor index)."""
-
-STATE_KEYS = {"momentum_buffer": 1, "exp_avg": 2, "exp_avg_sq": 2}
-"""Optimizer state that is averaged, with the state copies of the optimizer that keeps it
-(:data:`simcore.config.OPTIMIZERS`: momentum 1, Adam 2)."""
 
 
 def state_keys(opt: torch.optim.Optimizer) -> list[str]:
