@@ -38,7 +38,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from realrun.netns import EmulatedCluster, terminate_as_interrupt
-from simcore.units import parse_rate
+from simcore.units import UnitError, parse_rate
 
 MLP_MEDIUM_MESSAGES = (2105344, 8396800, 8396800, 82000)
 """Bytes of ``mlp_medium``'s gossip messages with SGD momentum (weights and momentum
@@ -133,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated: grouped, window+K (default: grouped,window+0,window+2,grouped)",
     )  # fmt: skip
     args = ap.parse_args(argv)
-    rate = parse_rate(args.rate)
+    try:
+        rate = parse_rate(args.rate)
+    except UnitError as err:
+        ap.error(f"--rate: {err}")
     policies = args.policies.split(",")
     for p in policies:
         if p != "grouped" and not (p.startswith("window+") and p[7:].isdigit()):

@@ -434,7 +434,7 @@ class Gossip(Scheme):
                     for slot in range(len(self.grads)):
                         yield from self._wait_for(r, it - 1, slot, gpu)
                     yield gpu.compute_seq([self._average_op(layer, it) for layer in self.grads])
-                    for slot in range(len(self.grads) + (1 if self.shuffle_bytes else 0)):
+                    for slot in range(self.shuffle_slot + (1 if self.shuffle_bytes else 0)):
                         self._use(r, it - 1, slot)
                 for slot, layer in enumerate(self.grads):  # each layer packed, then sent
                     yield gpu.compute_seq([self._pack_op(layer, it)])
